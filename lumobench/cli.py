@@ -1,0 +1,40 @@
+"""The `lumobench` command line: one Typer sub-app per noun, verbs as commands."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from lumobench import __version__
+
+app = typer.Typer(
+    name="lumobench",
+    help="Benchmark and agent-workload replay harness for LumoTree, vLLM and SGLang.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lumobench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Benchmark and agent-workload replay harness for LumoTree, vLLM and SGLang."""
+
+
+def main() -> None:
+    """Entry point of the `lumobench` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
