@@ -94,7 +94,9 @@ def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
         p = torch.softmax(logits, dim=-1)
         order = torch.sort(p, dim=-1, descending=True, stable=True).indices
         sorted_p = p.gather(-1, order)
-        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        # Exclusive running sum in sorted order: the mass strictly ahead of each token.
+        mass_before = torch.cumsum(sorted_p, dim=-1).roll(1, dims=-1)
+        mass_before[..., 0] = 0.0
         keep = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, order, mass_before < params.top_p)
         logits = torch.where(keep, logits, neg_inf)
     return torch.softmax(logits, dim=-1)
