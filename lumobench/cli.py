@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from lumobench import __version__
+from lumobench.verify import app as verify_app
 
 app = typer.Typer(
     name="lumobench",
@@ -14,6 +15,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+app.add_typer(verify_app, name="verify")
 
 
 def _version(value: bool) -> None:

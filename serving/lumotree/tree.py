@@ -1,0 +1,394 @@
+"""The tree descriptor: one object, built once per cycle, that every LumoTree stage reads (DESIGN §3.1).
+
+A tree has `rows` logical rows. Row 0 is the root (the pending token of the last cycle); rows
+[0, n_active) are nodes in topological order (a parent precedes its children); rows [n_active, rows)
+are padding, invisible to attention, selection and publication. Logical order is what selection,
+sampling and the acceptance walk use. Physical order (`slot_map`) puts the spine (root, then its
+first child, that child's first child, ...) first and contiguous, then the other active nodes, then
+padding; KV write slots and ancestry-mask key columns use it. Positions are `prefix_len + depth`,
+never the flattened row index.
+
+The GDN scan schedule (`PathPlan`) decomposes the tree into the spine path, run from the pre-tree
+state, and branch paths, each run from the state after one spine node (a cut state). Leaf children
+of a path node are evaluated from the path's state tile and need neither a path nor a cut state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+MAX_DEPTH = 11
+DEFAULT_ROWS = 32
+CONV_WIDTH = 4
+PAD_TOKEN = 0
+
+
+class TreeError(ValueError):
+    """A tree topology that no LumoTree stage may consume."""
+
+
+@dataclass(frozen=True, eq=False)
+class PathPlan:
+    """GDN scan schedule. All tensors int64 (owner: bool), on the descriptor's device.
+
+    nodes:     [P, L] logical nodes of each path in order, -1 padded; path 0 is the spine.
+    start_cut: [P] index into `cut_nodes` of the state a path starts from; -1 = the pre-tree state.
+    cut_nodes: [C] spine nodes whose post-update state is exported for branch paths.
+    owner:     [P, L] True where this path is the first to cover the node (it writes the output and
+               the recorded operands); branch paths sharing a prefix recompute it identically.
+    leaf_node, leaf_path, leaf_step: [M] leaf children evaluated from path `leaf_path`'s tile right
+               after its step `leaf_step` (no state of their own is kept).
+    """
+
+    nodes: Tensor
+    start_cut: Tensor
+    cut_nodes: Tensor
+    owner: Tensor
+    leaf_node: Tensor
+    leaf_path: Tensor
+    leaf_step: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class TreeDescriptor:
+    """Everything a verification cycle needs about the draft tree. Shapes use R = rows.
+
+    tokens [R] int64 (padding: PAD_TOKEN); parent [R] int64 (root and padding: -1);
+    depth [R] int64 (padding: 0); position [R] = prefix_len + depth; active [R] bool;
+    slot_map [R] int64 logical -> physical slot, a permutation of range(R), spine first;
+    ancestry [R, R] bool, ancestry[i, j] = j is i or an ancestor of i (padding: itself only);
+    ancestor_at_depth [R, max_depth + 1] int64, the ancestor of i at each depth (-1 below i);
+    child_nodes / child_tokens [R, Cmax] int64, each row's children and their tokens (-1 padded);
+    spine [S] int64 logical nodes of the spine path; paths: the GDN scan schedule;
+    conv_gather [R, W] int64 window of each row into cat(conv_state.T, x): entries < W-1 are
+    committed conv-state columns, entry W-1+r is tree row r (padding rows reuse the root's window).
+    merges: duplicate proposals merged by the builder.
+    """
+
+    tokens: Tensor
+    parent: Tensor
+    depth: Tensor
+    position: Tensor
+    active: Tensor
+    slot_map: Tensor
+    ancestry: Tensor
+    ancestor_at_depth: Tensor
+    child_nodes: Tensor
+    child_tokens: Tensor
+    spine: Tensor
+    paths: PathPlan
+    conv_gather: Tensor
+    n_active: int
+    prefix_len: int
+    max_depth: int
+    merges: int = 0
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def path_to(self, node: int) -> list[int]:
+        """Logical nodes root..node."""
+        d = int(self.depth[node])
+        return [int(x) for x in self.ancestor_at_depth[node, : d + 1]]
+
+    def padded_path(self, nodes: Sequence[int]) -> Tensor:
+        """A path as the walk emits it: int64 [max_depth + 1], -1 padded."""
+        out = torch.full((self.max_depth + 1,), -1, dtype=torch.long)
+        out[: len(nodes)] = torch.as_tensor(list(nodes), dtype=torch.long)
+        return out
+
+    def is_spine_prefix(self, nodes: Sequence[int]) -> bool:
+        """True when `nodes` is root, spine[1], ..., i.e. its KV already sits contiguously."""
+        return len(nodes) <= len(self.spine) and [int(x) for x in self.spine[: len(nodes)]] == list(nodes)
+
+
+def validate_topology(tokens: Sequence[int], parents: Sequence[int], max_depth: int = MAX_DEPTH) -> list[int]:
+    """Check a tree given as parallel token/parent lists; return each node's depth.
+
+    Rejects: empty trees, a root that is not node 0, out-of-range or self parents, cycles, parents
+    listed after their children, duplicate tokens among siblings, negative tokens, depth > max_depth.
+    """
+    n = len(tokens)
+    if n == 0:
+        raise TreeError("a tree needs at least the root node")
+    if len(parents) != n:
+        raise TreeError(f"tokens has {n} entries but parents has {len(parents)}")
+    if parents[0] != -1:
+        raise TreeError(f"node 0 must be the root (parent -1), got parent {parents[0]}")
+    for i, p in enumerate(parents):
+        if i > 0 and not 0 <= p < n:
+            raise TreeError(f"node {i} has out-of-range parent {p} (valid: 0..{n - 1})")
+        if i > 0 and p == i:
+            raise TreeError(f"node {i} is its own parent")
+        if tokens[i] < 0:
+            raise TreeError(f"node {i} has negative token {tokens[i]}")
+    for i in range(1, n):
+        seen, j = {i}, parents[i]
+        while j != -1:
+            if j in seen:
+                raise TreeError(f"cycle through node {i} (parent chain revisits node {j})")
+            seen.add(j)
+            j = parents[j]
+    for i in range(1, n):
+        if parents[i] > i:
+            raise TreeError(f"node {i} is listed before its parent {parents[i]}; order parents first")
+    depth = [0] * n
+    sibling_tokens: dict[int, set[int]] = {}
+    for i in range(1, n):
+        p = parents[i]
+        depth[i] = depth[p] + 1
+        if depth[i] > max_depth:
+            raise TreeError(f"node {i} has depth {depth[i]} > max_depth {max_depth}")
+        taken = sibling_tokens.setdefault(p, set())
+        if tokens[i] in taken:
+            raise TreeError(f"node {i} repeats token {tokens[i]} under parent {p}; merge duplicate siblings")
+        taken.add(tokens[i])
+    return depth
+
+
+def build_tree(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    *,
+    prefix_len: int,
+    rows: int | None = None,
+    max_depth: int = MAX_DEPTH,
+    conv_width: int = CONV_WIDTH,
+    merges: int = 0,
+) -> TreeDescriptor:
+    """Descriptor of an arbitrary validated tree, padded to `rows` (default: no padding).
+
+    The spine is root -> lowest-index child -> ... ; builders list the principal child first.
+    """
+    tokens, parents = [int(t) for t in tokens], [int(p) for p in parents]
+    depth = validate_topology(tokens, parents, max_depth)
+    n = len(tokens)
+    rows = n if rows is None else rows
+    if rows < n:
+        raise TreeError(f"{n} active nodes do not fit in {rows} rows")
+    if prefix_len < 0:
+        raise TreeError(f"prefix_len must be >= 0, got {prefix_len}")
+
+    children: list[list[int]] = [[] for _ in range(rows)]
+    for i in range(1, n):
+        children[parents[i]].append(i)
+    spine = [0]
+    while children[spine[-1]]:
+        spine.append(children[spine[-1]][0])
+
+    pad = rows - n
+    tok = torch.tensor(tokens + [PAD_TOKEN] * pad, dtype=torch.long)
+    par = torch.tensor(parents + [-1] * pad, dtype=torch.long)
+    dep = torch.tensor(depth + [0] * pad, dtype=torch.long)
+    active = torch.arange(rows) < n
+
+    on_spine = set(spine)
+    physical_order = spine + [i for i in range(n) if i not in on_spine] + list(range(n, rows))
+    slot_map = torch.empty(rows, dtype=torch.long)
+    slot_map[torch.tensor(physical_order, dtype=torch.long)] = torch.arange(rows)
+
+    anc_at = torch.full((rows, max_depth + 1), -1, dtype=torch.long)
+    ancestry = torch.eye(rows, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j != -1:
+            anc_at[i, depth[j]] = j
+            ancestry[i, j] = True
+            j = parents[j]
+    cmax = max(1, max(len(c) for c in children))
+    child_nodes = torch.full((rows, cmax), -1, dtype=torch.long)
+    for i, cs in enumerate(children):
+        child_nodes[i, : len(cs)] = torch.tensor(cs, dtype=torch.long)
+    child_tokens = torch.where(child_nodes >= 0, tok[child_nodes.clamp(min=0)], -1)
+
+    return TreeDescriptor(
+        tokens=tok,
+        parent=par,
+        depth=dep,
+        position=prefix_len + dep,
+        active=active,
+        slot_map=slot_map,
+        ancestry=ancestry,
+        ancestor_at_depth=anc_at,
+        child_nodes=child_nodes,
+        child_tokens=child_tokens,
+        spine=torch.tensor(spine, dtype=torch.long),
+        paths=_plan_paths(children, spine, n),
+        conv_gather=_conv_gather(anc_at, depth, rows, conv_width),
+        n_active=n,
+        prefix_len=prefix_len,
+        max_depth=max_depth,
+        merges=merges,
+    )
+
+
+def chain_tree(
+    tokens: Sequence[int], *, prefix_len: int, rows: int | None = None, **kw: int
+) -> TreeDescriptor:
+    """A chain root -> tokens[1] -> tokens[2] ... (chain MTP, and AR when len(tokens) == 1)."""
+    return build_tree(tokens, [-1, *range(len(tokens) - 1)], prefix_len=prefix_len, rows=rows, **kw)
+
+
+class TreeBuilder:
+    """Grows a token trie, merging a proposal that repeats a sibling's token (and counting it).
+
+    Logical order is breadth-first with children in insertion order, so the child a drafter adds
+    first under each spine node becomes the spine.
+    """
+
+    def __init__(self, root_token: int, max_nodes: int = DEFAULT_ROWS, max_depth: int = MAX_DEPTH) -> None:
+        self.tokens = [int(root_token)]
+        self.parents = [-1]
+        self.depths = [0]
+        self.children: list[dict[int, int]] = [{}]
+        self.max_nodes, self.max_depth = max_nodes, max_depth
+        self.merges = 0
+        self.dropped = 0
+
+    def add(self, parent: int, token: int) -> int | None:
+        """Child of `parent` carrying `token`: the existing one (a merge) or a new node.
+
+        Returns None, counting a drop, when the node budget or the depth limit is reached.
+        """
+        token = int(token)
+        if token in self.children[parent]:
+            self.merges += 1
+            return self.children[parent][token]
+        if len(self.tokens) >= self.max_nodes or self.depths[parent] + 1 > self.max_depth:
+            self.dropped += 1
+            return None
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.children.append({})
+        self.children[parent][token] = node
+        return node
+
+    def extend(self, parent: int, tokens: Sequence[int]) -> int | None:
+        """Add a chain of tokens under `parent`; return its last node (None if cut by the budget)."""
+        node: int | None = parent
+        for i, t in enumerate(tokens):
+            node = self.add(node, t)
+            if node is None:
+                self.dropped += len(tokens) - i - 1
+                return None
+        return node
+
+    def find(self, token_path: Sequence[int]) -> int | None:
+        """Node reached from the root by `token_path` (tokens below the root), or None."""
+        node = 0
+        for t in token_path:
+            nxt = self.children[node].get(int(t))
+            if nxt is None:
+                return None
+            node = nxt
+        return node
+
+    def build(
+        self, *, prefix_len: int, rows: int | None = DEFAULT_ROWS, conv_width: int = CONV_WIDTH
+    ) -> TreeDescriptor:
+        """Descriptor in breadth-first order."""
+        order = [0]
+        for node in order:
+            order.extend(self.children[node].values())
+        new_index = {old: new for new, old in enumerate(order)}
+        tokens = [self.tokens[o] for o in order]
+        parents = [-1 if o == 0 else new_index[self.parents[o]] for o in order]
+        return build_tree(
+            tokens,
+            parents,
+            prefix_len=prefix_len,
+            rows=rows,
+            max_depth=self.max_depth,
+            conv_width=conv_width,
+            merges=self.merges,
+        )
+
+
+def tree_from_paths(
+    root_token: int,
+    paths: Sequence[Sequence[int]],
+    *,
+    prefix_len: int,
+    rows: int | None = None,
+    max_depth: int = MAX_DEPTH,
+) -> TreeDescriptor:
+    """Tree whose root-to-leaf token paths (below the root) are `paths`; shared prefixes merge."""
+    builder = TreeBuilder(root_token, max_nodes=rows or 1 + sum(len(p) for p in paths), max_depth=max_depth)
+    for p in paths:
+        if builder.extend(0, p) is None:
+            raise TreeError(f"path {list(p)} does not fit in {rows} rows / depth {max_depth}")
+    return builder.build(prefix_len=prefix_len, rows=rows)
+
+
+def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan:
+    is_leaf = [not children[i] for i in range(n)]
+    paths: list[list[int]] = [spine]
+    start_cut_node: list[int] = [-1]
+
+    def frontier_chains(node: int, prefix: list[int]) -> list[list[int]]:
+        # One path per node whose children are all leaves; shared prefixes are recomputed.
+        inner = [c for c in children[node] if not is_leaf[c]]
+        if not inner:
+            return [[*prefix, node]]
+        return [chain for c in inner for chain in frontier_chains(c, [*prefix, node])]
+
+    for s in spine:
+        for c in children[s]:
+            if c in spine or is_leaf[c]:
+                continue
+            for chain in frontier_chains(c, []):
+                paths.append(chain)
+                start_cut_node.append(s)
+    cut_nodes = [s for s in spine if s in start_cut_node]
+
+    covered: set[int] = set()
+    owner: list[list[bool]] = []
+    leaf_node, leaf_path, leaf_step = [], [], []
+    for p, path in enumerate(paths):
+        flags = []
+        for step, node in enumerate(path):
+            flags.append(node not in covered)
+            covered.add(node)
+            for c in children[node]:
+                if is_leaf[c] and c not in covered and c not in spine:
+                    covered.add(c)
+                    leaf_node.append(c)
+                    leaf_path.append(p)
+                    leaf_step.append(step)
+        owner.append(flags)
+
+    length = max(len(p) for p in paths)
+    nodes_t = torch.full((len(paths), length), -1, dtype=torch.long)
+    owner_t = torch.zeros((len(paths), length), dtype=torch.bool)
+    for p, path in enumerate(paths):
+        nodes_t[p, : len(path)] = torch.tensor(path, dtype=torch.long)
+        owner_t[p, : len(path)] = torch.tensor(owner[p])
+    return PathPlan(
+        nodes=nodes_t,
+        start_cut=torch.tensor(
+            [-1 if s == -1 else cut_nodes.index(s) for s in start_cut_node], dtype=torch.long
+        ),
+        cut_nodes=torch.tensor(cut_nodes, dtype=torch.long),
+        owner=owner_t,
+        leaf_node=torch.tensor(leaf_node, dtype=torch.long),
+        leaf_path=torch.tensor(leaf_path, dtype=torch.long),
+        leaf_step=torch.tensor(leaf_step, dtype=torch.long),
+    )
+
+
+def _conv_gather(anc_at: Tensor, depth: list[int], rows: int, width: int) -> Tensor:
+    gather = torch.empty((rows, width), dtype=torch.long)
+    for i in range(rows):
+        d = depth[i] if i < len(depth) else 0
+        src = i if i < len(depth) else 0
+        for t in range(width):
+            rel = d - (width - 1) + t  # depth of the token under tap t, relative to the root
+            gather[i, t] = width - 1 + rel if rel < 0 else width - 1 + int(anc_at[src, rel])
+    return gather

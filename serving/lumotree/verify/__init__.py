@@ -1,0 +1,1 @@
+"""Tree verification: one folder per op family, each holding its PyTorch reference (and later its kernel)."""
