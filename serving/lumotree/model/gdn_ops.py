@@ -93,6 +93,20 @@ def chunk_gated_delta_rule(
     Within a chunk with cumulative log decay c, the writes U solve (I + A) U = beta*V - beta*exp(c)*K S0^T
     with A[i, j] = beta_i exp(c_i - c_j) k_i.k_j for j < i.
     """
+    # fp32 throughout, also under a caller's bf16 autocast: the solve and the state scan need it.
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunk_fp32(q, k, v, g, beta, state, chunk_size)
+
+
+def _chunk_fp32(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     bsz, seq, heads, dk = k.shape
     dv = v.shape[-1]
     pad = (-seq) % chunk_size
