@@ -49,6 +49,14 @@ def load_checkpoint(
         raise ValueError(
             f"checkpoint {path} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+    state = model.state_dict()
+    wrong = [
+        f"{k} {tuple(v.shape)} != {tuple(state[k].shape)}"
+        for k, v in tensors.items()
+        if v.shape != state[k].shape
+    ]
+    if wrong:
+        raise ValueError(f"checkpoint {path} does not match its config: shapes {wrong[:3]}")
     model.load_state_dict(tensors, strict=False)
     return model.to(device=device, dtype=dtype).eval()
 
