@@ -17,11 +17,6 @@ from lumotree.model import gdn_ops
 from lumotree.model.config import HybridConfig
 from lumotree.model.norms import GatedRMSNorm
 
-try:  # flash-linear-attention's Triton chunk kernel: used for training on a GPU when importable.
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
-except ImportError:  # the plain PyTorch chunked form below is the fallback (and the CPU path)
-    _fla_chunk = None
-
 
 class GatedDeltaNet(nn.Module):
     """One GDN token mixer. Value head h reads key head h // (HV/H)."""
@@ -96,8 +91,6 @@ class GatedDeltaNet(nn.Module):
         qn, kn = gdn_ops.prepare_qk(q, k, self.num_v_heads)
         if q.shape[1] == 1:
             o, new_state = gdn_ops.recurrent_gated_delta_rule(qn, kn, v, g, beta, state)
-        elif _fla_chunk is not None and q.is_cuda and state is None:
-            o, new_state = _fla_training_chunk(qn, kn, v, g, beta)
         else:
             o, new_state = gdn_ops.chunk_gated_delta_rule(qn, kn, v, g, beta, state)
         return o.to(v.dtype), new_state
@@ -131,12 +124,3 @@ class GatedDeltaNet(nn.Module):
             )
             dt = log_dt.exp()
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
-
-
-def _fla_training_chunk(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's chunk kernel on prepared operands (scale 1: q is already scaled). Its state is K-first."""
-    dtype = v.dtype
-    o, final = _fla_chunk(q.to(dtype), k.to(dtype), v, g, beta.to(dtype), scale=1.0, output_final_state=True)
-    return o, final.transpose(-1, -2).float()

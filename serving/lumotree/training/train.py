@@ -19,10 +19,10 @@ class TrainSettings:
     """Optimisation settings; the schedule runs on wall time so the budget, not a step count, ends it."""
 
     seq_len: int = 2048
-    batch_size: int = 64  # large: the eager step is host-launch-bound, so rows are nearly free
+    batch_size: int = 16
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     train_seconds: float = 330.0
