@@ -1,0 +1,80 @@
+"""One decoder layer: pre-norm token mixer (GDN or gated attention) and pre-norm MLP, both residual."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lumotree.model.attention import GatedAttention
+from lumotree.model.config import LINEAR, HybridConfig
+from lumotree.model.gdn import GatedDeltaNet
+from lumotree.model.mlp import MLP, SparseMoE
+from lumotree.model.norms import RMSNorm
+from lumotree.model.state import GDNState, KVCache
+
+
+class DecoderLayer(nn.Module):
+    """Checkpoint names: input_layernorm, linear_attn | self_attn, post_attention_layernorm, mlp."""
+
+    def __init__(self, config: HybridConfig, layer_type: str, moe: bool) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if layer_type == LINEAR:
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = GatedAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp: nn.Module
+        if moe:
+            self.mlp = SparseMoE(
+                config.hidden_size,
+                config.num_experts,
+                config.num_experts_per_tok,
+                config.moe_intermediate_size,
+                config.shared_expert_intermediate_size,
+                config.norm_topk_prob,
+            )
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size)
+
+    @property
+    def is_linear(self) -> bool:
+        return self.layer_type == LINEAR
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        state: GDNState | KVCache | None = None,
+        start: int = 0,
+    ) -> torch.Tensor:
+        """h: [B, T, hidden] at positions start..start+T-1 (cos/sin for those positions).
+
+        state None: whole sequence from an empty state (training). Otherwise B == 1 and the layer's
+        state (no batch dim) is read and advanced in place: GDN recurrent/conv state, or KV rows
+        [start, start+T) written and rows [0, start+T) attended.
+        """
+        x = self.input_layernorm(h)
+        if self.is_linear:
+            if state is None:
+                mixed, _, _ = self.linear_attn(x)
+            else:
+                assert isinstance(state, GDNState)
+                mixed, conv, rec = self.linear_attn(x, state.conv[None], state.recurrent[None])
+                state.conv.copy_(conv[0])
+                state.recurrent.copy_(rec[0])
+        else:
+            q, k, v, gate = self.self_attn.project(x, cos, sin)
+            if state is None:
+                attn = self.self_attn.mix(q, k, v)
+            else:
+                assert isinstance(state, KVCache)
+                end = start + h.shape[1]
+                state.key[start:end] = k[0]
+                state.value[start:end] = v[0]
+                attn = self.self_attn.mix(q, state.key[None, :end], state.value[None, :end])
+            mixed = self.self_attn.output(attn, gate)
+        h = h + mixed
+        return h + self.mlp(self.post_attention_layernorm(h))

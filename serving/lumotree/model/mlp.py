@@ -1,0 +1,62 @@
+"""Feed-forward blocks: SwiGLU MLP and Qwen3-Next's sparse mixture of experts."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., hidden] -> [..., hidden]."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed SwiGLU experts plus a sigmoid-gated shared expert (Qwen3-Next's MoE block).
+
+    Routing: softmax over experts in fp32, top-k, optionally renormalised over the chosen k.
+    Checkpoint names: gate.weight, experts.{e}.{gate,up,down}_proj.weight, shared_expert.*,
+    shared_expert_gate.weight.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        expert_size: int,
+        shared_size: int,
+        norm_topk_prob: bool,
+    ) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(hidden_size, expert_size) for _ in range(num_experts))
+        self.shared_expert = MLP(hidden_size, shared_size)
+        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., hidden] -> [..., hidden]."""
+        flat = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # [N, k]
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights.to(flat.dtype)
+        out = torch.zeros_like(flat)
+        for e in chosen.unique().tolist():
+            rows, slot = torch.where(chosen == e)
+            out.index_add_(0, rows, self.experts[e](flat[rows]) * weights[rows, slot, None])
+        out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.reshape(x.shape)
