@@ -124,9 +124,9 @@ def _new_meta(
         endpoint=endpoint,
         api=target.api,
         model=target.model,
-        corpus=str(corpus),
+        corpus=str(corpus.resolve()),  # absolute, so --resume works from any directory
         corpus_sha256=file_sha256(corpus),
-        manifest=str(manifest) if manifest else None,
+        manifest=str(manifest.resolve()) if manifest else None,
         manifest_sha256=file_sha256(manifest) if manifest else None,
         request_ids=[r.id for r in records],
         record_sha256={r.id: record_sha256(r) for r in records},
