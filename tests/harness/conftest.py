@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.helpers import free_port
+from .helpers import free_port
 
 
 @pytest.fixture

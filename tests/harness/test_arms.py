@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.helpers import free_port
 from lumobench.arms import known_arms, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
 from lumobench.launch import ArmServer, ArmStartError, launched
+
+from .helpers import free_port
 
 
 def test_shipped_arms_resolve_with_their_environment() -> None:

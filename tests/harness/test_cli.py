@@ -13,8 +13,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.helpers import DEMO, REPO, free_port, lumobench, small_corpus
 from lumobench.results import RunDir
+
+from .helpers import DEMO, REPO, free_port, lumobench, small_corpus
 
 
 def _run_dir(out: Path) -> Path:

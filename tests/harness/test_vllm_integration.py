@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.helpers import DEMO, REPO, free_port, lumobench, small_corpus
 from lumobench.corpus import load_corpus
 from lumobench.errors import LumobenchError
 from lumobench.launch import port_in_use
@@ -29,6 +28,8 @@ from lumobench.results import RunDir
 from lumobench.vllm_cpu import TINY_MODEL_DIR, VENV_DIR
 from lumobench.vllm_cpu.env import build_vllm_cpu_env
 from lumobench.vllm_cpu.tiny_model import demo_training_texts, write_tiny_checkpoint
+
+from .helpers import DEMO, REPO, free_port, lumobench, small_corpus
 
 pytestmark = pytest.mark.integration
 STARTUP_S = 300
