@@ -69,10 +69,12 @@ def new_session(concurrency: int, request_timeout_s: float) -> aiohttp.ClientSes
 
 async def stream_into(resp: aiohttp.ClientResponse, recorder: StreamRecorder) -> int | None:
     """Feed raw reads to `recorder` until the stream completes; return the t_end candidate (EOF time)."""
-    async for data in resp.content.iter_any():
-        if recorder.feed(data, time.monotonic_ns()):
+    # a plain loop over readany(): cheaper per event than the async-generator iter_any()
+    readany, feed, clock = resp.content.readany, recorder.feed, time.monotonic_ns
+    while data := await readany():
+        if feed(data, clock()):
             return recorder.t_end_ns
-    return time.monotonic_ns()
+    return clock()
 
 
 async def send_request(
