@@ -7,6 +7,11 @@ from typing import Annotated
 import typer
 
 from lumobench import __version__
+from lumobench.commands.bench import bench_app
+from lumobench.commands.corpus import corpus_app
+from lumobench.commands.replay import replay
+from lumobench.commands.report import report
+from lumobench.commands.serve import serve
 from lumobench.verify import app as verify_app
 
 app = typer.Typer(
@@ -15,8 +20,11 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-
-
+app.add_typer(corpus_app, name="corpus")
+app.add_typer(bench_app, name="bench")
+app.command("serve")(serve)
+app.command("replay")(replay)
+app.command("report")(report)
 app.add_typer(verify_app, name="verify")
 
 

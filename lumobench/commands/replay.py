@@ -1,0 +1,201 @@
+"""`lumobench replay`: replay a frozen corpus against arms (launched here) or a running endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lumobench.errors import LumobenchError, user_errors
+from lumobench.launch import ArmServer, interrupt_on_signals, launched, log_tail
+from lumobench.plan import Plan, plan_new, plan_resume, probe_endpoint
+from lumobench.replay import ReplayOutcome, execute
+from lumobench.report import build_report, render_table, table_console
+from lumobench.results import RequestRow
+
+EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
+
+console = Console(stderr=True)
+
+
+class RichProgress:
+    """Progress bar per repetition, with the last request's tokens and decode time."""
+
+    def __init__(self, progress: Progress, label: str, runs: int) -> None:
+        self.progress, self.label, self.runs = progress, label, runs
+        self.task: Any = None
+
+    def run_started(self, run_index: int, total: int, already_done: int) -> None:
+        self.task = self.progress.add_task(
+            f"{self.label} run {run_index + 1}/{self.runs}", total=total, completed=already_done, last=""
+        )
+
+    def row_written(self, row: RequestRow) -> None:
+        if row.status == "failed":
+            last = f"[red]{row.request_id} failed: {(row.error or '')[:60]}[/]"
+        else:
+            last = f"{row.request_id}: n={row.completion_tokens} in {row.decode_s or 0:.2f} s"
+        self.progress.update(self.task, advance=1, last=last)
+
+
+def _execute(plan: Plan, concurrency: int, server: ArmServer | None) -> ReplayOutcome:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+        console=console,
+    ) as progress:
+        ui = RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
+        alive = None if server is None else (lambda: server.exit_code() is None)
+        return asyncio.run(
+            execute(
+                plan.run,
+                plan.meta,
+                plan.records,
+                plan.target,
+                concurrency=concurrency,
+                server_alive=alive,
+                progress=ui,
+            )
+        )
+
+
+def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
+    """Launch the arm if there is one, replay, stop the arm; Ctrl-C propagates as KeyboardInterrupt."""
+    kept = plan.run.prepare_resume()
+    if kept:
+        console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
+    if plan.arm is None:
+        return _execute(plan, concurrency, None)
+    arm, log = plan.arm, plan.run.server_log
+    status = console.status(f"starting arm {arm.name} (log: {log})")
+    status.start()
+    try:
+        with launched(
+            arm,
+            log,
+            on_wait=lambda s: status.update(f"starting arm {arm.name}: waiting for {s} (log: {log})"),
+        ) as server:
+            status.stop()
+            plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
+            plan.meta.model = plan.target.model or server.served_model
+            plan.target = replace(plan.target, model=plan.meta.model)
+            plan.run.write_meta(plan.meta)
+            return _execute(plan, concurrency, server)
+    finally:
+        status.stop()
+
+
+def replay(
+    corpus: Annotated[Path | None, typer.Argument(help="Corpus (JSONL). Optional with --resume.")] = None,
+    arm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--arm", help="Arm to launch and replay (repeatable); with --endpoint: the arm running there."
+        ),
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Replay against an already running server (base URL).")
+    ] = None,
+    runs: Annotated[int, typer.Option(help="Repetitions of the whole corpus.", min=1)] = 1,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            help="Frozen manifest the corpus must match (default: manifests/<corpus name>.json if present)."
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Finish an interrupted run directory (no duplicates, no gaps).")
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Requests in flight (the paper's protocol: 1).", min=1)
+    ] = 1,
+    out: Annotated[Path, typer.Option(help="Results root; each arm gets <out>/<run-id>/.")] = Path("results"),
+    api: Annotated[
+        str | None,
+        typer.Option(
+            help="chat (OpenAI chat completions) or generate (SGLang /generate "
+            "with input_ids); default: the arm's setting, else chat."
+        ),
+    ] = None,
+    label: Annotated[str | None, typer.Option(help="Name for the run (and the endpoint in reports).")] = None,
+    port: Annotated[int | None, typer.Option(help="Launch arms on this port instead of their own.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Arms: model path instead of the arm's. Endpoint: model name to send.")
+    ] = None,
+    request_timeout: Annotated[float, typer.Option(help="Longest silence within one response (s).")] = 900.0,
+) -> None:
+    """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
+    interrupt_on_signals()
+    if api not in (None, "chat", "generate"):
+        raise typer.BadParameter("must be chat or generate", param_hint="--api")
+    with user_errors():
+        if resume:
+            plans = [plan_resume(resume, corpus, request_timeout)]
+            concurrency = plans[0].meta.concurrency
+        elif corpus is None:
+            raise LumobenchError("give a CORPUS file (or --resume RUN_DIR)")
+        else:
+            plans = plan_new(
+                corpus,
+                arms=arm or [],
+                endpoint=endpoint,
+                api=api,
+                label=label,
+                runs=runs,
+                manifest=manifest,
+                concurrency=concurrency,
+                out=out,
+                port=port,
+                model=model,
+                timeout=request_timeout,
+            )
+            if plans[0].meta.manifest:
+                console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
+    failed = 0
+    for plan in plans:
+        try:
+            with user_errors():
+                outcome = run_plan(plan, concurrency)
+        except KeyboardInterrupt:
+            rows = plan.run.read_rows()
+            console.print(
+                f"[yellow]interrupted: kept {len(rows)} rows in {plan.run.path}; continue with: "
+                f"lumobench replay --resume {plan.run.path}[/]"
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        if outcome.status == "aborted":
+            console.print(
+                f"[red]run aborted: {outcome.message}; kept {outcome.completed + outcome.failed} rows in "
+                f"{plan.run.path}; continue with: lumobench replay --resume {plan.run.path}[/]"
+            )
+            log = plan.run.server_log
+            if log.exists():
+                console.print(f"last lines of {log}:\n{log_tail(log, 15)}", markup=False)
+            raise typer.Exit(EXIT_ABORTED)
+        failed += outcome.failed
+        console.print(
+            f"{plan.meta.arm.name}: {outcome.completed} completed, {outcome.failed} failed -> {plan.run.path}"
+        )
+    with user_errors():
+        table_console().print(render_table(build_report([p.run.path for p in plans])))
+    if failed:
+        for plan in plans:
+            for row in (r for r in plan.run.read_rows() if r.status == "failed"):
+                console.print(
+                    f"failed: {plan.meta.arm.name} run {row.run_index + 1} {row.request_id}: {row.error}",
+                    markup=False,
+                )
+        total = sum(len(p.meta.request_ids) * p.meta.runs for p in plans)
+        console.print(
+            f"[red]{failed} of {total} requests failed (rows kept in requests.jsonl; "
+            f"--resume RUN_DIR retries them)[/]"
+        )
+        raise typer.Exit(EXIT_FAILED_ROWS)

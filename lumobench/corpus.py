@@ -1,0 +1,237 @@
+"""Request corpora: the typed record schema (DESIGN §6), the JSONL loader and per-record hashing.
+
+A corpus is a JSONL file, one `CorpusRecord` per line: an OpenAI chat request (messages with tool calls
+and tool results, tool definitions, sampling parameters) plus an `id`, optional prompt `input_ids`
+(for SGLang-style `/generate` replay) and optional `source` (where it was captured).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lumobench.errors import LumobenchError
+
+#: Sampling fields copied verbatim into every replayed request (OpenAI names plus the vLLM/SGLang
+#: extensions top_k, min_p, repetition_penalty).
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "max_tokens",
+    "seed",
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1)
+    arguments: str  # JSON text, exactly as the model emitted it
+
+
+class ToolCall(_Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    """One OpenAI chat message; assistant turns may carry tool calls, tool turns answer one of them."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> Message:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.role != "assistant" and (self.tool_calls or self.reasoning_content):
+            raise ValueError("only assistant messages carry tool_calls or reasoning_content")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError("only tool messages carry tool_call_id")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required unless the message carries tool_calls")
+        return self
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class Source(BaseModel):
+    """Where a record was captured; extra keys (capture time, arm, ...) are kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str | None = None
+    conversation: str | None = None
+    turn: int | None = Field(default=None, ge=0)
+
+
+class CorpusRecord(_Strict):
+    """One replayable request. Unknown top-level keys are rejected so typos surface as errors."""
+
+    id: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    input_ids: list[int] | None = None
+    source: Source | None = None
+    #: engine-specific request fields merged into the body as given (e.g. chat_template_kwargs)
+    extra_body: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tool_results_answer_calls(self) -> CorpusRecord:
+        called: set[str] = set()
+        for i, msg in enumerate(self.messages):
+            for call in msg.tool_calls or ():
+                called.add(call.id)
+            if msg.role == "tool" and msg.tool_call_id not in called:
+                raise ValueError(
+                    f"messages.{i}: tool_call_id {msg.tool_call_id!r} answers no earlier tool call"
+                )
+        return self
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields this record sets (unset ones are left to the server's defaults)."""
+        return {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True)
+class RecordIssue:
+    """One problem in a corpus file: 1-based line number, the field path (or '' for the line) and why."""
+
+    line: int
+    field: str
+    message: str
+    record_id: str | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" + (f" (id {self.record_id})" if self.record_id else "")
+        return f"{where}: {self.field + ': ' if self.field else ''}{self.message}"
+
+
+class CorpusError(LumobenchError):
+    """The corpus has invalid records; `issues` lists every one of them."""
+
+    def __init__(self, path: Path, issues: Sequence[RecordIssue]) -> None:
+        self.path = path
+        self.issues = list(issues)
+        first = self.issues[0]
+        more = (
+            f" (and {len(self.issues) - 1} more; run `lumobench corpus check {path}`)"
+            if len(issues) > 1
+            else ""
+        )
+        super().__init__(f"{path}: {first}{more}")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    # pydantic puts union-member and validator names into loc; keep only the data path
+    parts = [str(p) for p in loc if isinstance(p, int) or not any(c in str(p) for c in "[]()'")]
+    return ".".join(parts)
+
+
+def check_corpus(path: Path) -> tuple[list[CorpusRecord], list[RecordIssue]]:
+    """Parse and validate every line of a JSONL corpus; return the valid records and every issue found."""
+    try:
+        raw_lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise LumobenchError(f"cannot read corpus {path}: {exc.strerror or exc}") from None
+    records: list[CorpusRecord] = []
+    issues: list[RecordIssue] = []
+    seen: dict[str, int] = {}
+    for lineno, raw in enumerate(raw_lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            issues.append(RecordIssue(lineno, "", f"not valid JSON ({exc})"))
+            continue
+        rid = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
+        try:
+            record = CorpusRecord.model_validate(obj)
+        except ValidationError as exc:
+            for err in exc.errors():
+                issues.append(RecordIssue(lineno, _field_path(err["loc"]), err["msg"], rid))
+            continue
+        if record.id in seen:
+            issues.append(RecordIssue(lineno, "id", f"duplicate id (first on line {seen[record.id]})", rid))
+            continue
+        seen[record.id] = lineno
+        records.append(record)
+    if not records and not issues:
+        issues.append(RecordIssue(1, "", "the corpus has no records"))
+    return records, issues
+
+
+def load_corpus(path: Path) -> list[CorpusRecord]:
+    """Load a corpus, raising `CorpusError` (listing every bad line) if any record is invalid."""
+    records, issues = check_corpus(path)
+    if issues:
+        raise CorpusError(path, issues)
+    return records
+
+
+def canonical_json(record: CorpusRecord) -> str:
+    """Canonical JSON of the fields the record's line actually set (sorted keys, no spaces, UTF-8)."""
+    return json.dumps(
+        record.model_dump(mode="json", exclude_unset=True),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def record_sha256(record: CorpusRecord) -> str:
+    """Hex sha256 of `canonical_json(record)`: stable under key order and whitespace changes."""
+    return hashlib.sha256(canonical_json(record).encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

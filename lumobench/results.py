@@ -1,0 +1,265 @@
+"""Run directories: `run.json` metadata, `requests.jsonl` rows flushed one by one, metric snapshots, logs.
+
+Layout of `results/<run-id>/` (DESIGN §6):
+
+    run.json                  RunMeta (schema_version, arm, endpoint, corpus/manifest hashes, host, ...)
+    requests.jsonl            one RequestRow per (repetition, request), appended and flushed as it completes
+    failed-attempts.jsonl     rows of failed attempts that `--resume` retried (kept for the record)
+    metrics/run{R}.seg{S}.{before,after}.prom   raw /metrics text around each run segment
+    server.log                output of the launched arm (when lumobench started the server)
+
+A run segment is one uninterrupted stretch of a repetition; resuming a repetition opens a new segment,
+so counter deltas never straddle a server restart.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from lumobench import __version__
+from lumobench.errors import LumobenchError
+
+RUN_SCHEMA_VERSION = 1
+ROWS_FILE = "requests.jsonl"
+FAILED_ATTEMPTS_FILE = "failed-attempts.jsonl"
+RUN_FILE = "run.json"
+SERVER_LOG = "server.log"
+METRICS_DIR = "metrics"
+
+
+class RequestRow(BaseModel):
+    """One request of one repetition. Times are `time.monotonic_ns()` of the replaying process (ns).
+
+    `completion_tokens` (n in Eq. 5) is the server's usage count; `chunk_tokens` holds the cumulative
+    completion-token count after each output chunk where the server reports it (vLLM's
+    `continuous_usage_stats`, SGLang's `meta_info`), which shows servers that hold output back.
+    """
+
+    run_index: int = Field(ge=0)
+    seq: int = Field(ge=0)  # position of the request within the replay order
+    request_id: str
+    status: Literal["completed", "failed"]
+    error: str | None = None
+    http_status: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    t_send_ns: int
+    t_first_ns: int | None = None
+    t_end_ns: int | None = None
+    chunks: int = 0  # SSE data events received, excluding [DONE]
+    output_chunks: int = 0  # events that carried content, reasoning, tool calls or new tokens
+    chunk_tokens: list[int] | None = None
+    finish_reason: str | None = None
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    token_ids: list[int] | None = None
+    started_at: str  # wall-clock ISO time of t_send, for humans
+
+    @property
+    def decode_s(self) -> float | None:
+        """t_end − t_first in seconds, or None if the stream never produced output."""
+        if self.t_first_ns is None or self.t_end_ns is None:
+            return None
+        return (self.t_end_ns - self.t_first_ns) / 1e9
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.run_index, self.request_id)
+
+
+class ArmInfo(BaseModel):
+    """The arm a run measured: its name, the resolved config and where it came from."""
+
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    config_sha256: str | None = None
+    launched: bool = False  # lumobench started the server (vs. an existing --endpoint)
+
+
+class Segment(BaseModel):
+    run_index: int
+    segment: int
+    started_at: str
+    finished_at: str | None = None
+    outcome: Literal["running", "finished", "interrupted", "aborted"] = "running"
+
+
+class RunMeta(BaseModel):
+    """`run.json`: everything needed to interpret and resume a run (schema versioned)."""
+
+    schema_version: int = RUN_SCHEMA_VERSION
+    run_id: str
+    created: str
+    lumobench_version: str = __version__
+    argv: list[str] = Field(default_factory=list)
+    arm: ArmInfo
+    endpoint: str
+    api: Literal["chat", "generate"] = "chat"
+    model: str | None = None  # served model name sent in requests
+    engine_version: str | None = None
+    corpus: str
+    corpus_sha256: str
+    manifest: str | None = None
+    manifest_sha256: str | None = None
+    request_ids: list[str]  # replay order
+    record_sha256: dict[str, str] = Field(default_factory=dict)  # id -> canonical-JSON sha256
+    runs: int = Field(ge=1)
+    concurrency: int = Field(ge=1, default=1)
+    stream_options: dict[str, Any] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    host: dict[str, Any] = Field(default_factory=dict)
+    segments: list[Segment] = Field(default_factory=list)
+    status: Literal["running", "finished", "interrupted", "aborted"] = "running"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
+
+
+def new_run_id(label: str) -> str:
+    """`YYYYmmdd-HHMMSS-<label>` in UTC; sortable and readable."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{safe}"
+
+
+class RunDir:
+    """A run directory on disk; rows are appended with flush + fsync so a crash loses nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, path: Path, meta: RunMeta) -> RunDir:
+        if path.exists() and any(path.iterdir()):
+            raise LumobenchError(
+                f"run directory {path} already exists and is not empty (use --resume {path})"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        run.write_meta(meta)
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        run = cls(path)
+        if not (path / RUN_FILE).is_file():
+            raise LumobenchError(f"{path} is not a lumobench run directory (no {RUN_FILE})")
+        return run
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def read_meta(self) -> RunMeta:
+        try:
+            meta = RunMeta.model_validate_json((self.path / RUN_FILE).read_bytes())
+        except ValidationError as exc:
+            raise LumobenchError(
+                f"{self.path / RUN_FILE} is not valid run metadata: {exc.errors()[0]['msg']}"
+            ) from None
+        if meta.schema_version != RUN_SCHEMA_VERSION:
+            raise LumobenchError(
+                f"{self.path} has run schema {meta.schema_version}; this lumobench reads {RUN_SCHEMA_VERSION}"
+            )
+        return meta
+
+    def write_meta(self, meta: RunMeta) -> None:
+        """Atomic replace, so a crash never leaves a half-written run.json."""
+        tmp = self.path / (RUN_FILE + ".tmp")
+        tmp.write_text(meta.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, self.path / RUN_FILE)
+
+    # -- rows -------------------------------------------------------------------------------------
+    @property
+    def rows_path(self) -> Path:
+        return self.path / ROWS_FILE
+
+    def append_row(self, row: RequestRow) -> None:
+        with self.rows_path.open("a") as fh:
+            fh.write(row.model_dump_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def read_rows(self) -> list[RequestRow]:
+        """All rows; a torn last line (crash mid-write) is ignored, a corrupt earlier line is an error."""
+        if not self.rows_path.exists():
+            return []
+        lines = self.rows_path.read_text().split("\n")
+        rows: list[RequestRow] = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rows.append(RequestRow.model_validate_json(line))
+            except ValidationError:
+                if i == len(lines) - 1:
+                    break
+                raise LumobenchError(f"{self.rows_path}: line {i + 1} is not a valid request row") from None
+        return rows
+
+    def prepare_resume(self) -> list[RequestRow]:
+        """Keep one completed row per key; move failed rows to failed-attempts.jsonl so they are retried.
+
+        Rewrites requests.jsonl atomically; returns the rows kept.
+        """
+        kept: dict[tuple[int, str], RequestRow] = {}
+        failed: list[RequestRow] = []
+        for row in self.read_rows():
+            if row.status == "completed" and row.key not in kept:
+                kept[row.key] = row
+            elif row.status == "failed":
+                failed.append(row)
+        if failed:
+            with (self.path / FAILED_ATTEMPTS_FILE).open("a") as fh:
+                fh.writelines(r.model_dump_json() + "\n" for r in failed)
+        tmp = self.path / (ROWS_FILE + ".tmp")
+        tmp.write_text("".join(r.model_dump_json() + "\n" for r in kept.values()))
+        os.replace(tmp, self.rows_path)
+        return list(kept.values())
+
+    # -- metrics and logs -------------------------------------------------------------------------
+    def metrics_path(self, run_index: int, segment: int, when: Literal["before", "after"]) -> Path:
+        return self.path / METRICS_DIR / f"run{run_index}.seg{segment}.{when}.prom"
+
+    def write_metrics(
+        self, run_index: int, segment: int, when: Literal["before", "after"], text: str
+    ) -> None:
+        path = self.metrics_path(run_index, segment, when)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+
+    def metric_segments(self) -> list[tuple[int, int, str, str]]:
+        """(run_index, segment, before_text, after_text) for every segment with both snapshots."""
+        out = []
+        for before in sorted((self.path / METRICS_DIR).glob("run*.seg*.before.prom")):
+            after = before.with_name(before.name.replace(".before.", ".after."))
+            if after.exists():
+                run_part, seg_part = before.name.split(".")[:2]
+                out.append((int(run_part[3:]), int(seg_part[3:]), before.read_text(), after.read_text()))
+        return out
+
+    @property
+    def server_log(self) -> Path:
+        return self.path / SERVER_LOG
+
+
+def missing_keys(meta: RunMeta, rows: Iterable[RequestRow]) -> list[tuple[int, str]]:
+    """Keys of the run (repetition, request) that have no row yet, in replay order."""
+    have = {r.key for r in rows}
+    return [(r, rid) for r in range(meta.runs) for rid in meta.request_ids if (r, rid) not in have]
