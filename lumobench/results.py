@@ -40,7 +40,8 @@ class RequestRow(BaseModel):
     """One request of one repetition. Times are `time.monotonic_ns()` of the replaying process (ns).
 
     `completion_tokens` (n in Eq. 5) is the server's usage count; `chunk_tokens` holds the cumulative
-    completion-token count after each content-carrying chunk where the server reports it.
+    completion-token count after each output chunk where the server reports it (vLLM's
+    `continuous_usage_stats`, SGLang's `meta_info`), which shows servers that hold output back.
     """
 
     run_index: int = Field(ge=0)
@@ -55,7 +56,7 @@ class RequestRow(BaseModel):
     t_first_ns: int | None = None
     t_end_ns: int | None = None
     chunks: int = 0  # SSE data events received, excluding [DONE]
-    content_chunks: int = 0  # events that carried content, reasoning, tool calls or new tokens
+    output_chunks: int = 0  # events that carried content, reasoning, tool calls or new tokens
     chunk_tokens: list[int] | None = None
     finish_reason: str | None = None
     text: str = ""
@@ -111,16 +112,13 @@ class RunMeta(BaseModel):
     manifest: str | None = None
     manifest_sha256: str | None = None
     request_ids: list[str]  # replay order
+    record_sha256: dict[str, str] = Field(default_factory=dict)  # id -> canonical-JSON sha256
     runs: int = Field(ge=1)
     concurrency: int = Field(ge=1, default=1)
     stream_options: dict[str, Any] = Field(default_factory=dict)
     host: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list)
     status: Literal["running", "finished", "interrupted", "aborted"] = "running"
-
-    @property
-    def expected_keys(self) -> set[tuple[int, str]]:
-        return {(r, rid) for r in range(self.runs) for rid in self.request_ids}
 
 
 def now_iso() -> str:

@@ -1,0 +1,188 @@
+"""Serving arms: the TOML model of `serving/arms/*.toml` and its resolution into a command line.
+
+An arm file names an engine, a command template, a port, environment variables, readiness URLs and
+request settings. Strings in `command`, `model` and `env` may use
+
+    {python} {repo} {host} {port} {model} {served_model_name} {speculative_config}
+    ${VAR}  ${VAR:-default}          (environment variables; the default may use {repo})
+
+so one file works on every checkout. `lumobench serve ARM` and `lumobench replay --arm ARM` use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lumobench.errors import LumobenchError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ARMS_DIR_ENV = "LUMOBENCH_ARMS_DIR"
+# ${NAME} or ${NAME:-default}; the default may itself contain {placeholders}
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:[^{}]|\{\w+\})*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Readiness(_Strict):
+    """Readiness is `health` answering 200, then `models` listing the served model, within `timeout_s`."""
+
+    health: str = "/health"
+    models: str = "/v1/models"
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
+class RequestSettings(_Strict):
+    """How replay talks to this arm: the API, extra `stream_options` and extra body fields."""
+
+    api: Literal["chat", "generate"] = "chat"
+    stream_options: dict[str, Any] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+class ArmConfig(_Strict):
+    name: str
+    engine: str  # vllm, sglang, lumotree, scripted, ...
+    description: str = ""
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    readiness: Readiness = Field(default_factory=Readiness)
+    request: RequestSettings = Field(default_factory=RequestSettings)
+    speculative: dict[str, Any] | None = None
+    requires_gpu: bool = False
+    #: shown when the command's program or the model path does not exist (how to build them)
+    setup_hint: str | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedArm:
+    """An arm with every template filled in: ready to launch."""
+
+    config: ArmConfig
+    argv: list[str]
+    env: dict[str, str]  # only the arm's own variables (merged over os.environ at launch)
+    model: str | None
+    served_model_name: str | None  # what requests name as "model" (None: ask /v1/models)
+    base_url: str
+    source: Path | None
+    source_sha256: str | None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def arms_dir() -> Path:
+    return Path(os.environ.get(ARMS_DIR_ENV) or REPO_ROOT / "serving" / "arms")
+
+
+def known_arms(directory: Path | None = None) -> list[str]:
+    directory = directory or arms_dir()
+    return sorted(p.stem for p in directory.glob("*.toml"))
+
+
+def arm_path(name_or_path: str, directory: Path | None = None) -> Path:
+    """`NAME` → `<arms dir>/NAME.toml`; anything ending in .toml is taken as a path."""
+    if name_or_path.endswith(".toml"):
+        return Path(name_or_path)
+    return (directory or arms_dir()) / f"{name_or_path}.toml"
+
+
+def load_arm(name_or_path: str, directory: Path | None = None) -> tuple[ArmConfig, Path]:
+    """Read and validate one arm file; an unknown name lists the known arms."""
+    path = arm_path(name_or_path, directory)
+    if not path.is_file():
+        known = ", ".join(known_arms(path.parent)) or "none"
+        raise LumobenchError(f"unknown arm {name_or_path!r}: {path} does not exist (known arms: {known})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise LumobenchError(f"{path}: not valid TOML ({exc})") from None
+    data.setdefault("name", path.stem)
+    try:
+        return ArmConfig.model_validate(data), path
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise LumobenchError(f"{path}: {field}: {err['msg']}") from None
+
+
+def _expand_env(text: str, arm: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is None:
+            raise LumobenchError(f"arm {arm} needs the environment variable {name}")
+        return default
+
+    return _ENV_REF.sub(sub, text)
+
+
+def _fill(text: str, fields: dict[str, str], arm: str, env: dict[str, str]) -> str:
+    text = _expand_env(text, arm, env)
+    try:
+        return text.format(**fields)
+    except KeyError as exc:
+        raise LumobenchError(f"arm {arm}: unknown placeholder {{{exc.args[0]}}} in {text!r}") from None
+
+
+def resolve_arm(
+    config: ArmConfig,
+    source: Path | None = None,
+    *,
+    port: int | None = None,
+    model: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> ResolvedArm:
+    """Fill the arm's templates; `port`/`model` override the file (the CLI's --port/--model)."""
+    environ = dict(os.environ if environ is None else environ)
+    port = port or config.port
+    fields = {"python": sys.executable, "repo": str(REPO_ROOT), "host": config.host, "port": str(port)}
+    resolved_model = model or (config.model and _fill(config.model, fields, config.name, environ))
+    fields["model"] = resolved_model or ""
+    served = config.served_model_name and _fill(config.served_model_name, fields, config.name, environ)
+    fields["served_model_name"] = served or resolved_model or ""
+    fields["speculative_config"] = json.dumps(config.speculative or {}, separators=(",", ":"))
+    env = {k: _fill(v, fields, config.name, environ) for k, v in config.env.items()}
+    argv = [_fill(part, fields, config.name, environ | env) for part in config.command]
+    digest = hashlib.sha256(source.read_bytes()).hexdigest() if source else None
+    return ResolvedArm(
+        config=config,
+        argv=argv,
+        env=env,
+        model=resolved_model,
+        served_model_name=served or resolved_model,
+        base_url=f"http://{config.host}:{port}",
+        source=source,
+        source_sha256=digest,
+    )
+
+
+def check_launchable(arm: ResolvedArm) -> None:
+    """Fail early, with the arm's setup hint, when its program, model or GPU is missing."""
+    hint = f" ({arm.config.setup_hint})" if arm.config.setup_hint else ""
+    program = arm.argv[0]
+    if shutil.which(program) is None:
+        raise LumobenchError(f"arm {arm.name}: program {program} not found{hint}")
+    # only filesystem paths are checked; hub-style ids ("org/name") are left to the engine
+    if arm.model and arm.model.startswith(("/", "./", "../")) and not Path(arm.model).exists():
+        raise LumobenchError(f"arm {arm.name}: model path {arm.model} does not exist{hint}")
+    if arm.config.requires_gpu and shutil.which("nvidia-smi") is None:
+        raise LumobenchError(f"arm {arm.name} needs an NVIDIA GPU (engine {arm.config.engine}){hint}")

@@ -1,0 +1,125 @@
+"""The replay client: one streamed request per corpus record, timed per DESIGN §6.
+
+Transport is aiohttp: measured against httpx with `lumobench bench client` (see results/cpu/ and the
+README), it costs less CPU per streamed event. Raw reads go to the byte-level SSE parser unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+
+from lumobench.corpus import CorpusRecord
+from lumobench.errors import LumobenchError
+from lumobench.results import RequestRow, now_iso
+from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
+
+CHAT_PATH = "/v1/chat/completions"
+GENERATE_PATH = "/generate"
+
+
+class ServerUnreachable(LumobenchError):
+    """The server refused the connection: it is not (or no longer) running."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how replay sends requests."""
+
+    base_url: str
+    api: Literal["chat", "generate"] = "chat"
+    model: str | None = None
+    stream_options: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    request_timeout_s: float = 900.0  # longest silence allowed between two reads
+
+
+def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for one record; messages and tools are sent exactly as recorded."""
+    dumped = record.model_dump(mode="json", exclude_unset=True)
+    if target.api == "generate":
+        if record.input_ids is None:
+            raise LumobenchError(f"record {record.id} has no input_ids; the generate API replays token ids")
+        params = record.sampling()
+        params["max_new_tokens"] = params.pop("max_tokens", None)
+        if "seed" in params:
+            params["sampling_seed"] = params.pop("seed")
+        body = {"input_ids": record.input_ids, "sampling_params": params, "stream": True}
+        return GENERATE_PATH, body | target.extra_body | (record.extra_body or {})
+    body = {
+        "model": target.model,
+        "messages": dumped["messages"],
+        "stream": True,
+        "stream_options": {"include_usage": True, **target.stream_options},
+        **record.sampling(),
+    }
+    for key in ("tools", "tool_choice"):
+        if key in dumped:
+            body[key] = dumped[key]
+    return CHAT_PATH, body | target.extra_body | (record.extra_body or {})
+
+
+def new_session(concurrency: int, request_timeout_s: float) -> aiohttp.ClientSession:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency))
+
+
+async def stream_into(resp: aiohttp.ClientResponse, recorder: StreamRecorder) -> int | None:
+    """Feed raw reads to `recorder` until the stream completes; return the t_end candidate (EOF time)."""
+    async for data in resp.content.iter_any():
+        if recorder.feed(data, time.monotonic_ns()):
+            return recorder.t_end_ns
+    return time.monotonic_ns()
+
+
+async def send_request(
+    session: aiohttp.ClientSession, target: Target, record: CorpusRecord, run_index: int, seq: int
+) -> RequestRow:
+    """Send one record, stream the answer and return its row (failed rows carry the error).
+
+    Raises `ServerUnreachable` when the connection is refused: no request was made, so no row.
+    """
+    path, body = build_request(record, target)
+    recorder: StreamRecorder = GenerateRecorder() if target.api == "generate" else ChatRecorder()
+    headers = {"X-Request-Id": f"{record.id}.r{run_index}"}
+    started_at = now_iso()
+    t_send = time.monotonic_ns()
+    status: int | None = None
+    error: str | None = None
+    t_end: int | None = None
+    try:
+        async with session.post(target.base_url + path, json=body, headers=headers) as resp:
+            status = resp.status
+            if resp.status != 200:
+                detail = (await resp.text())[:300].strip()
+                error = f"HTTP {resp.status}: {detail}"
+            else:
+                t_end = await stream_into(resp, recorder)
+    except aiohttp.ClientConnectorError as exc:
+        raise ServerUnreachable(f"cannot connect to {target.base_url}: {exc.os_error or exc}") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    error = error or recorder.failure()
+    return RequestRow(
+        run_index=run_index,
+        seq=seq,
+        request_id=record.id,
+        status="failed" if error else "completed",
+        error=error,
+        http_status=status,
+        prompt_tokens=recorder.prompt_tokens,
+        completion_tokens=recorder.completion_tokens,
+        t_send_ns=t_send,
+        t_first_ns=recorder.t_first_ns,
+        t_end_ns=recorder.t_end_ns if recorder.done else t_end,
+        chunks=recorder.chunks,
+        output_chunks=recorder.output_chunks,
+        chunk_tokens=recorder.chunk_tokens or None,
+        finish_reason=recorder.finish_reason,
+        token_ids=recorder.token_ids or None,
+        started_at=started_at,
+        **recorder.text_fields(),
+    )

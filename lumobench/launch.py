@@ -1,0 +1,177 @@
+"""Launching an arm: own process group, log file, readiness wait, whole-group shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from lumobench.arms import ResolvedArm
+from lumobench.errors import LumobenchError
+
+STOP_GRACE_S = 15.0
+
+
+class ArmStartError(LumobenchError):
+    """The arm exited or did not become ready; the message ends with the tail of its log."""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on (host, port) or the address cannot be bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a log file ('' if it does not exist)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ArmServer:
+    """One running arm process (and its children, all in one process group)."""
+
+    def __init__(self, arm: ResolvedArm, log_path: Path) -> None:
+        self.arm = arm
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.served_model: str | None = None  # first id listed by the models endpoint once ready
+        self._log: IO[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.arm.base_url
+
+    def start(self) -> None:
+        host, port = self.arm.config.host, int(self.arm.base_url.rsplit(":", 1)[1])
+        if port_in_use(host, port):
+            raise LumobenchError(
+                f"port {port} on {host} is already in use (another server running?); "
+                f"stop it or pick another port with --port"
+            )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(
+            f"\n=== lumobench: starting arm {self.arm.name}: {' '.join(self.arm.argv)}\n".encode()
+        )
+        self._log.flush()
+        try:
+            self.proc = subprocess.Popen(
+                self.arm.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=os.environ | self.arm.env,
+                start_new_session=True,  # own process group: one killpg stops the engine's workers too
+            )
+        except OSError as exc:
+            self._log.close()
+            raise LumobenchError(
+                f"arm {self.arm.name}: cannot start {self.arm.argv[0]}: {exc.strerror}"
+            ) from None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def _fail(self, why: str) -> ArmStartError:
+        tail = log_tail(self.log_path)
+        return ArmStartError(f"arm {self.arm.name} {why}; last lines of {self.log_path}:\n{tail}")
+
+    def wait_ready(self, timeout_s: float | None = None, on_wait: Callable[[str], None] | None = None) -> str:
+        """Block until health answers 200 and the models endpoint lists a model; return the model id.
+
+        Raises `ArmStartError` (with the log tail) if the process exits or the timeout passes.
+        """
+        ready = self.arm.config.readiness
+        deadline = time.monotonic() + (timeout_s or ready.timeout_s)
+        stage = "health"
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while True:
+                if (code := self.exit_code()) is not None:
+                    raise self._fail(f"exited with code {code} before it was ready")
+                if time.monotonic() > deadline:
+                    raise self._fail(
+                        f"was not ready after {timeout_s or ready.timeout_s:.0f} s (waiting for {stage})"
+                    )
+                if on_wait:
+                    on_wait(stage)
+                try:
+                    if stage == "health":
+                        if client.get(ready.health).status_code == 200:
+                            stage = "models"
+                            continue
+                    else:
+                        resp = client.get(ready.models)
+                        if resp.status_code == 200 and resp.json().get("data"):
+                            self.served_model = str(resp.json()["data"][0]["id"])
+                            return self.served_model
+                except (httpx.HTTPError, ValueError):
+                    pass  # not listening yet, or a half-started server
+                time.sleep(0.5)
+
+    def stop(self) -> int | None:
+        """SIGTERM the whole process group, SIGKILL it after a grace period; return the exit code."""
+        if self.proc is None:
+            return None
+        try:
+            if self.proc.poll() is None:
+                _signal_group(self.proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(STOP_GRACE_S)
+            # children may outlive the leader: always sweep the group
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+        finally:
+            if self._log:
+                self._log.write(f"=== lumobench: arm {self.arm.name} stopped\n".encode())
+                self._log.close()
+                self._log = None
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+@contextmanager
+def launched(
+    arm: ResolvedArm, log_path: Path, on_wait: Callable[[str], None] | None = None
+) -> Iterator[ArmServer]:
+    """Start the arm, wait until it is ready, yield it, and stop its whole group on any exit (Ctrl-C too)."""
+    server = ArmServer(arm, log_path)
+    server.start()
+    try:
+        server.wait_ready(on_wait=on_wait)
+        yield server
+    finally:
+        server.stop()
+
+
+def sigterm_as_interrupt() -> None:
+    """Make SIGTERM behave like Ctrl-C so `finally` blocks stop launched servers."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

