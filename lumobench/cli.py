@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from lumobench import __version__
+from lumobench.agent.cli import agent_command, evaluate_command, record_command
 
 app = typer.Typer(
     name="lumobench",
@@ -29,6 +30,11 @@ def _root(
     ] = False,
 ) -> None:
     """Benchmark and agent-workload replay harness for LumoTree, vLLM and SGLang."""
+
+
+app.command("agent")(agent_command)
+app.command("evaluate")(evaluate_command)
+app.command("record")(record_command)
 
 
 def main() -> None:

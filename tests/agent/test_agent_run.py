@@ -1,0 +1,301 @@
+"""`lumobench agent` end to end with the real Qwen Code process against the scripted model server (a test
+double standing for a model that issues a fixed sequence of tool calls) on a local git repository."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lumobench.corpus import check_corpus
+
+from .conftest import FIX_TURNS, CalcRepo, free_port, git, lumobench, only_run_dir, read_jsonl, write_tasks
+
+pytestmark = pytest.mark.integration
+
+
+def _pytest_passes(repo: Path) -> bool:
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_calc.py"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    return run.returncode == 0
+
+
+def _tool_results(agent_log: Path) -> list[str]:
+    results = []
+    for event in read_jsonl(agent_log):
+        if event["type"] == "user":
+            results += [
+                str(part.get("content"))
+                for part in event["message"]["content"]
+                if part.get("type") == "tool_result"
+            ]
+    return results
+
+
+def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(
+    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
+):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
+    corpus = tmp_path / "captured.jsonl"
+    result = lumobench(
+        "agent",
+        "--tasks",
+        tasks,
+        "--arm",
+        scripted_arm(FIX_TURNS),
+        "--repos",
+        calc_repo.mirrors,
+        "--out",
+        tmp_path / "results",
+        "--budget-s",
+        120,
+        "--record",
+        corpus,
+    )
+    assert result.returncode == 0, result.stderr
+    run = only_run_dir(tmp_path / "results")
+
+    [row] = read_jsonl(run / "tasks.jsonl")
+    assert row["status"] == "completed" and row["exit_code"] == 0 and not row["timed_out"]
+    # five scripted responses, counted at the arm (usage) and by the agent itself
+    assert row["requests"] == row["agent_requests"] == 5
+    assert row["output_tokens"] == row["agent_output_tokens"] > 0
+    assert row["tool_calls"] == 4 and row["recorded"] == 5
+    assert (row["counter_requests"], row["counter_output_tokens"]) == (5, row["output_tokens"])
+
+    # the agent really ran the test (failing), edited, and re-ran it (passing)
+    results = _tool_results(run / row["log_dir"] / "agent.jsonl")
+    assert "1 failed" in results[0] and "1 passed" in results[-1]
+
+    # the collected patch, applied to a fresh clone at the base commit, makes the test pass
+    check = tmp_path / "check"
+    git(tmp_path, "clone", "-q", str(calc_repo.mirror), str(check))
+    git(check, "checkout", "-q", calc_repo.base)
+    assert not _pytest_passes(check)
+    subprocess.run(["git", "apply", "-"], cwd=check, input=row["patch"], text=True, check=True)
+    assert _pytest_passes(check)
+
+    [prediction] = read_jsonl(run / "predictions.jsonl")
+    assert set(prediction) == {"instance_id", "model_name_or_path", "model_patch"}
+    assert prediction["instance_id"] == "local__calc-1" and prediction["model_patch"] == row["patch"]
+    assert prediction["model_name_or_path"] == "qwen-code-0.15.10__scripted"
+
+    with (run / "task-table.csv").open() as fh:
+        [table_row] = list(csv.DictReader(fh))
+    assert (table_row["task"], table_row["patch"], table_row["requests"]) == (
+        "local__calc-1",
+        "non-empty",
+        "5",
+    )
+    assert "| local__calc-1 | 1 | completed |" in (run / "task-table.md").read_text()
+    meta = json.loads((run / "run.json").read_text())
+    assert (
+        meta["status"] == "finished" and meta["agent"] == "qwen-code@0.15.10" and meta["model"] == "scripted"
+    )
+
+    # the recording proxy captured every request as a valid corpus record of one conversation
+    records, issues = check_corpus(corpus)
+    assert issues == [] and len(records) == 5
+    assert {r.source.task for r in records} == {"local__calc-1"}
+    assert len({r.source.conversation for r in records}) == 1
+    assert [r.source.turn for r in records] == [0, 1, 2, 3, 4]
+    assert records[-1].tools and records[-1].max_tokens == 24000 and records[-1].presence_penalty == 1.0
+
+
+def _marked_processes(text: str) -> list[int]:
+    """Live processes whose environment mentions `text` (e.g. an agent's HOME folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "environ").read_bytes():
+                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    found += [int(entry.name)] if state != "Z" else []
+            except OSError:
+                continue
+    return found
+
+
+def test_stalled_server_ends_as_timeout_within_budget_leaving_no_processes(
+    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
+):
+    # turn 0 starts a background process (the agent detaches it), then the server stalls mid-stream
+    turns = [
+        {
+            "tool_calls": [
+                {
+                    "name": "run_shell_command",
+                    "arguments": {"command": "sleep 600", "is_background": True, "description": "background"},
+                }
+            ]
+        }
+    ]
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
+    budget = 12
+    result = lumobench(
+        "agent",
+        "--tasks",
+        tasks,
+        "--arm",
+        scripted_arm(turns, stall_at_turn=1),
+        "--repos",
+        calc_repo.mirrors,
+        "--out",
+        tmp_path / "results",
+        "--budget-s",
+        budget,
+    )
+    assert result.returncode == 0, result.stderr
+    run = only_run_dir(tmp_path / "results")
+    [row] = read_jsonl(run / "tasks.jsonl")
+    assert row["status"] == "timeout" and row["timed_out"]
+    assert budget <= row["agent_s"] <= budget + 5
+    assert _marked_processes(str(run / row["log_dir"] / "home")) == []
+
+
+def test_unreachable_arm_is_recorded_as_api_error_not_as_empty_success(
+    qwen_cli, calc_repo: CalcRepo, tmp_path
+):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
+    result = lumobench(
+        "agent",
+        "--tasks",
+        tasks,
+        "--endpoint",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "m",
+        "--repos",
+        calc_repo.mirrors,
+        "--out",
+        tmp_path / "results",
+        "--budget-s",
+        60,
+    )
+    assert result.returncode == 1 and "1 attempt(s) failed (api-error)" in result.stderr
+    run = only_run_dir(tmp_path / "results")
+    [row] = read_jsonl(run / "tasks.jsonl")
+    assert row["status"] == "api-error" and "API Error" in row["error"]
+    assert row["requests"] == 0
+    assert read_jsonl(run / "predictions.jsonl") == []  # not an attempt: no empty-patch prediction
+
+
+def test_agent_crash_is_recorded_with_its_exit_code(qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path):
+    # the tool call kills the agent's own Node process: a real abnormal exit of the agent
+    turns = [
+        {
+            "tool_calls": [
+                {
+                    "name": "run_shell_command",
+                    "arguments": {"command": "kill -KILL $PPID", "description": "crash"},
+                }
+            ]
+        }
+    ]
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
+    result = lumobench(
+        "agent",
+        "--tasks",
+        tasks,
+        "--arm",
+        scripted_arm(turns),
+        "--repos",
+        calc_repo.mirrors,
+        "--out",
+        tmp_path / "results",
+        "--budget-s",
+        60,
+    )
+    assert result.returncode == 1
+    [row] = read_jsonl(only_run_dir(tmp_path / "results") / "tasks.jsonl")
+    assert row["status"] == "agent-crash" and row["exit_code"] != 0
+    assert row["error"].startswith(f"exit code {row['exit_code']}")
+
+
+def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
+    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
+):
+    tasks = write_tasks(
+        tmp_path / "tasks.jsonl", [calc_repo.task(), calc_repo.task("other__calc-2", "other/calc")]
+    )
+    arm = scripted_arm(FIX_TURNS)
+    first = lumobench(
+        "agent",
+        "--tasks",
+        tasks,
+        "--arm",
+        arm,
+        "--repos",
+        calc_repo.mirrors,
+        "--no-clone",
+        "--out",
+        tmp_path / "results",
+        "--budget-s",
+        120,
+    )
+    assert first.returncode == 1
+    run = only_run_dir(tmp_path / "results")
+    rows = read_jsonl(run / "tasks.jsonl")
+    assert [(r["instance_id"], r["status"]) for r in rows] == [
+        ("local__calc-1", "completed"),
+        ("other__calc-2", "error"),
+    ]
+    assert "no mirror of other/calc" in rows[1]["error"]
+
+    os.symlink(calc_repo.mirror, calc_repo.mirrors / "other__calc")
+    second = lumobench("agent", "--resume", run, "--repos", calc_repo.mirrors, "--no-clone")
+    assert second.returncode == 0, second.stderr
+    rows = read_jsonl(run / "tasks.jsonl")
+    assert [(r["instance_id"], r["status"]) for r in rows] == [
+        ("local__calc-1", "completed"),
+        ("other__calc-2", "error"),
+        ("other__calc-2", "completed"),
+    ]
+    assert [p["instance_id"] for p in read_jsonl(run / "predictions.jsonl")] == [
+        "local__calc-1",
+        "other__calc-2",
+    ]
+    assert (run / "tasks" / "other__calc-2.run1.attempt1").is_dir()  # the failed attempt's logs are kept
+
+
+def test_arm_that_cannot_start_aborts_with_a_clear_message(qwen_cli, calc_repo: CalcRepo, tmp_path):
+    arm = tmp_path / "broken.toml"
+    arm.write_text(
+        f'name = "broken"\nengine = "scripted"\nport = {free_port()}\n'
+        'command = ["{python}", "-c", "import sys; print(\'no model here\'); sys.exit(3)"]\n'
+    )
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
+    result = lumobench(
+        "agent", "--tasks", tasks, "--arm", arm, "--repos", calc_repo.mirrors, "--out", tmp_path / "results"
+    )
+    assert result.returncode == 2
+    assert "exited with code 3" in result.stderr and "no model here" in result.stderr
+    assert "Traceback" not in result.stderr
+    meta = json.loads((only_run_dir(tmp_path / "results") / "run.json").read_text())
+    assert meta["status"] == "aborted" and "exited with code 3" in meta["error"]
+
+
+def test_unknown_task_id_is_one_clear_line_and_creates_no_run(tmp_path):
+    result = lumobench(
+        "agent",
+        "--tasks",
+        "astropy__astropy-99999",
+        "--endpoint",
+        "http://127.0.0.1:9/v1",
+        "--out",
+        tmp_path / "results",
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown task id astropy__astropy-99999 (looked in astropy)"
+    ]
+    assert not (tmp_path / "results").exists()
