@@ -216,9 +216,9 @@ def main() -> None:
     parser.add_argument("--script", type=Path, required=True)
     parser.add_argument("--stall-at-turn", type=int, default=None)
     args = parser.parse_args()
-    web.run_app(
-        build_app(Script.load(args.script, args.stall_at_turn)), host="127.0.0.1", port=args.port, print=None
-    )
+    app = build_app(Script.load(args.script, args.stall_at_turn))
+    # a stalled stream must not hold up shutdown (aiohttp waits for open handlers up to this long)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None, shutdown_timeout=1.0)
 
 
 if __name__ == "__main__":
