@@ -177,6 +177,13 @@ def read_jsonl(path: Path, model: type[RowT]) -> list[RowT]:
     return rows
 
 
+def make_run_path(path: Path) -> None:
+    """Create an empty run directory; a non-empty one is refused (continuing it is --resume's job)."""
+    if path.exists() and any(path.iterdir()):
+        raise LumobenchError(f"run directory {path} already exists and is not empty (use --resume {path})")
+    path.mkdir(parents=True, exist_ok=True)
+
+
 class RunDir:
     """A run directory on disk; rows are appended with flush + fsync so a crash loses nothing."""
 
@@ -185,11 +192,7 @@ class RunDir:
 
     @classmethod
     def create(cls, path: Path, meta: RunMeta) -> RunDir:
-        if path.exists() and any(path.iterdir()):
-            raise LumobenchError(
-                f"run directory {path} already exists and is not empty (use --resume {path})"
-            )
-        path.mkdir(parents=True, exist_ok=True)
+        make_run_path(path)
         run = cls(path)
         run.write_meta(meta)
         return run
