@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from lumobench import __version__
 from lumobench.errors import LumobenchError
-from lumobench.results import ArmInfo, append_jsonl, read_jsonl, write_json_atomic
+from lumobench.results import ArmInfo, append_jsonl, make_run_path, read_jsonl, write_json_atomic
 
 AGENT_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -108,11 +108,7 @@ class AgentRunDir:
 
     @classmethod
     def create(cls, path: Path, meta: AgentRunMeta) -> AgentRunDir:
-        if path.exists() and any(path.iterdir()):
-            raise LumobenchError(
-                f"run directory {path} already exists and is not empty (use --resume {path})"
-            )
-        path.mkdir(parents=True, exist_ok=True)
+        make_run_path(path)
         run = cls(path)
         run.write_meta(meta)
         return run
