@@ -144,8 +144,10 @@ def agent_command(
                 )
             if (arm is None) == (endpoint is None):
                 raise LumobenchError("give exactly one of --arm and --endpoint")
-            task_list = resolve_tasks(_split(tasks))
-            run = new_run(out, task_list, _split(tasks), settings, arm, endpoint, record, sys.argv)
+            # task files are kept as absolute paths so --resume works from any folder
+            specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in _split(tasks)]
+            task_list = resolve_tasks(specs)
+            run = new_run(out, task_list, specs, settings, arm, endpoint, record, sys.argv)
         err.print(f"agent run: {run.path}", highlight=False)
         _run_with_progress(run, task_list, settings, arm, endpoint, model)
 

@@ -57,7 +57,8 @@ class AgentSettings:
 
 @dataclass(frozen=True)
 class Serving:
-    """Where the agent's requests go, and the launched arm (None for an existing endpoint)."""
+    """Where the agent's requests go (`base_url` without /v1), and the launched arm (None for an
+    existing endpoint)."""
 
     arm: ArmInfo
     base_url: str
@@ -67,7 +68,7 @@ class Serving:
 
 
 def _served_model(base_url: str) -> str:
-    url = base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
+    url = base_url + "/v1/models"
     try:
         response = httpx.get(url, timeout=10)
         return str(response.json()["data"][0]["id"])
@@ -81,7 +82,8 @@ def _served_model(base_url: str) -> str:
 def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path) -> Iterator[Serving]:
     """Launch `arm` (until the block ends) or use the running `endpoint`; resolve the served model."""
     if endpoint is not None:
-        yield Serving(ArmInfo(name="endpoint"), endpoint, model or _served_model(endpoint), None, {})
+        root = endpoint.rstrip("/").removesuffix("/v1")  # /v1/... and /metrics both hang off the root
+        yield Serving(ArmInfo(name="endpoint"), root, model or _served_model(root), None, {})
         return
     if arm is None:
         raise LumobenchError("give an arm (--arm NAME or FILE.toml) or a running --endpoint URL")
@@ -174,6 +176,7 @@ class AgentRunner:
         self.proxy.take_counts()
         recorded_before = self.proxy.recorded
         metrics_before = self._metrics(log_dir, "before")
+        on_tick = None if tick is None else (lambda elapsed: tick(elapsed, self.proxy.peek_counts().requests))
         try:
             outcome, report = run_qwen_code(
                 self.cli,
@@ -183,7 +186,7 @@ class AgentRunner:
                 self.sampling,
                 log_dir,
                 self.settings.budget_s,
-                on_tick=tick and (lambda elapsed: tick(elapsed, self.proxy.peek_counts().requests)),
+                on_tick=on_tick,
             )
             counts = self.proxy.take_counts()
             arm_counters = counter_deltas(metrics_before, self._metrics(log_dir, "after"))
