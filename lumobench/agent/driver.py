@@ -261,7 +261,7 @@ def new_run(
         budget_s=settings.budget_s,
         max_tokens=settings.max_tokens,
         sampling=settings.sampling,
-        record=str(record) if record else None,
+        record=str(record.resolve()) if record else None,
         host=host_info(),
     )
     return AgentRunDir.create(out / run_id, meta)
