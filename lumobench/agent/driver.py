@@ -162,16 +162,18 @@ class AgentRunner:
                 **fields,
             )
 
+        notes: list[str] = []
         try:
             mirror = ensure_mirror(task.repo, self.settings.repos_dir, self.settings.allow_clone)
             if changed := uncommitted_changes(mirror):
-                self.note(
-                    f"note: {mirror} has uncommitted changes ({len(changed)} paths); the task runs on "
-                    f"a clean clone at {task.base_commit[:12]} and leaves them untouched"
+                notes.append(
+                    f"mirror {mirror} has uncommitted changes ({len(changed)} paths); the task ran on a "
+                    f"clean clone at {task.base_commit[:12]} and left them untouched"
                 )
+                self.note(f"note: {notes[-1]}")
             prepare_workspace(mirror, task.base_commit, workdir)
         except LumobenchError as exc:
-            return row("error", str(exc))
+            return row("error", str(exc), notes=notes)
         self.proxy.task, self.proxy.run = task.instance_id, run_index + 1
         self.proxy.take_counts()
         recorded_before = self.proxy.recorded
@@ -216,6 +218,7 @@ class AgentRunner:
             tool_calls=report.tool_calls,
             recorded=self.proxy.recorded - recorded_before if self.proxy.writer else None,
             leftover_processes=outcome.leftovers_killed,
+            notes=notes,
             patch=patch,
         )
 

@@ -86,6 +86,7 @@ class TaskRow(BaseModel):
     tool_calls: int | None = None
     recorded: int | None = None  # corpus records captured during this task
     leftover_processes: int = 0
+    notes: list[str] = Field(default_factory=list)  # e.g. a mirror with uncommitted changes (left untouched)
     patch: str = ""
     log_dir: str
     started_at: str

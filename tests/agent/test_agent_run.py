@@ -228,6 +228,7 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
         tmp_path / "tasks.jsonl", [calc_repo.task(), calc_repo.task("other__calc-2", "other/calc")]
     )
     arm = scripted_arm(FIX_TURNS)
+    (calc_repo.mirror / "calc.py").write_text("my local edits\n")  # a dirty mirror: used, never touched
     first = lumobench(
         "agent",
         "--tasks",
@@ -250,6 +251,8 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
         ("other__calc-2", "error"),
     ]
     assert "no mirror of other/calc" in rows[1]["error"]
+    assert "has uncommitted changes (1 paths)" in rows[0]["notes"][0] and rows[0]["patch"]
+    assert (calc_repo.mirror / "calc.py").read_text() == "my local edits\n"
 
     os.symlink(calc_repo.mirror, calc_repo.mirrors / "other__calc")
     second = lumobench("agent", "--resume", run, "--repos", calc_repo.mirrors, "--no-clone")
