@@ -7,7 +7,12 @@ from typing import Annotated
 import typer
 
 from lumobench import __version__
-from lumobench.agent.cli import agent_command, evaluate_command, record_command
+from lumobench.agent.cli import agent_command, evaluate_command, record_command, select_command
+from lumobench.commands.bench import bench_app
+from lumobench.commands.corpus import corpus_app
+from lumobench.commands.replay import replay
+from lumobench.commands.report import report
+from lumobench.commands.serve import serve
 
 app = typer.Typer(
     name="lumobench",
@@ -15,6 +20,11 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+app.add_typer(corpus_app, name="corpus")
+app.add_typer(bench_app, name="bench")
+app.command("serve")(serve)
+app.command("replay")(replay)
+app.command("report")(report)
 
 
 def _version(value: bool) -> None:
@@ -35,6 +45,7 @@ def _root(
 app.command("agent")(agent_command)
 app.command("evaluate")(evaluate_command)
 app.command("record")(record_command)
+corpus_app.command("select")(select_command)
 
 
 def main() -> None:

@@ -168,10 +168,15 @@ def launched(
         server.stop()
 
 
-def sigterm_as_interrupt() -> None:
-    """Make SIGTERM behave like Ctrl-C so `finally` blocks stop launched servers."""
+def interrupt_on_signals() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt, so `finally` blocks stop launched servers.
+
+    SIGINT is set explicitly because a process started in the background by a non-interactive shell
+    inherits it ignored.
+    """
 
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, handler)

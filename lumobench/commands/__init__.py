@@ -1,0 +1,1 @@
+"""Typer sub-apps and commands of the `lumobench` CLI, one module per noun or verb."""

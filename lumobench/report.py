@@ -1,0 +1,178 @@
+"""Reports over run directories: Eq. 5 per arm on the matched set, per-run ranges, server counters.
+
+One `ArmReport` per run directory. With several directories the rates pool the matched set (request
+ids completed in every repetition of every compared arm); `completed`/`failed` count all rows.
+Formats: a rich table, JSON (`{"arms": [...]}`, stable field names) and CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from lumobench.metrics import SpecCounters, spec_delta
+from lumobench.rates import bootstrap_ci, matched_ids, pooled, run_rates
+from lumobench.results import RequestRow, RunDir, RunMeta
+
+
+class ArmReport(BaseModel):
+    arm: str
+    run_dir: str
+    runs: int
+    completed: int
+    failed: int
+    matched: int  # request ids in the matched set
+    pooled_tokens_per_s: float | None
+    pooled_ci95: tuple[float, float] | None
+    run_rates: list[float | None]
+    tokens: int  # Σ (n − 1) over the matched, eligible rows
+    decode_s: float  # Σ (t_end − t_first) over the same rows
+    accepted_per_event: float | None
+    per_position_acceptance: list[float]
+    tokens_per_chunk: float | None
+
+
+def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
+    chunks = sum(r.output_chunks for r in rows if r.status == "completed")
+    tokens = sum(r.completion_tokens or 0 for r in rows if r.status == "completed")
+    return tokens / chunks if chunks else None
+
+
+def _spec_totals(run: RunDir) -> SpecCounters | None:
+    total: SpecCounters | None = None
+    for _, _, before, after in run.metric_segments():
+        delta = spec_delta(before, after)
+        if delta is not None:
+            total = delta if total is None else total + delta
+    return total
+
+
+def load_run(path: Path) -> tuple[RunDir, RunMeta, list[RequestRow]]:
+    run = RunDir.open(path)
+    return run, run.read_meta(), run.read_rows()
+
+
+def build_report(paths: Sequence[Path]) -> list[ArmReport]:
+    """One report row per run directory, rates over the matched set of all given directories."""
+    loaded = [load_run(p) for p in paths]
+    names = [
+        meta.arm.name if [m.arm.name for _, m, _ in loaded].count(meta.arm.name) == 1 else meta.run_id
+        for _, meta, _ in loaded
+    ]
+    matched = matched_ids(
+        {n: (rows, meta.request_ids, meta.runs) for n, (_, meta, rows) in zip(names, loaded, strict=True)}
+    )
+    reports = []
+    for name, (run, meta, rows) in zip(names, loaded, strict=True):
+        in_set = [r for r in rows if r.request_id in matched]
+        total = pooled(in_set)
+        spec = _spec_totals(run)
+        reports.append(
+            ArmReport(
+                arm=name,
+                run_dir=str(run.path),
+                runs=meta.runs,
+                completed=sum(r.status == "completed" for r in rows),
+                failed=sum(r.status == "failed" for r in rows),
+                matched=len(matched),
+                pooled_tokens_per_s=total.rate,
+                pooled_ci95=bootstrap_ci(in_set),
+                run_rates=run_rates(in_set, meta.runs),
+                tokens=total.tokens,
+                decode_s=total.seconds,
+                accepted_per_event=spec.accepted_per_event if spec else None,
+                per_position_acceptance=spec.per_position_rates() if spec else [],
+                tokens_per_chunk=_tokens_per_chunk(rows),
+            )
+        )
+    return reports
+
+
+def table_console(stderr: bool = False) -> Console:
+    """A console that keeps report tables unwrapped when output is not a terminal (logs, CI)."""
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _range(rates: Sequence[float | None]) -> str:
+    known = [r for r in rates if r is not None]
+    return f"{min(known):.2f}–{max(known):.2f}" if known else "–"
+
+
+def render_table(reports: Sequence[ArmReport]) -> Table:
+    """Pooled rate, bootstrap interval, per-run range, counts, acceptance and tokens per chunk."""
+    table = Table(title="Eq. 5 pooled decode rate (tokens/s) over the matched set")
+    for col in (
+        "arm",
+        "runs",
+        "completed",
+        "failed",
+        "matched",
+        "pooled tok/s",
+        "95% CI",
+        "per-run range",
+        "vs first",
+        "accepted/event",
+        "tok/chunk",
+    ):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    base = reports[0].pooled_tokens_per_s if reports else None
+    for rep in reports:
+        rel = (
+            f"{(rep.pooled_tokens_per_s / base - 1) * 100:+.1f}%"
+            if base and rep.pooled_tokens_per_s is not None and rep is not reports[0]
+            else ""
+        )
+        ci = f"{rep.pooled_ci95[0]:.2f}–{rep.pooled_ci95[1]:.2f}" if rep.pooled_ci95 else "–"
+        table.add_row(
+            rep.arm,
+            str(rep.runs),
+            str(rep.completed),
+            str(rep.failed),
+            str(rep.matched),
+            _f(rep.pooled_tokens_per_s),
+            ci,
+            _range(rep.run_rates),
+            rel,
+            _f(rep.accepted_per_event),
+            _f(rep.tokens_per_chunk),
+        )
+    return table
+
+
+def render_json(reports: Sequence[ArmReport]) -> str:
+    return json.dumps({"arms": [r.model_dump(mode="json") for r in reports]}, indent=2)
+
+
+def render_csv(reports: Sequence[ArmReport]) -> str:
+    buf = io.StringIO()
+    fields = [
+        f for f in ArmReport.model_fields if f not in ("run_rates", "pooled_ci95", "per_position_acceptance")
+    ]
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([*fields, "ci95_low", "ci95_high", "run_rate_min", "run_rate_max", "run_rates"])
+    for rep in reports:
+        known = [r for r in rep.run_rates if r is not None]
+        ci = rep.pooled_ci95 or (None, None)
+        writer.writerow(
+            [getattr(rep, f) for f in fields]
+            + [
+                ci[0],
+                ci[1],
+                min(known, default=None),
+                max(known, default=None),
+                " ".join("" if r is None else f"{r:.6g}" for r in rep.run_rates),
+            ]
+        )
+    return buf.getvalue()

@@ -1,0 +1,233 @@
+"""The CLI end to end against the scripted SSE server: bad input and faults each give one clear line,
+the right exit code, and rows that `--resume` completes without duplicates or gaps."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.helpers import DEMO, REPO, free_port, lumobench, small_corpus
+from lumobench.results import RunDir
+
+
+def _run_dir(out: Path) -> Path:
+    (path,) = [p for p in out.iterdir() if p.is_dir()]
+    return path
+
+
+def _keys(run_dir: Path) -> Counter[tuple[int, str]]:
+    return Counter(r.key for r in RunDir(run_dir).read_rows())
+
+
+def _one_clear_line(proc: subprocess.CompletedProcess[str], text: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert text in proc.stderr
+
+
+def test_corpus_commands(tmp_path: Path) -> None:
+    ok = lumobench("corpus", "check", DEMO)
+    assert ok.returncode == 0 and "22 records, all valid" in ok.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(DEMO.read_text().splitlines()[0] + "\n{not json\n" + '{"id": "x", "messages": []}\n')
+    proc = lumobench("corpus", "check", bad)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{bad}:line 2: not valid JSON" in proc.stderr and f"{bad}:line 3 (id x): messages:" in proc.stderr
+    frozen = lumobench("corpus", "freeze", DEMO, "--out", tmp_path / "m.json")
+    assert frozen.returncode == 0
+    assert (
+        json.loads((tmp_path / "m.json").read_text())["records"]
+        == json.loads((REPO / "manifests" / "demo.json").read_text())["records"]
+    )
+    stats = lumobench("corpus", "stats", DEMO)
+    assert stats.returncode == 0 and "with tools / without" in stats.stdout
+
+
+def test_user_mistakes_give_one_line(tmp_path: Path) -> None:
+    _one_clear_line(lumobench("replay", DEMO, "--arm", "nope"), "error: unknown arm 'nope'")
+    port = free_port()
+    _one_clear_line(
+        lumobench("replay", DEMO, "--endpoint", f"http://127.0.0.1:{port}"),
+        f"cannot reach endpoint http://127.0.0.1:{port}",
+    )
+    _one_clear_line(lumobench("replay", DEMO), "missing arm file(s)")
+    _one_clear_line(
+        lumobench("replay", tmp_path / "missing.jsonl", "--arm", "vllm-cpu-tiny"), "cannot read corpus"
+    )
+    _one_clear_line(lumobench("report", tmp_path), "not a lumobench run directory")
+
+
+def test_manifest_mismatch_is_refused_with_the_changed_records(
+    tmp_path: Path, scripted_arm: Callable[..., Path]
+) -> None:
+    corpus = small_corpus(tmp_path, 4)
+    assert lumobench("corpus", "freeze", corpus, "--out", tmp_path / "m.json").returncode == 0
+    lines = corpus.read_text().splitlines()
+    lines[2] = lines[2].replace('"max_tokens": 16', '"max_tokens": 17')
+    corpus.write_text("\n".join(lines[:3]) + "\n")
+    proc = lumobench(
+        "replay", corpus, "--arm", scripted_arm(), "--manifest", tmp_path / "m.json", "--out", tmp_path / "r"
+    )
+    _one_clear_line(proc, "changed: wal-t03; missing: wal-t04")
+    assert not (tmp_path / "r").exists()
+
+
+def test_port_in_use_is_refused(tmp_path: Path, scripted_arm: Callable[..., Path]) -> None:
+    arm = scripted_arm()
+    port = int(arm.read_text().split("port = ")[1].split("\n")[0])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        proc = lumobench("replay", small_corpus(tmp_path, 2), "--arm", arm, "--out", tmp_path / "r")
+    assert proc.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in proc.stderr
+
+
+def test_server_dying_mid_stream_fails_one_row_and_the_run_continues(
+    tmp_path: Path, scripted_arm: Callable[..., Path]
+) -> None:
+    arm = scripted_arm(
+        tokens=12,
+        tokens_per_event=3,
+        faults={"wal-t02": "die", "wal-t03": "split", "wal-t04": "multiline", "wal-t05": "comments"},
+    )
+    proc = lumobench(
+        "replay", small_corpus(tmp_path, 6), "--arm", arm, "--runs", "2", "--out", tmp_path / "r"
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        "2 of 12 requests failed" in proc.stderr
+        and "failed: scripted run 1 wal-t02: ClientPayloadError" in proc.stderr
+    )
+    assert "pooled tok/s" in proc.stdout
+    rows = RunDir(_run_dir(tmp_path / "r")).read_rows()
+    assert len(rows) == 12 and {r.request_id for r in rows if r.status == "failed"} == {"wal-t02"}
+    for r in rows:
+        if r.status == "completed":
+            assert r.completion_tokens == 12 and r.output_chunks == 4 and r.chunk_tokens == [3, 6, 9, 12]
+            assert r.text == "".join(f"t{i} " for i in range(100, 112))
+    report = json.loads(lumobench("report", _run_dir(tmp_path / "r"), "--format", "json").stdout)
+    (arm_report,) = report["arms"]
+    assert set(arm_report) >= {
+        "arm",
+        "pooled_tokens_per_s",
+        "run_rates",
+        "completed",
+        "failed",
+        "matched",
+        "accepted_per_event",
+        "tokens_per_chunk",
+    }
+    assert (arm_report["completed"], arm_report["failed"], arm_report["matched"]) == (10, 2, 5)
+    assert arm_report["accepted_per_event"] == 2.0  # the scripted server accepts 2 drafts per 3-token event
+    assert arm_report["tokens_per_chunk"] == 3.0 and len(arm_report["run_rates"]) == 2
+
+
+def test_server_crash_aborts_and_resume_completes_without_duplicates(
+    tmp_path: Path, scripted_arm: Callable[..., Path]
+) -> None:
+    arm = scripted_arm(tokens=8, crash_once_file=str(tmp_path / "crashed"), crash_after=5)
+    proc = lumobench(
+        "replay", small_corpus(tmp_path, 4), "--arm", arm, "--runs", "2", "--out", tmp_path / "r"
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "run aborted" in proc.stderr and "lumobench replay --resume" in proc.stderr
+    run_dir = _run_dir(tmp_path / "r")
+    before = _keys(run_dir)
+    assert sum(before.values()) == 6  # five completed, the one in flight failed; nothing after it
+    resumed = lumobench("replay", "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    rows = RunDir(run_dir).read_rows()
+    assert Counter(r.key for r in rows) == Counter(
+        {(i, f"wal-t0{j}"): 1 for i in range(2) for j in range(1, 5)}
+    )
+    assert all(r.status == "completed" for r in rows)
+    assert (run_dir / "failed-attempts.jsonl").read_text().count("\n") == 1
+    segments = json.loads((run_dir / "run.json").read_text())["segments"]
+    assert [(s["run_index"], s["segment"], s["outcome"]) for s in segments] == [
+        (0, 0, "finished"),
+        (1, 0, "aborted"),
+        (1, 1, "finished"),
+    ]
+
+
+def test_ctrl_c_keeps_rows_and_resume_continues(tmp_path: Path, scripted_arm: Callable[..., Path]) -> None:
+    arm = scripted_arm(tokens=20, interval_ms=15)
+    out = tmp_path / "r"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lumobench.cli",
+            "replay",
+            str(small_corpus(tmp_path, 8)),
+            "--arm",
+            str(arm),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows_file = next(out.glob("*/requests.jsonl"), None) if out.exists() else None
+        if rows_file and rows_file.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: kept" in stderr and "Traceback" not in stderr
+    run_dir = _run_dir(out)
+    kept = _keys(run_dir)
+    assert 2 <= sum(kept.values()) < 8 and max(kept.values()) == 1
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    resumed = lumobench("replay", "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _keys(run_dir) == Counter({(0, r): 1 for r in [f"wal-t{j:02d}" for j in range(1, 9)]})
+
+
+def test_generate_endpoint_replays_input_ids(tmp_path: Path) -> None:
+    corpus = tmp_path / "ids.jsonl"
+    records = [json.loads(x) for x in small_corpus(tmp_path, 3).read_text().splitlines()]
+    corpus.write_text(
+        "".join(json.dumps(r | {"input_ids": list(range(5 + i))}) + "\n" for i, r in enumerate(records))
+    )
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "lumobench.bench.scripted_server", "--port", str(port)])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        proc = lumobench(
+            "replay",
+            corpus,
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1",
+            "--api",
+            "generate",
+            "--label",
+            "sglang-ids",
+            "--out",
+            tmp_path / "r",
+        )
+    finally:
+        server.terminate()
+        server.wait()
+    assert proc.returncode == 0, proc.stderr
+    rows = RunDir(_run_dir(tmp_path / "r")).read_rows()
+    assert [r.prompt_tokens for r in rows] == [5, 6, 7]
+    assert all(r.completion_tokens == 16 and r.chunk_tokens == list(range(1, 17)) for r in rows)
+    assert all(r.token_ids == list(range(100, 116)) for r in rows)

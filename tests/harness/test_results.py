@@ -1,0 +1,48 @@
+"""Run directories: rows survive crashes, resume keeps one completed row per key and retries failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lumobench.errors import LumobenchError
+from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta, missing_keys
+
+
+def _meta() -> RunMeta:
+    return RunMeta(
+        run_id="r",
+        created="t",
+        arm=ArmInfo(name="a"),
+        endpoint="http://x",
+        corpus="c",
+        corpus_sha256="h",
+        request_ids=["a", "b", "c"],
+        runs=2,
+    )
+
+
+def _row(rid: str, run: int, status: str = "completed") -> RequestRow:
+    return RequestRow(run_index=run, seq=0, request_id=rid, status=status, t_send_ns=0, started_at="t")  # type: ignore[arg-type]
+
+
+def test_torn_last_line_is_ignored_and_resume_has_no_duplicates_or_gaps(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", _meta())
+    for r in (_row("a", 0), _row("b", 0, "failed"), _row("a", 0), _row("c", 0)):
+        run.append_row(r)
+    with run.rows_path.open("a") as fh:
+        fh.write('{"run_index": 1, "seq": 0, "request_')  # crash while writing
+    kept = run.prepare_resume()
+    assert sorted(r.key for r in kept) == [(0, "a"), (0, "c")]
+    assert missing_keys(run.read_meta(), kept) == [(0, "b"), (1, "a"), (1, "b"), (1, "c")]
+    assert [r.request_id for r in RunDir(run.path).read_rows()] == ["a", "c"]
+    assert (run.path / "failed-attempts.jsonl").read_text().count('"b"') == 1
+
+
+def test_existing_run_dir_is_not_overwritten(tmp_path: Path) -> None:
+    RunDir.create(tmp_path / "run", _meta())
+    with pytest.raises(LumobenchError, match="--resume"):
+        RunDir.create(tmp_path / "run", _meta())
+    with pytest.raises(LumobenchError, match="not a lumobench run"):
+        RunDir.open(tmp_path)
