@@ -101,9 +101,8 @@ class CalcRepo:
         }
 
 
-@pytest.fixture
-def calc_repo(tmp_path: Path) -> CalcRepo:
-    mirrors = tmp_path / "mirrors"
+def make_calc_repo(root: Path) -> CalcRepo:
+    mirrors = root / "mirrors"
     mirror = mirrors / "local__calc"
     mirror.mkdir(parents=True)
     git(mirror, "init", "-q", "-b", "main")
@@ -120,27 +119,37 @@ def calc_repo(tmp_path: Path) -> CalcRepo:
     return CalcRepo(mirrors, mirror, base, git(mirror, "rev-parse", "HEAD"))
 
 
+@pytest.fixture
+def calc_repo(tmp_path: Path) -> CalcRepo:
+    return make_calc_repo(tmp_path)
+
+
 def write_tasks(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 
+def make_scripted_arm(
+    root: Path, turns: list[dict[str, Any]], stall_at_turn: int | None = None, name: str = "scripted"
+) -> Path:
+    """An arm TOML that launches the scripted server (a test double) with the given turns."""
+    script = root / f"{name}-script.json"
+    script.write_text(json.dumps({"turns": turns}))
+    command = ["{python}", str(SCRIPTED_SERVER), "--port", "{port}", "--script", str(script)]
+    if stall_at_turn is not None:
+        command += ["--stall-at-turn", str(stall_at_turn)]
+    arm = root / f"{name}.toml"
+    arm.write_text(
+        f'name = "{name}"\nengine = "scripted"\nport = {free_port()}\n'
+        f"command = {json.dumps(command)}\n[readiness]\ntimeout_s = 60\n"
+    )
+    return arm
+
+
 @pytest.fixture
 def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
-    """Write an arm TOML that launches the scripted server (a test double) with the given turns."""
-
-    def make(turns: list[dict[str, Any]], stall_at_turn: int | None = None, name: str = "scripted") -> Path:
-        script = tmp_path / f"{name}-script.json"
-        script.write_text(json.dumps({"turns": turns}))
-        command = ["{python}", str(SCRIPTED_SERVER), "--port", "{port}", "--script", str(script)]
-        if stall_at_turn is not None:
-            command += ["--stall-at-turn", str(stall_at_turn)]
-        arm = tmp_path / f"{name}.toml"
-        arm.write_text(
-            f'name = "{name}"\nengine = "scripted"\nport = {free_port()}\n'
-            f"command = {json.dumps(command)}\n[readiness]\ntimeout_s = 60\n"
-        )
-        return arm
+    def make(turns: list[dict[str, Any]], stall_at_turn: int | None = None) -> Path:
+        return make_scripted_arm(tmp_path, turns, stall_at_turn)
 
     return make
 

@@ -8,13 +8,25 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from lumobench.corpus import check_corpus
 
-from .conftest import FIX_TURNS, CalcRepo, free_port, git, lumobench, only_run_dir, read_jsonl, write_tasks
+from .conftest import (
+    FIX_TURNS,
+    CalcRepo,
+    free_port,
+    git,
+    lumobench,
+    make_calc_repo,
+    make_scripted_arm,
+    only_run_dir,
+    read_jsonl,
+    write_tasks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,45 +53,60 @@ def _tool_results(agent_log: Path) -> list[str]:
     return results
 
 
-def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(
-    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
-):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
-    corpus = tmp_path / "captured.jsonl"
+@dataclass(frozen=True)
+class FixRun:
+    """One `lumobench agent` run of the fixing script with --record, shared by the tests below."""
+
+    root: Path
+    calc: CalcRepo
+    arm: Path
+    run: Path
+    corpus: Path
+
+
+@pytest.fixture(scope="module")
+def fix_run(qwen_cli, tmp_path_factory) -> FixRun:
+    root = tmp_path_factory.mktemp("fix")
+    calc = make_calc_repo(root)
+    arm = make_scripted_arm(root, FIX_TURNS)
+    tasks = write_tasks(root / "tasks.jsonl", [calc.task()])
+    corpus = root / "captured.jsonl"
     result = lumobench(
         "agent",
         "--tasks",
         tasks,
         "--arm",
-        scripted_arm(FIX_TURNS),
+        arm,
         "--repos",
-        calc_repo.mirrors,
+        calc.mirrors,
         "--out",
-        tmp_path / "results",
+        root / "results",
         "--budget-s",
         120,
         "--record",
         corpus,
     )
     assert result.returncode == 0, result.stderr
-    run = only_run_dir(tmp_path / "results")
+    return FixRun(root, calc, arm, only_run_dir(root / "results"), corpus)
 
+
+def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(fix_run: FixRun):
+    run = fix_run.run
     [row] = read_jsonl(run / "tasks.jsonl")
     assert row["status"] == "completed" and row["exit_code"] == 0 and not row["timed_out"]
-    # five scripted responses, counted at the arm (usage) and by the agent itself
-    assert row["requests"] == row["agent_requests"] == 5
-    assert row["output_tokens"] == row["agent_output_tokens"] > 0
+    # five scripted responses, counted at the arm (usage), by its /metrics counters and by the agent
+    assert row["requests"] == row["agent_requests"] == row["counter_requests"] == 5
+    assert row["output_tokens"] == row["agent_output_tokens"] == row["counter_output_tokens"] > 0
     assert row["tool_calls"] == 4 and row["recorded"] == 5
-    assert (row["counter_requests"], row["counter_output_tokens"]) == (5, row["output_tokens"])
 
     # the agent really ran the test (failing), edited, and re-ran it (passing)
     results = _tool_results(run / row["log_dir"] / "agent.jsonl")
     assert "1 failed" in results[0] and "1 passed" in results[-1]
 
     # the collected patch, applied to a fresh clone at the base commit, makes the test pass
-    check = tmp_path / "check"
-    git(tmp_path, "clone", "-q", str(calc_repo.mirror), str(check))
-    git(check, "checkout", "-q", calc_repo.base)
+    check = fix_run.root / "check"
+    git(fix_run.root, "clone", "-q", str(fix_run.calc.mirror), str(check))
+    git(check, "checkout", "-q", fix_run.calc.base)
     assert not _pytest_passes(check)
     subprocess.run(["git", "apply", "-"], cwd=check, input=row["patch"], text=True, check=True)
     assert _pytest_passes(check)
@@ -98,17 +125,43 @@ def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(
     )
     assert "| local__calc-1 | 1 | completed |" in (run / "task-table.md").read_text()
     meta = json.loads((run / "run.json").read_text())
-    assert (
-        meta["status"] == "finished" and meta["agent"] == "qwen-code@0.15.10" and meta["model"] == "scripted"
-    )
+    assert (meta["status"], meta["agent"], meta["model"]) == ("finished", "qwen-code@0.15.10", "scripted")
 
-    # the recording proxy captured every request as a valid corpus record of one conversation
-    records, issues = check_corpus(corpus)
+
+def test_recorded_corpus_passes_check_and_replays_against_the_same_server(fix_run: FixRun):
+    records, issues = check_corpus(fix_run.corpus)
     assert issues == [] and len(records) == 5
     assert {r.source.task for r in records} == {"local__calc-1"}
     assert len({r.source.conversation for r in records}) == 1
     assert [r.source.turn for r in records] == [0, 1, 2, 3, 4]
     assert records[-1].tools and records[-1].max_tokens == 24000 and records[-1].presence_penalty == 1.0
+    assert lumobench("corpus", "check", fix_run.corpus).returncode == 0
+
+    # select 3 of the 5, freeze the manifest, and replay the selection on the arm that served the agent
+    manifest = fix_run.root / "selected.json"
+    selected = lumobench("corpus", "select", fix_run.corpus, "--n", 3, "--out", manifest)
+    assert selected.returncode == 0, selected.stderr
+    replay = lumobench(
+        "replay",
+        fix_run.corpus,
+        "--manifest",
+        manifest,
+        "--arm",
+        fix_run.arm,
+        "--out",
+        fix_run.root / "replay",
+    )
+    assert replay.returncode == 0, replay.stderr
+    rows = read_jsonl(only_run_dir(fix_run.root / "replay") / "requests.jsonl")
+    chosen = json.loads(manifest.read_text())["records"]
+    assert (
+        [r["request_id"] for r in rows]
+        == [m["id"] for m in chosen]
+        == ["local__calc-1-00001", "local__calc-1-00003", "local__calc-1-00005"]
+    )
+    assert all(r["status"] == "completed" and r["completion_tokens"] >= 1 for r in rows)
+    # the server answers a replayed request as it answered the agent: turn k's tool call again
+    assert rows[1]["tool_calls"][0]["function"]["name"] == "edit"
 
 
 def _marked_processes(text: str) -> list[int]:
