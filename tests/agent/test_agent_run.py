@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -355,3 +357,36 @@ def test_unknown_task_id_is_one_clear_line_and_creates_no_run(tmp_path):
         "error: unknown task id astropy__astropy-99999 (looked in astropy)"
     ]
     assert not (tmp_path / "results").exists()
+
+
+def test_ctrl_c_stops_agent_and_arm_and_marks_the_run_interrupted(
+    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
+):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
+    out = tmp_path / "results"
+    command = [
+        sys.executable,
+        "-m",
+        "lumobench.cli",
+        "agent",
+        "--tasks",
+        str(tasks),
+        "--arm",
+        str(scripted_arm(FIX_TURNS, stall_at_turn=0)),
+        "--repos",
+        str(calc_repo.mirrors),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(log.stat().st_size for log in out.glob("*/tasks/*/agent.jsonl")):  # the agent is running
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "--resume" in stderr
+    run = only_run_dir(out)
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    assert not (run / "tasks.jsonl").exists()  # the interrupted attempt is not a result; --resume reruns it
+    assert _marked_processes(str(run / "tasks")) == []
