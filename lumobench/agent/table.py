@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lumobench.agent.evaluate import EMPTY_PATCH, NOT_EVALUATED, RESOLVED, Evaluation, read_evaluations
-from lumobench.agent.rundir import AgentRunDir, AgentRunMeta, TaskRow, evaluation_path
+from lumobench.agent.rundir import ATTEMPTED, AgentRunDir, AgentRunMeta, TaskRow, evaluation_path
 
 TABLE_MD = "task-table.md"
 TABLE_CSV = "task-table.csv"
@@ -67,7 +67,7 @@ def table_rows(meta: AgentRunMeta, run: AgentRunDir) -> list[TableRow]:
                     counter_output_tokens=row.counter_output_tokens,
                     accepted_per_event=row.accepted_per_event,
                     patch="empty" if row.patch_empty else "non-empty",
-                    evaluation=_evaluation(row, evaluations) if row.status != "error" else "—",
+                    evaluation=_evaluation(row, evaluations) if row.status in ATTEMPTED else "—",
                 )
             )
     return out
