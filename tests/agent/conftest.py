@@ -4,7 +4,6 @@ test, scripted arms (the scripted model server, a test double, launched from an 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.helpers import free_port
+from harness.helpers import lumobench as run_cli
 
 from lumobench.agent.qwen_code import ensure_qwen_code
 
@@ -67,12 +68,6 @@ FIX_TURNS: list[dict[str, Any]] = [
 
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -154,14 +149,9 @@ def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def lumobench(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real `lumobench` CLI in a subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "lumobench.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def lumobench(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The real `lumobench` CLI in a subprocess, with room for agent runs (minutes on a loaded machine)."""
+    return run_cli(*args, timeout=600)
 
 
 def only_run_dir(out: Path) -> Path:

@@ -282,7 +282,9 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
     tasks = write_tasks(
         tmp_path / "tasks.jsonl", [calc_repo.task(), calc_repo.task("other__calc-2", "other/calc")]
     )
-    arm = scripted_arm(FIX_TURNS)
+    # a short script: the agent writes one new file and finishes
+    note = {"name": "write_file", "arguments": {"file_path": "{cwd}/NOTES.md", "content": "looked\n"}}
+    arm = scripted_arm([{"tool_calls": [note]}, {"content": "done"}])
     (calc_repo.mirror / "calc.py").write_text("my local edits\n")  # a dirty mirror: used, never touched
     first = lumobench(
         "agent",
@@ -306,7 +308,8 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
         ("other__calc-2", "error"),
     ]
     assert "no mirror of other/calc" in rows[1]["error"]
-    assert "has uncommitted changes (1 paths)" in rows[0]["notes"][0] and rows[0]["patch"]
+    assert "has uncommitted changes (1 paths)" in rows[0]["notes"][0]
+    assert "+++ b/NOTES.md" in rows[0]["patch"] and "calc.py" not in rows[0]["patch"]
     assert (calc_repo.mirror / "calc.py").read_text() == "my local edits\n"
 
     os.symlink(calc_repo.mirror, calc_repo.mirrors / "other__calc")
