@@ -259,7 +259,8 @@ def evaluate_command(
         target = evaluation_path(predictions)
         ev.write_evaluations(evaluations, target)
         if (predictions.parent / RUN_FILE).is_file():
-            write_task_table(AgentRunDir.open(predictions.parent))
+            with contextlib.suppress(LumobenchError):  # another kind of run: no task table to refresh
+                write_task_table(AgentRunDir.open(predictions.parent))
     counts = {
         s: sum(e.status == s for e in evaluations)
         for s in (ev.RESOLVED, ev.UNRESOLVED, ev.EMPTY_PATCH, ev.NOT_EVALUATED)
