@@ -116,6 +116,7 @@ class RunMeta(BaseModel):
     runs: int = Field(ge=1)
     concurrency: int = Field(ge=1, default=1)
     stream_options: dict[str, Any] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
     host: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list)
     status: Literal["running", "finished", "interrupted", "aborted"] = "running"

@@ -133,6 +133,7 @@ def _new_meta(
         runs=runs,
         concurrency=concurrency,
         stream_options=target.stream_options,
+        extra_body=target.extra_body,
         host=host_info(),
     )
 
@@ -179,8 +180,8 @@ def plan_new(
     timeout: float,
 ) -> list[Plan]:
     """Validate everything up front (corpus, manifest, arms, endpoint) before any server starts."""
-    if arms and endpoint:
-        raise LumobenchError("use either --arm or --endpoint, not both")
+    if len(arms) > 1 and endpoint:
+        raise LumobenchError("--endpoint takes at most one --arm (the arm that is already running there)")
     if not arms and not endpoint:
         missing = [str(arm_path(a)) for a in DEFAULT_ARMS if not arm_path(a).is_file()]
         if missing:
@@ -195,9 +196,14 @@ def plan_new(
         base = _normalise_endpoint(endpoint)
         served, engine = _probe(base)
         target = Target(base_url=base, api=api or "chat", model=model or served, request_timeout_s=timeout)  # type: ignore[arg-type]
-        name = label or "endpoint"
+        info = ArmInfo(name=label or "endpoint")
+        if arms:  # an arm already running at the endpoint: use its request settings, launch nothing
+            config, source = load_arm(arms[0])
+            running = resolve_arm(config, source, model=model)
+            target = replace(_arm_target(running, api, timeout), base_url=base, model=model or served)
+            info = _arm_info(running).model_copy(update={"launched": False, "name": label or running.name})
         meta = _new_meta(
-            new_run_id(name), ArmInfo(name=name), base, target, corpus, manifest, records, runs, concurrency
+            new_run_id(info.name), info, base, target, corpus, manifest, records, runs, concurrency
         )
         meta.engine_version = engine
         plans.append(Plan(RunDir.create(out / meta.run_id, meta), meta, records, target, None))
@@ -235,7 +241,6 @@ def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
     if diff.changed or diff.missing:
         raise ManifestMismatch(run.path / "run.json", diff)
     records = [by_id[i] for i in meta.request_ids]
-    stream_options = meta.stream_options
     if meta.arm.launched:
         config, source = load_arm(meta.arm.config.get("file") or meta.arm.name)
         arm = resolve_arm(
@@ -251,7 +256,8 @@ def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
         base_url=meta.endpoint,
         api=meta.api,
         model=meta.model,
-        stream_options=stream_options,
+        stream_options=meta.stream_options,
+        extra_body=meta.extra_body,
         request_timeout_s=timeout,
     )
     return Plan(run, meta, records, target, None)
@@ -310,7 +316,10 @@ def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
 def replay(
     corpus: Annotated[Path | None, typer.Argument(help="Corpus (JSONL). Optional with --resume.")] = None,
     arm: Annotated[
-        list[str] | None, typer.Option("--arm", help="Arm to launch and replay (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--arm", help="Arm to launch and replay (repeatable); with --endpoint: the arm running there."
+        ),
     ] = None,
     endpoint: Annotated[
         str | None, typer.Option(help="Replay against an already running server (base URL).")
