@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from lumobench import __version__
+from lumobench.agent.cli import agent_command, evaluate_command, record_command, select_command
 from lumobench.commands.bench import bench_app
 from lumobench.commands.corpus import corpus_app
 from lumobench.commands.replay import replay
@@ -41,6 +42,12 @@ def _root(
     ] = False,
 ) -> None:
     """Benchmark and agent-workload replay harness for LumoTree, vLLM and SGLang."""
+
+
+app.command("agent")(agent_command)
+app.command("evaluate")(evaluate_command)
+app.command("record")(record_command)
+corpus_app.command("select")(select_command)
 
 
 def main() -> None:

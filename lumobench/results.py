@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -141,6 +141,50 @@ def new_run_id(label: str) -> str:
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{safe}"
 
 
+RowT = TypeVar("RowT", bound=BaseModel)
+
+
+def write_json_atomic(path: Path, model: BaseModel) -> None:
+    """Write `model` as indented JSON by atomic replace, so a crash never leaves a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(model.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, row: BaseModel) -> None:
+    """Append one JSON line with flush + fsync, so a crash loses nothing already written."""
+    with path.open("a") as fh:
+        fh.write(row.model_dump_json() + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path, model: type[RowT]) -> list[RowT]:
+    """All rows of a JSONL file ([] if absent); a torn last line (crash mid-write) is ignored, a corrupt
+    earlier line is an error."""
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    rows: list[RowT] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(model.model_validate_json(line))
+        except ValidationError:
+            if i == len(lines) - 1:
+                break
+            raise LumobenchError(f"{path}: line {i + 1} is not a valid {model.__name__}") from None
+    return rows
+
+
+def make_run_path(path: Path) -> None:
+    """Create an empty run directory; a non-empty one is refused (continuing it is --resume's job)."""
+    if path.exists() and any(path.iterdir()):
+        raise LumobenchError(f"run directory {path} already exists and is not empty (use --resume {path})")
+    path.mkdir(parents=True, exist_ok=True)
+
+
 class RunDir:
     """A run directory on disk; rows are appended with flush + fsync so a crash loses nothing."""
 
@@ -149,11 +193,7 @@ class RunDir:
 
     @classmethod
     def create(cls, path: Path, meta: RunMeta) -> RunDir:
-        if path.exists() and any(path.iterdir()):
-            raise LumobenchError(
-                f"run directory {path} already exists and is not empty (use --resume {path})"
-            )
-        path.mkdir(parents=True, exist_ok=True)
+        make_run_path(path)
         run = cls(path)
         run.write_meta(meta)
         return run
@@ -181,9 +221,7 @@ class RunDir:
 
     def write_meta(self, meta: RunMeta) -> None:
         """Atomic replace, so a crash never leaves a half-written run.json."""
-        tmp = self.path / (RUN_FILE + ".tmp")
-        tmp.write_text(meta.model_dump_json(indent=2) + "\n")
-        os.replace(tmp, self.path / RUN_FILE)
+        write_json_atomic(self.path / RUN_FILE, meta)
 
     # -- rows -------------------------------------------------------------------------------------
     @property
@@ -191,27 +229,11 @@ class RunDir:
         return self.path / ROWS_FILE
 
     def append_row(self, row: RequestRow) -> None:
-        with self.rows_path.open("a") as fh:
-            fh.write(row.model_dump_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_jsonl(self.rows_path, row)
 
     def read_rows(self) -> list[RequestRow]:
         """All rows; a torn last line (crash mid-write) is ignored, a corrupt earlier line is an error."""
-        if not self.rows_path.exists():
-            return []
-        lines = self.rows_path.read_text().split("\n")
-        rows: list[RequestRow] = []
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                rows.append(RequestRow.model_validate_json(line))
-            except ValidationError:
-                if i == len(lines) - 1:
-                    break
-                raise LumobenchError(f"{self.rows_path}: line {i + 1} is not a valid request row") from None
-        return rows
+        return read_jsonl(self.rows_path, RequestRow)
 
     def prepare_resume(self) -> list[RequestRow]:
         """Keep one completed row per key; move failed rows to failed-attempts.jsonl so they are retried.

@@ -1,0 +1,324 @@
+"""Typer commands of the agent workflow: `agent`, `evaluate`, `record` and `corpus select`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiohttp import web
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lumobench.agent import evaluate as ev
+from lumobench.agent.driver import PAPER_SAMPLING, AgentSettings, execute, new_run
+from lumobench.agent.paths import CACHE_DIR
+from lumobench.agent.qwen_code import DEFAULT_VERSION
+from lumobench.agent.rundir import ATTEMPTED, RUN_FILE, AgentRunDir, TaskRow, evaluation_path
+from lumobench.agent.table import TABLE_MD, table_rows, write_task_table
+from lumobench.agent.tasks import Task, resolve_tasks
+from lumobench.corpus import load_corpus
+from lumobench.corpus_select import freeze_selection
+from lumobench.errors import LumobenchError, user_errors
+from lumobench.manifest import write_manifest
+from lumobench.record import RecordingProxy
+
+err = Console(stderr=True, soft_wrap=True)  # never break paths and messages across lines
+out = Console()
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v for value in values for v in value.split(",") if v]
+
+
+def _sampling(pairs: list[str]) -> dict[str, float | int]:
+    sampling: dict[str, float | int] = dict(PAPER_SAMPLING)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise LumobenchError(f"--sampling wants KEY=VALUE, got {pair!r}")
+        try:
+            sampling[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise LumobenchError(f"--sampling {key}: {value!r} is not a number") from None
+    return sampling
+
+
+def _print_row(row: TaskRow) -> None:
+    color = {"completed": "green", "timeout": "yellow"}.get(row.status, "red")
+    minutes = f"{row.agent_s / 60:.1f} min" if row.agent_s is not None else "not started"
+    patch = "empty patch" if row.patch_empty else "non-empty patch"
+    detail = f" ({row.error})" if row.error else ""
+    err.print(
+        f"[{color}]{row.status}[/] {row.instance_id} run {row.run_index + 1}: {minutes}, "
+        f"{row.requests or 0} requests, {row.output_tokens or 0:,} output tokens, {patch}{detail}",
+        highlight=False,
+    )
+
+
+def agent_command(
+    tasks: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tasks",
+            help="Task list name (e.g. astropy), SWE-bench JSONL/JSON/parquet file, or instance ids; "
+            "repeat or comma-separate. Ids are looked up in the lists/files given, else the shipped lists.",
+        ),
+    ] = None,
+    arm: Annotated[
+        str | None, typer.Option(help="Arm to launch: a name in serving/arms or a .toml file.")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Use an already-running OpenAI-compatible server instead of --arm.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Served model name (default: asked from /v1/models).")
+    ] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Attempts per task.")] = 1,
+    budget_s: Annotated[
+        float, typer.Option("--budget-s", min=1, help="Wall budget per attempt in seconds (paper: 9000).")
+    ] = 9000.0,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, help="Response cap per model request (paper: 24000).")
+    ] = 24000,
+    sampling: Annotated[
+        list[str] | None,
+        typer.Option(help="Sampling override KEY=VALUE (repeatable); default: the paper's agent sampling."),
+    ] = None,
+    repos: Annotated[
+        Path,
+        typer.Option(help="Folder of repository mirrors (owner__name, owner/name or name; bare or not)."),
+    ] = CACHE_DIR / "repos",
+    clone: Annotated[
+        bool, typer.Option(help="Clone a missing repository from GitHub into --repos (needs network).")
+    ] = True,
+    record: Annotated[
+        Path | None, typer.Option(help="Record every model request into this corpus (JSONL) while running.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Results folder; the run goes to OUT/<run-id>/.")] = Path(
+        "results"
+    ),
+    resume: Annotated[
+        Path | None, typer.Option(help="Continue this agent run directory (its tasks and settings).")
+    ] = None,
+    qwen_code_version: Annotated[
+        str, typer.Option(help="Qwen Code npm release (installed once into .cache/qwen-code/).")
+    ] = DEFAULT_VERSION,
+    keep_workdirs: Annotated[
+        bool, typer.Option(help="Keep each attempt's working copy under the run's work/ folder.")
+    ] = False,
+) -> None:
+    """Run Qwen Code on SWE-bench tasks against an arm; write rows, predictions and the task table."""
+    with user_errors():
+        settings = AgentSettings(
+            runs=runs,
+            budget_s=budget_s,
+            max_tokens=max_tokens,
+            sampling=_sampling(sampling or []),
+            qwen_code_version=qwen_code_version,
+            repos_dir=repos,
+            allow_clone=clone,
+            keep_workdirs=keep_workdirs,
+        )
+        if resume is not None:
+            run = AgentRunDir.open(resume)
+            meta = run.read_meta()
+            task_list = resolve_tasks(meta.tasks)
+            if [t.instance_id for t in task_list] != meta.task_ids:
+                raise LumobenchError(f"the tasks {meta.tasks} no longer resolve to the run's task ids")
+            settings.runs, settings.budget_s, settings.max_tokens = meta.runs, meta.budget_s, meta.max_tokens
+            settings.sampling = dict(meta.sampling)
+            settings.qwen_code_version = meta.agent.split("@", 1)[1]
+            if arm is None and endpoint is None:
+                arm, endpoint = (meta.arm_spec, None) if meta.arm_spec else (None, meta.endpoint)
+            model = model or (meta.model if endpoint else None)
+        else:
+            if not tasks:
+                raise LumobenchError(
+                    "give --tasks (a list name such as astropy, a task file, or instance ids)"
+                )
+            if (arm is None) == (endpoint is None):
+                raise LumobenchError("give exactly one of --arm and --endpoint")
+            # task files are kept as absolute paths so --resume works from any folder
+            specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in _split(tasks)]
+            task_list = resolve_tasks(specs)
+            run = new_run(out, task_list, specs, settings, arm, endpoint, record, sys.argv)
+        err.print(f"agent run: {run.path}", highlight=False)
+        _run_with_progress(run, task_list, settings, arm, endpoint, model)
+
+
+def _run_with_progress(
+    run: AgentRunDir,
+    tasks: list[Task],
+    settings: AgentSettings,
+    arm: str | None,
+    endpoint: str | None,
+    model: str | None,
+) -> None:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        bar = progress.add_task("starting the arm", total=None)
+
+        def on_attempt(i: int, n: int, task: Task, run_index: int) -> Callable[[float, int], None]:
+            progress.update(bar, total=n, completed=i, description=f"{task.instance_id} run {run_index + 1}")
+
+            def tick(elapsed: float, requests: int) -> None:
+                progress.update(
+                    bar,
+                    description=(
+                        f"{task.instance_id} run {run_index + 1}: {elapsed:.0f}/{settings.budget_s:.0f} s, "
+                        f"{requests} requests"
+                    ),
+                )
+
+            return tick
+
+        def done(row: TaskRow) -> None:
+            progress.advance(bar)
+            _print_row(row)
+
+        try:
+            meta = execute(run, tasks, settings, arm, endpoint, model, err.print, on_attempt, done)
+        except KeyboardInterrupt:
+            err.print(
+                f"interrupted; recorded attempts are kept. Continue with: lumobench agent --resume {run.path}"
+            )
+            raise typer.Exit(130) from None
+    err.print(f"{meta.status}: task table {run.path / TABLE_MD}, predictions in {run.path}", highlight=False)
+    _print_table(run)
+    failed = [row for row in run.latest_rows().values() if row.status not in ("completed", "timeout")]
+    if failed:
+        retry = sum(row.status not in ATTEMPTED for row in failed)
+        err.print(
+            f"[red]{len(failed)} attempt(s) failed[/] ({', '.join(sorted({row.status for row in failed}))})"
+            + (f"; `lumobench agent --resume {run.path}` retries {retry} of them" if retry else ""),
+            highlight=False,
+        )
+        raise typer.Exit(1)
+
+
+def _print_table(run: AgentRunDir) -> None:
+    meta = run.read_meta()
+    table = Table("task", "run", "status", "agent min", "requests", "output tokens", "patch", "evaluation")
+    for row in table_rows(meta, run):
+        table.add_row(
+            row.task,
+            str(row.run),
+            row.status,
+            "—" if row.agent_min is None else f"{row.agent_min:.1f}",
+            "—" if row.requests is None else str(row.requests),
+            "—" if row.output_tokens is None else f"{row.output_tokens:,}",
+            row.patch,
+            row.evaluation,
+        )
+    out.print(table)
+
+
+def evaluate_command(
+    predictions: Annotated[
+        Path, typer.Argument(help="SWE-bench predictions JSONL (e.g. a run's predictions.jsonl).")
+    ],
+    tasks: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tasks", help="Where the predicted instances are defined (default: the shipped lists)."
+        ),
+    ] = None,
+    logs: Annotated[
+        Path | None, typer.Option(help="Grade existing SWE-bench harness logs under this folder (offline).")
+    ] = None,
+    run_id: Annotated[str, typer.Option(help="Run id for the SWE-bench harness.")] = "lumobench",
+    max_workers: Annotated[int, typer.Option(min=1, help="Parallel harness containers.")] = 1,
+    timeout_s: Annotated[
+        int, typer.Option("--timeout-s", min=1, help="Harness timeout per instance.")
+    ] = 1800,
+) -> None:
+    """Evaluate predictions with the SWE-bench harness (needs Docker) or grade existing harness logs."""
+    with user_errors():
+        preds = ev.read_predictions(predictions)
+        ids = [p.instance_id for p in preds]
+        task_map = {t.instance_id: t for t in resolve_tasks([*_split(tasks or []), *ids])}
+        if logs is not None:
+            evaluations = ev.grade(preds, task_map, ev.find_test_logs(logs))
+        elif why := ev.docker_unavailable():
+            err.print(
+                f"[yellow]not evaluated:[/] {why}; the SWE-bench harness needs a Docker daemon. "
+                "Empty patches count as unresolved; the others are marked not evaluated."
+            )
+            evaluations = ev.mark_not_evaluated(preds, why)
+        else:
+            logs_dir = ev.run_harness(
+                preds, task_map, predictions.parent / f"swebench-{run_id}", run_id, max_workers, timeout_s
+            )
+            evaluations = ev.grade(preds, task_map, ev.find_test_logs(logs_dir))
+        target = evaluation_path(predictions)
+        ev.write_evaluations(evaluations, target)
+        if (predictions.parent / RUN_FILE).is_file():
+            with contextlib.suppress(LumobenchError):  # another kind of run: no task table to refresh
+                write_task_table(AgentRunDir.open(predictions.parent))
+    counts = {
+        s: sum(e.status == s for e in evaluations)
+        for s in (ev.RESOLVED, ev.UNRESOLVED, ev.EMPTY_PATCH, ev.NOT_EVALUATED)
+    }
+    out.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" → {target}", highlight=False)
+
+
+def record_command(
+    upstream: Annotated[
+        str, typer.Option(help="The OpenAI-compatible server to forward to (http://host:port).")
+    ],
+    out_corpus: Annotated[Path, typer.Option("--out", help="Corpus JSONL to append captured requests to.")],
+    port: Annotated[int, typer.Option(help="Port to listen on (0 = any free port).")] = 8100,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    task: Annotated[str | None, typer.Option(help="Task label stored in each record's source.")] = None,
+) -> None:
+    """Run a recording proxy until Ctrl-C: point clients at it, every chat request becomes a corpus record."""
+    with user_errors():
+        proxy = RecordingProxy(upstream, out_corpus, task=task)
+
+    async def serve() -> None:
+        runner = web.AppRunner(proxy.app(), shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise LumobenchError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        bound = runner.addresses[0][1]
+        err.print(
+            f"recording proxy on http://{host}:{bound}/v1 → {proxy.upstream}, writing {out_corpus} "
+            "(Ctrl-C stops)",
+            highlight=False,
+        )
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with user_errors(), contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    err.print(f"recorded {proxy.recorded} requests into {out_corpus}", highlight=False)
+
+
+def select_command(
+    corpus: Annotated[Path, typer.Argument(help="Captured corpus (JSONL) to select from.")],
+    n: Annotated[int, typer.Option("--n", min=1, help="How many records to select (paper: 43).")],
+    out_manifest: Annotated[
+        Path, typer.Option("--out", help="Manifest to write (e.g. manifests/NAME.json).")
+    ],
+) -> None:
+    """Select N records across conversations (proportional, spaced in capture order); freeze a manifest."""
+    with user_errors():
+        manifest = freeze_selection(corpus, load_corpus(corpus), n)
+        write_manifest(manifest, out_manifest)
+    shares = manifest.selection.params["per_conversation"]
+    out.print(
+        f"selected {manifest.n_records} of {manifest.selection.params['of']} records from "
+        f"{len(shares)} conversations → {out_manifest}",
+        highlight=False,
+    )

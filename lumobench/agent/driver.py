@@ -1,0 +1,333 @@
+"""The agent driver (`lumobench agent`): for each task and run, prepare the repository at the base
+commit, run Qwen Code against the arm through the counting (and optionally recording) proxy, collect
+the patch, and write the row, the predictions and the task table as the task ends.
+
+The arm is either launched from its TOML (and stopped at the end) or an already-running `--endpoint`.
+A run directory can be resumed: attempts already recorded as the agent's work are kept, the rest run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lumobench.agent.counters import counter_deltas, snapshot
+from lumobench.agent.paths import CACHE_DIR
+from lumobench.agent.process import ProcessOutcome
+from lumobench.agent.qwen_code import AgentEndpoint, AgentReport, ensure_qwen_code, run_qwen_code
+from lumobench.agent.repos import collect_patch, ensure_mirror, prepare_workspace, uncommitted_changes
+from lumobench.agent.rundir import ATTEMPTED, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
+from lumobench.agent.table import write_task_table
+from lumobench.agent.tasks import Task
+from lumobench.arms import check_launchable, load_arm, resolve_arm
+from lumobench.errors import LumobenchError
+from lumobench.launch import ArmServer, launched, log_tail
+from lumobench.record import BackgroundProxy, RecordingProxy
+from lumobench.results import ArmInfo, host_info, new_run_id, now_iso
+
+#: The paper's agent sampling (§VII-A: presence penalty 1.0 on every arm; §VI: temperature 0.6,
+#: top-p 0.95, top-k 20); `--max-tokens` adds the response cap.
+PAPER_SAMPLING: dict[str, float | int] = {
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "presence_penalty": 1.0,
+}
+
+
+@dataclass
+class AgentSettings:
+    """What every attempt of a run shares."""
+
+    runs: int = 1
+    budget_s: float = 9000.0
+    max_tokens: int = 24000
+    sampling: dict[str, float | int] = field(default_factory=lambda: dict(PAPER_SAMPLING))
+    qwen_code_version: str = "0.15.10"
+    repos_dir: Path = CACHE_DIR / "repos"
+    allow_clone: bool = True
+    keep_workdirs: bool = False
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Where the agent's requests go (`base_url` without /v1), and the launched arm (None for an
+    existing endpoint)."""
+
+    arm: ArmInfo
+    base_url: str
+    model: str
+    server: ArmServer | None
+    extra_body: dict[str, Any]
+
+
+def _served_model(base_url: str) -> str:
+    url = base_url + "/v1/models"
+    try:
+        response = httpx.get(url, timeout=10)
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        raise LumobenchError(
+            f"cannot read the served model from {url} (endpoint down? pass --model)"
+        ) from None
+
+
+@contextmanager
+def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path) -> Iterator[Serving]:
+    """Launch `arm` (until the block ends) or use the running `endpoint`; resolve the served model."""
+    if endpoint is not None:
+        root = endpoint.rstrip("/").removesuffix("/v1")  # /v1/... and /metrics both hang off the root
+        yield Serving(ArmInfo(name="endpoint"), root, model or _served_model(root), None, {})
+        return
+    if arm is None:
+        raise LumobenchError("give an arm (--arm NAME or FILE.toml) or a running --endpoint URL")
+    config, source = load_arm(arm)
+    resolved = resolve_arm(config, source)
+    check_launchable(resolved)
+    info = ArmInfo(
+        name=resolved.name, config=config.model_dump(), config_sha256=resolved.source_sha256, launched=True
+    )
+    with launched(resolved, log) as server:
+        served = model or server.wait_ready(timeout_s=30)
+        yield Serving(info, resolved.base_url, served, server, dict(config.request.extra_body))
+
+
+def classify(outcome: ProcessOutcome, report: AgentReport, stderr: Path) -> tuple[TaskStatus, str | None]:
+    """The attempt's status from how the process ended and what the agent reported."""
+    if outcome.timed_out:
+        return "timeout", f"wall budget reached after {outcome.wall_s:.0f} s"
+    if report.api_errors:
+        return "api-error", report.api_errors[-1][:500]
+    if outcome.exit_code != 0 or report.result is None:
+        tail = log_tail(stderr, lines=3).strip()
+        return "agent-crash", f"exit code {outcome.exit_code}" + (f": {tail[-400:]}" if tail else "")
+    return "completed", None
+
+
+def _fresh_log_dir(path: Path) -> Path:
+    """An empty log folder; logs of an earlier attempt at the same key move to `<name>.attempt<k>`."""
+    if path.exists():
+        k = 1
+        while path.with_name(f"{path.name}.attempt{k}").exists():
+            k += 1
+        path.rename(path.with_name(f"{path.name}.attempt{k}"))
+    path.mkdir(parents=True)
+    return path
+
+
+@dataclass
+class AgentRunner:
+    """Runs the attempts of one agent run directory against one serving endpoint."""
+
+    run: AgentRunDir
+    meta: AgentRunMeta
+    settings: AgentSettings
+    cli: Path
+    proxy: RecordingProxy
+    proxy_url: str
+    arm_url: str
+    sampling: dict[str, Any]
+    note: Callable[[str], None]
+
+    def _metrics(self, log_dir: Path, when: str) -> str | None:
+        text = snapshot(self.arm_url)
+        if text is not None:
+            (log_dir / f"metrics.{when}.prom").write_text(text)
+        return text
+
+    def attempt(
+        self, task: Task, run_index: int, tick: Callable[[float, int], None] | None = None
+    ) -> TaskRow:
+        """One attempt at `task`; never raises for task-level failures (they become the row's status).
+        `tick(elapsed_s, requests_so_far)` is called about once a second while the agent runs."""
+        log_dir = _fresh_log_dir(self.run.log_dir(run_index, task.instance_id))
+        workdir = self.run.path / "work" / log_dir.name
+        started = now_iso()
+
+        def row(status: TaskStatus, error: str | None, **fields: Any) -> TaskRow:
+            return TaskRow(
+                run_index=run_index,
+                instance_id=task.instance_id,
+                status=status,
+                error=error,
+                log_dir=str(log_dir.relative_to(self.run.path)),
+                started_at=started,
+                finished_at=now_iso(),
+                **fields,
+            )
+
+        notes: list[str] = []
+        try:
+            mirror = ensure_mirror(task.repo, self.settings.repos_dir, self.settings.allow_clone)
+            if changed := uncommitted_changes(mirror):
+                notes.append(
+                    f"mirror {mirror} has uncommitted changes ({len(changed)} paths); the task ran on a "
+                    f"clean clone at {task.base_commit[:12]} and left them untouched"
+                )
+                self.note(f"note: {notes[-1]}")
+            prepare_workspace(mirror, task.base_commit, workdir)
+        except LumobenchError as exc:
+            return row("error", str(exc), notes=notes)
+        self.proxy.task, self.proxy.run = task.instance_id, run_index + 1
+        self.proxy.take_counts()
+        recorded_before = self.proxy.recorded
+        metrics_before = self._metrics(log_dir, "before")
+        on_tick = None if tick is None else (lambda elapsed: tick(elapsed, self.proxy.peek_counts().requests))
+        try:
+            outcome, report = run_qwen_code(
+                self.cli,
+                workdir,
+                task.problem_statement,
+                AgentEndpoint(self.proxy_url, self.meta.model),
+                self.sampling,
+                log_dir,
+                self.settings.budget_s,
+                on_tick=on_tick,
+            )
+            counts = self.proxy.take_counts()
+            arm_counters = counter_deltas(metrics_before, self._metrics(log_dir, "after"))
+            status, error = classify(outcome, report, log_dir / "agent.stderr")
+            try:
+                patch = collect_patch(workdir, task.base_commit)
+            except LumobenchError as exc:
+                patch, error = "", f"{error + '; ' if error else ''}patch collection failed: {exc}"
+            (log_dir / "patch.diff").write_text(patch)
+        finally:
+            if not self.settings.keep_workdirs:
+                shutil.rmtree(workdir, ignore_errors=True)
+        return row(
+            status,
+            error,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            agent_s=outcome.wall_s,
+            requests=counts.requests,
+            output_tokens=counts.completion_tokens,
+            responses_without_usage=counts.without_usage,
+            counter_requests=arm_counters.requests,
+            counter_output_tokens=arm_counters.output_tokens,
+            accepted_per_event=arm_counters.accepted_per_event,
+            agent_requests=report.requests,
+            agent_output_tokens=report.output_tokens,
+            tool_calls=report.tool_calls,
+            recorded=self.proxy.recorded - recorded_before if self.proxy.writer else None,
+            leftover_processes=outcome.leftovers_killed,
+            notes=notes,
+            patch=patch,
+        )
+
+
+def pending(meta: AgentRunMeta, run: AgentRunDir, tasks: list[Task]) -> list[tuple[int, Task]]:
+    """(run index, task) pairs without a recorded attempt of the agent's own (status in ATTEMPTED)."""
+    rows = run.latest_rows()
+    return [
+        (r, t)
+        for r in range(meta.runs)
+        for t in tasks
+        if (r, t.instance_id) not in rows or rows[(r, t.instance_id)].status not in ATTEMPTED
+    ]
+
+
+def new_run(
+    out: Path,
+    tasks: list[Task],
+    task_specs: list[str],
+    settings: AgentSettings,
+    arm: str | None,
+    endpoint: str | None,
+    record: Path | None,
+    argv: list[str],
+) -> AgentRunDir:
+    """Create the run directory (`out/<run-id>`) with its run.json; serving fields are filled at start."""
+    label = Path(arm).stem if arm else "endpoint"
+    run_id = new_run_id(f"agent-{label}")
+    agent = f"qwen-code@{settings.qwen_code_version}"
+    meta = AgentRunMeta(
+        run_id=run_id,
+        created=now_iso(),
+        argv=argv,
+        arm=ArmInfo(name=label),
+        arm_spec=str(Path(arm).resolve()) if arm and arm.endswith(".toml") else arm,
+        endpoint=endpoint or "",
+        model="",
+        agent=agent,
+        model_name_or_path=f"{agent.replace('@', '-')}__{label}",
+        tasks=task_specs,
+        task_ids=[t.instance_id for t in tasks],
+        runs=settings.runs,
+        budget_s=settings.budget_s,
+        max_tokens=settings.max_tokens,
+        sampling=settings.sampling,
+        record=str(record.resolve()) if record else None,
+        host=host_info(),
+    )
+    return AgentRunDir.create(out / run_id, meta)
+
+
+def execute(
+    run: AgentRunDir,
+    tasks: list[Task],
+    settings: AgentSettings,
+    arm: str | None,
+    endpoint: str | None,
+    model: str | None,
+    note: Callable[[str], None],
+    progress: Callable[[int, int, Task, int], Callable[[float, int], None]],
+    done: Callable[[TaskRow], None],
+) -> AgentRunMeta:
+    """Run every pending attempt of `run`.
+
+    `progress(i, n, task, run_index)` returns the tick callback (elapsed seconds, requests so far) of
+    that attempt; `done(row)` sees each row once written. Returns the final metadata; run.json says
+    finished, interrupted (Ctrl-C, re-raised) or aborted (arm failure, re-raised as `LumobenchError`).
+    """
+    meta = run.read_meta()
+    todo = pending(meta, run, tasks)
+    try:
+        cli = ensure_qwen_code(settings.qwen_code_version)
+        with serving(arm, endpoint, model, run.path / "server.log") as served:
+            meta = meta.model_copy(
+                update={
+                    "arm": served.arm,
+                    "endpoint": served.base_url,
+                    "model": served.model,
+                    "status": "running",
+                    "error": None,
+                }
+            )
+            run.write_meta(meta)
+            sampling = {**served.extra_body, **settings.sampling, "max_tokens": settings.max_tokens}
+            proxy = RecordingProxy(served.base_url, Path(meta.record) if meta.record else None)
+            with BackgroundProxy(proxy) as background:
+                runner = AgentRunner(
+                    run, meta, settings, cli, proxy, background.url, served.base_url, sampling, note
+                )
+                for i, (run_index, task) in enumerate(todo):
+                    row = runner.attempt(task, run_index, progress(i, len(todo), task, run_index))
+                    run.append_row(row)
+                    run.write_predictions(meta)
+                    write_task_table(run)
+                    done(row)
+                    if served.server is not None and (code := served.server.exit_code()) is not None:
+                        raise LumobenchError(
+                            f"arm {served.arm.name} exited (code {code}) during the run; "
+                            f"see {run.path / 'server.log'}"
+                        )
+        meta = meta.model_copy(update={"status": "finished"})
+    except KeyboardInterrupt:
+        meta = meta.model_copy(update={"status": "interrupted"})
+        raise
+    except LumobenchError as exc:
+        meta = meta.model_copy(update={"status": "aborted", "error": str(exc)})
+        raise
+    finally:
+        run.write_meta(meta)
+        run.write_predictions(meta)
+        write_task_table(run)
+    return meta

@@ -1,0 +1,67 @@
+"""The Table VII-style task table: evaluation column from the evaluation file beside the predictions,
+empty patches unresolved without evaluation, non-attempts without evaluation, totals."""
+
+from __future__ import annotations
+
+import csv
+
+from lumobench.agent.evaluate import Evaluation, write_evaluations
+from lumobench.agent.rundir import AgentRunDir, AgentRunMeta, TaskRow, evaluation_path
+from lumobench.agent.table import TABLE_CSV, TABLE_MD, write_task_table
+from lumobench.results import ArmInfo
+
+
+def _row(task: str, status: str, patch: str, agent_s: float, requests: int) -> TaskRow:
+    return TaskRow(
+        run_index=0,
+        instance_id=task,
+        status=status,
+        patch=patch,
+        agent_s=agent_s,
+        requests=requests,
+        output_tokens=requests * 100,
+        log_dir=f"tasks/{task}.run1",
+        started_at="t0",
+        finished_at="t1",
+    )
+
+
+def test_table_rows_totals_and_evaluations(tmp_path):
+    meta = AgentRunMeta(
+        run_id="r",
+        created="t",
+        arm=ArmInfo(name="lumotree"),
+        endpoint="http://x",
+        model="m",
+        agent="qwen-code@0.15.10",
+        model_name_or_path="qwen-code-0.15.10__lumotree",
+        tasks=["astropy"],
+        task_ids=["a", "b", "c", "d"],
+        runs=1,
+        budget_s=9000,
+        max_tokens=24000,
+    )
+    run = AgentRunDir.create(tmp_path / "run", meta)
+    run.append_row(_row("a", "completed", "diff a\n", 600.0, 10))
+    run.append_row(_row("b", "timeout", "", 9000.0, 40))
+    run.append_row(_row("c", "api-error", "", 6.0, 0))
+    run.append_row(_row("d", "completed", "diff d\n", 120.0, 5))
+    run.write_predictions(meta)
+    write_evaluations(
+        [Evaluation("a", "resolved"), Evaluation("d", "unresolved")],
+        evaluation_path(run.predictions_path(0, 1)),
+    )
+    md, csv_path = write_task_table(run)
+    assert md.name == TABLE_MD and csv_path.name == TABLE_CSV
+    with csv_path.open() as fh:
+        rows = {r["task"]: r for r in csv.DictReader(fh)}
+    assert {t: r["evaluation"] for t, r in rows.items()} == {
+        "a": "resolved",
+        "b": "unresolved (empty patch)",
+        "c": "—",
+        "d": "unresolved",
+    }
+    assert rows["a"]["agent_min"] == "10.0" and rows["a"]["output_tokens"] == "1000"
+    total = md.read_text().splitlines()[-1]
+    assert total == "| **total (4 attempts)** | | | 162.1 | 55 | 5,500 | 2 non-empty | 1 resolved |"
+    assert len((run.path / "predictions.jsonl").read_text().splitlines()) == 3  # the api-error is no attempt
