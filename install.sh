@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install lumobench + LumoTree into ./.venv (idempotent; a second run only checks).
 #
-# CPU-only machines get the CPU build of PyTorch (torch==2.13.0): from the local wheelhouse when pip
+# CPU-only machines get the CPU build of PyTorch (torch==2.13.0+cpu): from the local wheelhouse when pip
 # is configured with one, else from PyTorch's CPU index. An unpinned `torch` would pull a multi-GB
 # CUDA build. On a machine with an NVIDIA GPU the existing CUDA torch is kept (or PyPI's default
 # CUDA build is installed).
@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 VENV=${LUMO_VENV:-.venv}
-CPU_TORCH=${LUMO_CPU_TORCH:-torch==2.13.0}
+CPU_TORCH=${LUMO_CPU_TORCH:-torch==2.13.0+cpu}
 extras="[dev]"
 [[ "${1:-}" == "--runtime" ]] && extras=""
 
@@ -32,8 +32,10 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
         "${pip[@]}" install -q "torch>=2.11"
     else
         echo "install.sh: no GPU: installing the CPU build $CPU_TORCH"
-        "${pip[@]}" install -q --no-index "$CPU_TORCH" 2>/dev/null \
-            || "${pip[@]}" install -q "$CPU_TORCH" --index-url https://download.pytorch.org/whl/cpu
+        # The +cpu local version exists only as a CPU wheel: a configured wheelhouse (as on our CI
+        # machines) serves it directly; elsewhere PyPI has no +cpu build and PyTorch's CPU index does.
+        "${pip[@]}" install -q "$CPU_TORCH" 2>/dev/null \
+            || "${pip[@]}" install -q "$CPU_TORCH" --extra-index-url https://download.pytorch.org/whl/cpu
     fi
 fi
 
