@@ -16,6 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.conv.reference import check_conv_shapes
 
 BLOCK_C = 256
 
@@ -112,17 +113,7 @@ def tree_conv(
     x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: TreeDescriptor
 ) -> Tensor:
     """The reference's signature: x [R, C], conv_state [C, W-1], weight [C, W], bias [C] -> y [R, C]."""
-    rows, channels = x.shape
-    width = weight.shape[1]
-    if conv_state.shape != (channels, width - 1) or weight.shape[0] != channels:
-        raise ValueError(
-            f"expected x [R, C], conv_state [C, W-1], weight [C, W]; got {tuple(x.shape)}, "
-            f"{tuple(conv_state.shape)}, {tuple(weight.shape)}"
-        )
-    if tree.conv_gather.shape != (rows, width):
-        raise ValueError(
-            f"tree gathers {tuple(tree.conv_gather.shape)} windows for {rows} rows of width {width}"
-        )
+    check_conv_shapes(x, conv_state, weight, tree)
     y = torch.empty_like(x)
     tree_conv_(
         x.contiguous(),
