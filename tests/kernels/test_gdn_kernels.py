@@ -28,7 +28,7 @@ def _case(shape: str, seed: int) -> gdn_checks.GdnCase:
     )
 
 
-def _run_poisoned(case: gdn_checks.GdnCase, schedule: str, block_v: int = 8):
+def _run_poisoned(case: gdn_checks.GdnCase, schedule: str, block_v: int = 8, warm: bool = False):
     """Run the caller-owned scan into NaN-poisoned buffers; return o, records, cut bank."""
     rows = case.tree.rows
     inputs = case.inputs(torch.float32)
@@ -41,7 +41,7 @@ def _run_poisoned(case: gdn_checks.GdnCase, schedule: str, block_v: int = 8):
         )
     )
     bank = poisoned((rows, DIMS.HV, DIMS.V, DIMS.K), torch.float32)
-    gdn_scan_(*inputs, tables, o, ops, bank, block_v=block_v)
+    gdn_scan_(*inputs, tables, o, ops, bank, block_v=block_v, warm=warm)
     return o, ops, bank
 
 
@@ -76,6 +76,18 @@ def test_scan_meets_the_paired_rule_against_float64(shape: str) -> None:
     truth, _ = ref.gdn_sequential_reference(*case.truth(torch.float32), case.tree)
     result = paired_check(o[:n], native[:n], truth[:n], cell_dims=2, storage=torch.float32)
     assert result.ok, result
+
+
+@pytest.mark.parametrize("shape", ["paper", "wide_fan"])
+def test_warm_up_prologue_leaves_every_result_bitwise_unchanged(shape: str) -> None:
+    case = _case(shape, seed=50 + SHAPES.index(shape))
+    cold = _run_poisoned(case, "cut", warm=False)
+    warm = _run_poisoned(case, "cut", warm=True)
+    n, cuts = case.tree.n_active, len(case.tree.paths.cut_nodes)
+    assert torch.equal(cold[0], warm[0])
+    for field in ("q", "k", "v", "g", "beta"):
+        assert torch.equal(getattr(cold[1], field)[:n], getattr(warm[1], field)[:n]), field
+    assert torch.equal(cold[2][:cuts], warm[2][:cuts])
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "repeated_subtrees"])

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.verify.gdn.reference import GdnOperands
-from lumotree.verify.gdn.scan import default_block_v
+from lumotree.verify.gdn.scan import DEFAULT_NUM_WARPS, default_block_v
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def replay_layers_(
     path_len: Tensor,
     one_launch: bool = True,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = DEFAULT_NUM_WARPS,
 ) -> None:
     """Publish a stack of layers in place. states [Lyr, HV, V, K] fp32; ops fields with a leading
     layer dim ([Lyr, R, H, K], ...; fp32, contiguous); accepted [D+1] int64 device (-1 padded);

@@ -5,8 +5,9 @@ One program per (path, value head, value tile) carries an fp32 state tile [BV, K
 normalises q/k and evaluates the gates in-kernel from the raw inputs, applies the exact recurrence
 (decay, predict with the decayed state, rank-1 write, read), writes the node's output and records
 its operands (normalised q/k, v, g, beta) for replay, exports the tile where the node is a cut, and
-evaluates the node's leaf children from the tile without a state of their own. The next node's
-operands are loaded before the current step's arithmetic so their latency hides behind it.
+evaluates the node's leaf children from the tile without a state of their own. The loads of the
+next node and of the node's first two leaf children are issued before the current step's
+arithmetic and their own arithmetic runs after it, so their latency hides behind the step.
 
 `gdn_verify` has the reference's signature; `gdn_scan_` writes into caller-owned buffers (the
 form CUDA graphs capture). Schedules: see `plan.py`.
@@ -39,6 +40,47 @@ def _softplus(x):
 
 
 @triton.jit
+def _issue_loads(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    node,
+    ok,
+    h,
+    hv,
+    offs_v,
+    offs_k,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+):
+    """Raw q, k [K], v slice [BV], a, b of `node` in their storage dtype (zeros if not ok)."""
+    n = tl.maximum(node, 0).to(tl.int64)
+    # (scalar conditions enter masks through tl.where: `tensor & scalar` is wrong in the interpreter)
+    mk = tl.where(ok, offs_k < K, False)
+    q = tl.load(q_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0)
+    k = tl.load(k_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0)
+    v = tl.load(v_ptr + (n * HV + hv) * V + offs_v, mask=tl.where(ok, offs_v < V, False), other=0.0)
+    a = tl.load(a_ptr + n * HV + hv, mask=ok, other=0.0)
+    b = tl.load(b_ptr + n * HV + hv, mask=ok, other=0.0)
+    return q, k, v, a, b
+
+
+@triton.jit
+def _prepare(q, k, v, a, b, neg_a, dt_bias, K: tl.constexpr):
+    """Normalised q (scaled), normalised k, v, g and beta in fp32, from raw operands."""
+    q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5)
+    g = neg_a * _softplus(a.to(tl.float32) + dt_bias)
+    beta = tl.sigmoid(b.to(tl.float32))
+    return q, k, v, g, beta
+
+
+@triton.jit
 def _load_operands(
     q_ptr,
     k_ptr,
@@ -58,22 +100,48 @@ def _load_operands(
     K: tl.constexpr,
     V: tl.constexpr,
 ):
-    """Normalised q (scaled), normalised k, v slice, g and beta of `node` (all fp32); zeros if not ok."""
-    n = tl.maximum(node, 0).to(tl.int64)
-    # (scalar conditions enter masks through tl.where: `tensor & scalar` is wrong in the interpreter)
-    mk = tl.where(ok, offs_k < K, False)
-    q = tl.load(q_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + (n * HV + hv) * V + offs_v, mask=tl.where(ok, offs_v < V, False), other=0.0).to(
-        tl.float32
+    """Prepared operands of `node` (loads and arithmetic back to back)."""
+    q, k, v, a, b = _issue_loads(
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, ok, h, hv, offs_v, offs_k, H, HV, K, V
     )
-    a = tl.load(a_ptr + n * HV + hv, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + n * HV + hv, mask=ok, other=0.0).to(tl.float32)
-    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5)
-    g = neg_a * _softplus(a + dt_bias)
-    beta = tl.sigmoid(b)
-    return q, k, v, g, beta
+    return _prepare(q, k, v, a, b, neg_a, dt_bias, K)
+
+
+@triton.jit
+def _touch(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    nodes,
+    valid,
+    h,
+    hv,
+    v0,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+):
+    """Read one element of every 32-byte sector holding an operand of `nodes`, all at once, and fold
+    them into one number: a single memory round trip that leaves the operands in L2 for the
+    dependent per-step loads of the scan (a sector is the unit L2 fetches from memory)."""
+    n = tl.maximum(nodes, 0).to(tl.int64)
+    SECTOR: tl.constexpr = 256 // q_ptr.dtype.element_ty.primitive_bitwidth  # elements per 32 bytes
+    offs_s = tl.arange(0, K // SECTOR) * SECTOR
+    rows = (n[:, None] * H + h) * K + offs_s[None, :]
+    total = tl.sum(
+        tl.sum(tl.load(q_ptr + rows, mask=valid[:, None], other=0.0).to(tl.float32), axis=1), axis=0
+    )
+    total += tl.sum(
+        tl.sum(tl.load(k_ptr + rows, mask=valid[:, None], other=0.0).to(tl.float32), axis=1), axis=0
+    )
+    vv = tl.load(v_ptr + (n * HV + hv) * V + v0, mask=valid, other=0.0)
+    total += tl.sum(vv.to(tl.float32), axis=0)
+    total += tl.sum(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32), axis=0)
+    total += tl.sum(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32), axis=0)
+    return total
 
 
 @triton.jit
@@ -151,6 +219,9 @@ def gdn_scan_kernel(
     BV: tl.constexpr,
     L: tl.constexpr,
     STORE_LEAF_STATES: tl.constexpr,
+    LP: tl.constexpr,
+    RP: tl.constexpr,
+    WARM: tl.constexpr,
 ):
     NVT: tl.constexpr = V // BV
     GROUP: tl.constexpr = HV // H
@@ -179,6 +250,26 @@ def gdn_scan_kernel(
     for r in range(pad_lo, R):
         tl.store(o_ptr + (r * HV + hv) * V + offs_v, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
 
+    # Optional warm-up: one round trip brings every operand this program reads (its path's nodes and
+    # their leaf children, contiguous in `leaves`) into L2 before the first step. Measured 29% slower
+    # on the H200 (results/h200/NOTES.md): the steps wait on table loads, not on operand loads.
+    if WARM:
+        offs_l = tl.arange(0, LP)
+        on_path = offs_l < n_steps
+        path_nodes = tl.load(nodes_ptr + p * L + offs_l, mask=on_path, other=-1)
+        lo_vec = tl.load(leaflo_ptr + p * L + offs_l, mask=on_path, other=0)
+        hi_vec = tl.load(leafhi_ptr + p * L + offs_l, mask=on_path, other=0)
+        has_leaves = hi_vec > lo_vec
+        first_leaf = tl.min(tl.where(has_leaves, lo_vec, R), axis=0)
+        last_leaf = tl.max(tl.where(has_leaves, hi_vec, 0), axis=0)
+        offs_r = tl.arange(0, RP)
+        is_leaf = first_leaf + offs_r < last_leaf
+        leaf_nodes = tl.load(leaves_ptr + tl.minimum(first_leaf + offs_r, R - 1), mask=is_leaf, other=-1)
+        warm = _touch(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, path_nodes, on_path, h, hv, vt * BV, H, HV, K, V)
+        warm += _touch(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf_nodes, is_leaf, h, hv, vt * BV, H, HV, K, V)
+        # Never stored (no path has a negative length); the store keeps the loads from being dropped.
+        tl.store(o_ptr + hv * V, warm.to(o_ptr.dtype.element_ty), mask=n_steps < 0)
+
     node = tl.load(nodes_ptr + p * L)
     q, k, v, g, beta = _load_operands(
         q_ptr,
@@ -200,29 +291,25 @@ def gdn_scan_kernel(
         V,
     )
     for step in range(0, n_steps):
-        # Prefetch the next node's operands: independent of the tile, so they overlap the step.
+        # Issue the next node's loads now and do their arithmetic after this step: the loads are
+        # independent of the tile, so their latency hides behind the step.
         has_next = step + 1 < n_steps
         nxt = tl.load(nodes_ptr + p * L + step + 1, mask=has_next, other=-1)
-        q2, k2, v2, g2, beta2 = _load_operands(
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            a_ptr,
-            b_ptr,
-            nxt,
-            has_next,
-            h,
-            hv,
-            offs_v,
-            offs_k,
-            neg_a,
-            dt_bias,
-            H,
-            HV,
-            K,
-            V,
+        rq2, rk2, rv2, ra2, rb2 = _issue_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, has_next, h, hv, offs_v, offs_k, H, HV, K, V
         )
         own = tl.load(owner_ptr + p * L + step) != 0
+        # Likewise the first two leaf children of this node (the paper tree has at most two).
+        lo = tl.load(leaflo_ptr + p * L + step)
+        hi = tl.load(leafhi_ptr + p * L + step)
+        leaf0 = tl.load(leaves_ptr + lo, mask=lo < hi, other=-1)
+        leaf1 = tl.load(leaves_ptr + lo + 1, mask=lo + 1 < hi, other=-1)
+        pq0, pk0, pv0, pa0, pb0 = _issue_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf0, lo < hi, h, hv, offs_v, offs_k, H, HV, K, V
+        )
+        pq1, pk1, pv1, pa1, pb1 = _issue_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf1, lo + 1 < hi, h, hv, offs_v, offs_k, H, HV, K, V
+        )
 
         S = S * tl.exp(g)
         u = (v - tl.sum(S * k[None, :], axis=1)) * beta
@@ -258,28 +345,22 @@ def gdn_scan_kernel(
         cut_mask = (tl.zeros([BV, K], dtype=tl.int32) + tl.where(own, slot, -1)) >= 0
         tl.store(cut_ptr + tl.maximum(slot, 0).to(tl.int64) * slab + tile, S, mask=cut_mask)
 
-        lo = tl.load(leaflo_ptr + p * L + step)
-        hi = tl.load(leafhi_ptr + p * L + step)
         for li in range(lo, hi):
+            j = li - lo
             leaf = tl.load(leaves_ptr + li)
-            lq, lk, lv, lg, lbeta = _load_operands(
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                a_ptr,
-                b_ptr,
-                leaf,
-                leaf >= 0,
-                h,
-                hv,
-                offs_v,
-                offs_k,
+            # Leaves past the second load here (their load is masked off otherwise).
+            fq, fk, fv, fa, fb = _issue_loads(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf, j >= 2, h, hv, offs_v, offs_k, H, HV, K, V
+            )
+            lq, lk, lv, lg, lbeta = _prepare(
+                tl.where(j == 0, pq0, tl.where(j == 1, pq1, fq)),
+                tl.where(j == 0, pk0, tl.where(j == 1, pk1, fk)),
+                tl.where(j == 0, pv0, tl.where(j == 1, pv1, fv)),
+                tl.where(j == 0, pa0, tl.where(j == 1, pa1, fa)),
+                tl.where(j == 0, pb0, tl.where(j == 1, pb1, fb)),
                 neg_a,
                 dt_bias,
-                H,
-                HV,
                 K,
-                V,
             )
             SL = S * tl.exp(lg)
             lu = (lv - tl.sum(SL * lk[None, :], axis=1)) * lbeta
@@ -316,12 +397,16 @@ def gdn_scan_kernel(
                 lmask = (tl.zeros([BV, K], dtype=tl.int32) + lslot) >= 0
                 tl.store(cut_ptr + tl.maximum(lslot, 0).to(tl.int64) * slab + tile, SL, mask=lmask)
 
+        q2, k2, v2, g2, beta2 = _prepare(rq2, rk2, rv2, ra2, rb2, neg_a, dt_bias, K)
         node, q, k, v, g, beta = nxt, q2, k2, v2, g2, beta2
 
 
+DEFAULT_NUM_WARPS = 2  # with 8-row value tiles: the fastest measured configuration (results/h200)
+
+
 def default_block_v(dv: int) -> int:
-    """Value-tile height: 16 rows keep a [16, K<=128] fp32 tile in registers at 4 warps."""
-    return min(16, triton.next_power_of_2(dv))
+    """Value-tile height: 8 rows (an [8, K<=128] fp32 tile per 2 warps), the fastest measured."""
+    return min(8, triton.next_power_of_2(dv))
 
 
 def _check_power_of_two(name: str, n: int) -> None:
@@ -343,7 +428,8 @@ def gdn_scan_(
     ops: GdnOperands,
     cut_bank: Tensor,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = DEFAULT_NUM_WARPS,
+    warm: bool = False,
 ) -> None:
     """Path scan of one layer into caller-owned buffers (no allocation, no host sync).
 
@@ -351,7 +437,8 @@ def gdn_scan_(
     [HV, V, K] fp32 durable, read only; o [R, HV, V] (v's dtype); ops: record buffers (fp32, shapes
     of GdnOperands); cut_bank [>= tables.cut_rows, HV, V, K] fp32 scratch (the "cut" and
     "store_all" schedules write it; for store_all, slot = node). Schedules "cut"/"store_all" take
-    two launches (spine, then branch paths); "recompute" takes one.
+    two launches (spine, then branch paths); "recompute" takes one. warm: first load every operand
+    of the program's path in one round trip (measured slower on the H200: off by default).
     """
     rows, heads, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -394,6 +481,9 @@ def gdn_scan_(
         BV=bv,
         L=tables.max_steps,
         STORE_LEAF_STATES=tables.schedule == "store_all",
+        LP=triton.next_power_of_2(tables.max_steps),
+        RP=triton.next_power_of_2(rows),
+        WARM=warm,
         num_warps=num_warps,
     )
     programs = hv * (dv // bv)
