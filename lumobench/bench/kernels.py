@@ -14,6 +14,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -36,30 +37,31 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     cut_bank = torch.empty(R, HV, V, K, device=w.device)
     bank = torch.empty(w.shape.layers, R, HV, V, K, device=w.device)
     staging = torch.empty(w.shape.layers, 1, HV, V, K, device=w.device)
-    configs = [(8, 2)] if tiny else [(16, 4), (8, 2), (16, 2), (32, 4)]
+    configs = [(8, 2)] if tiny else [(8, 2), (8, 4), (4, 1), (16, 4)]
     bv0, nw0 = configs[0]
     makers = [
-        (
-            f"lumotree cut bv{bv} w{nw}",
-            lambda bv=bv, nw=nw: gdn_bench.lumotree_method(w, "cut", True, bv, nw, cut_bank),
-        )
+        (f"lumotree cut bv{bv} w{nw}", partial(gdn_bench.lumotree_method, w, "cut", True, bv, nw, cut_bank))
         for bv, nw in configs
     ]
     makers += [
         (
-            "lumotree cut, per-layer publish",
-            lambda: gdn_bench.lumotree_method(w, "cut", False, bv0, nw0, cut_bank),
+            "lumotree cut, warm-up",
+            partial(gdn_bench.lumotree_method, w, "cut", True, bv0, nw0, cut_bank, True),
         ),
-        ("lumotree recompute", lambda: gdn_bench.lumotree_method(w, "recompute", True, bv0, nw0, cut_bank)),
         (
-            "lumotree recompute bv8 w2",
-            lambda: gdn_bench.lumotree_method(w, "recompute", True, 8, 2, cut_bank),
+            "lumotree cut, per-layer publish",
+            partial(gdn_bench.lumotree_method, w, "cut", False, bv0, nw0, cut_bank),
         ),
-        ("native paths", lambda: gdn_bench.native_paths_method(w, bank, staging)),
-        ("torch sequential", lambda: gdn_bench.torch_sequential_method(w, bank, staging)),
+        ("lumotree recompute", partial(gdn_bench.lumotree_method, w, "recompute", True, bv0, nw0, cut_bank)),
+        (
+            "lumotree recompute bv4 w1",
+            partial(gdn_bench.lumotree_method, w, "recompute", True, 4, 1, cut_bank),
+        ),
+        ("native paths", partial(gdn_bench.native_paths_method, w, bank, staging, bv0, nw0)),
+        ("torch sequential", partial(gdn_bench.torch_sequential_method, w, bank, staging)),
     ]
     if with_fla:
-        makers.append(("fla chain kernels", lambda: gdn_bench.fla_methods(w)))
+        makers.append(("fla chain kernels", partial(gdn_bench.fla_methods, w)))
     return makers
 
 
@@ -138,10 +140,12 @@ def run_suites(
                     configs = (
                         [(AttentionConfig(16, 16, None, 1, 1), 2)]
                         if tiny
-                        else [(AttentionConfig(64, 32, None, 8, 2), s) for s in (11, 22, 33)]
-                        + [
-                            (AttentionConfig(64, 32, None, 8, 3), 22),
+                        else [
+                            (AttentionConfig(64, 64, None, 8, 2), 11),
                             (AttentionConfig(64, 64, None, 8, 2), 22),
+                            (AttentionConfig(64, 64, None, 8, 3), 22),
+                            (AttentionConfig(64, 32, None, 8, 3), 22),
+                            (AttentionConfig(64, 32, None, 8, 4), 22),
                         ]
                     )
                     result["attention"] = decode_bench.attention_rows(
