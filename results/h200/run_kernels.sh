@@ -13,10 +13,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD:$PWD/serving:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$OUT/gpu.txt"
 python3 -c "import torch, triton, fla; print(torch.__version__, triton.__version__, fla.__version__)" >> "$OUT/gpu.txt" 2>&1
-timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu_parity.py 2>&1 | tee "$OUT/gpu_parity.log"
-bench=(bench kernels --out "$OUT" --iters 100 --warmup 20 --eager-iters 20)
+# PARITY: a pytest -k filter (default: every gpu test); SUITES: the benchmark suites (default: all).
+timeout "${PARITY_TIMEOUT:-170}" python3 -m pytest -q -m gpu -p no:cacheprovider -k "${PARITY:-}" \
+    tests/kernels/test_gpu_parity.py 2>&1 | tee "$OUT/gpu_parity.log"
+bench=(bench kernels --out "$OUT" --iters 100 --warmup 20 --eager-iters 20 --suites "${SUITES:-gdn,attention,selection,walk,commit}")
 if python3 -c "import lumobench.cli" 2>/dev/null; then
-    timeout 280 python3 -m lumobench.cli "${bench[@]}" 2>&1 | tee "$OUT/bench.log"
+    timeout "${BENCH_TIMEOUT:-280}" python3 -m lumobench.cli "${bench[@]}" 2>&1 | tee "$OUT/bench.log"
 else
-    timeout 280 python3 -m lumobench.bench.kernels "${bench[@]:2}" 2>&1 | tee "$OUT/bench.log"
+    timeout "${BENCH_TIMEOUT:-280}" python3 -m lumobench.bench.kernels "${bench[@]:2}" 2>&1 | tee "$OUT/bench.log"
 fi
