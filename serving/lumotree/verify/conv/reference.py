@@ -41,7 +41,11 @@ def tree_conv(
     width = weight.shape[1]
     cd = compute_dtype(x.dtype)
     windows = torch.cat([conv_state.T.to(x.dtype), x])[tree.conv_gather]  # [R, W, C]
-    acc = torch.zeros((rows, channels), dtype=cd) if bias is None else bias.to(cd).expand(rows, channels)
+    acc = (
+        torch.zeros((rows, channels), dtype=cd, device=x.device)
+        if bias is None
+        else bias.to(cd).expand(rows, channels)
+    )
     w = weight.to(cd)
     for t in range(width):
         acc = acc + w[:, t] * windows[:, t].to(cd)
