@@ -100,6 +100,14 @@ def run_gdn(
     }
 
 
+def _command_line() -> str:
+    """This run as `lumobench bench kernels ...`, whichever entry point started it."""
+    args = sys.argv[1:]
+    if "kernels" in args:
+        args = args[args.index("kernels") + 1 :]
+    return " ".join(["lumobench", "bench", "kernels", *(shlex.quote(a) for a in args)])
+
+
 def run_suites(
     suites: list[str],
     device: torch.device,
@@ -122,7 +130,7 @@ def run_suites(
         "iters": iters,
         "warmup": warmup,
         "eager_iters": eager_iters,
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "command": _command_line(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     attn = decode_bench.AttentionShape(4, 2, 16) if tiny else decode_bench.AttentionShape()
