@@ -145,6 +145,16 @@ def _touch(
 
 
 @triton.jit
+def _step(S, q, k, v, g, beta):
+    """One recurrence step of a [BV, K] tile: decay, predict with the decayed state, rank-1 write;
+    returns the new tile and its read S q."""
+    S = S * tl.exp(g)
+    u = (v - tl.sum(S * k[None, :], axis=1)) * beta
+    S = S + u[:, None] * k[None, :]
+    return S, tl.sum(S * q[None, :], axis=1)
+
+
+@triton.jit
 def _record(
     rq_ptr,
     rk_ptr,
@@ -311,10 +321,7 @@ def gdn_scan_kernel(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf1, lo + 1 < hi, h, hv, offs_v, offs_k, H, HV, K, V
         )
 
-        S = S * tl.exp(g)
-        u = (v - tl.sum(S * k[None, :], axis=1)) * beta
-        S = S + u[:, None] * k[None, :]
-        o = tl.sum(S * q[None, :], axis=1)
+        S, o = _step(S, q, k, v, g, beta)
         _record(
             rq_ptr,
             rk_ptr,
@@ -362,10 +369,7 @@ def gdn_scan_kernel(
                 dt_bias,
                 K,
             )
-            SL = S * tl.exp(lg)
-            lu = (lv - tl.sum(SL * lk[None, :], axis=1)) * lbeta
-            SL = SL + lu[:, None] * lk[None, :]
-            lo_out = tl.sum(SL * lq[None, :], axis=1)
+            SL, lo_out = _step(S, lq, lk, lv, lg, lbeta)
             _record(
                 rq_ptr,
                 rk_ptr,
