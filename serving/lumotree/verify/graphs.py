@@ -33,7 +33,6 @@ class CapturedStage:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             fn()
-        self.fn = fn
 
     def replay(self) -> None:
         """Launch the captured stage on the current stream (asynchronous)."""

@@ -25,8 +25,7 @@ from torch import Tensor
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.attention.reference import _check_cache, tree_attention_mask
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 
 
 @triton.jit
@@ -143,7 +142,7 @@ def tree_attention_merge_kernel(
         acc += w[:, None] * part
         weight_sum += w
     out = acc / weight_sum[:, None]
-    lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453
+    lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
     tl.store(
         o_ptr + row[:, None] * stride_or + head[:, None] * stride_oh + offs_d[None, :],
         out.to(o_ptr.dtype.element_ty),

@@ -71,7 +71,7 @@ class ScanTables:
         """Rewrite the tables in place for `tree` (same rows, fits the capacity); returns self."""
         host = _host_tables(tree, self.schedule, self.paths, self.max_steps)
         for name, value in host.items():
-            getattr(self, name).copy_(value, non_blocking=False)
+            getattr(self, name).copy_(value)
         return self
 
 
