@@ -98,7 +98,7 @@ def tree_attention(
     k = k_cache[:keys].to(cd).repeat_interleave(hq // hkv, dim=1)  # [T, Hq, D]
     v = v_cache[:keys].to(cd).repeat_interleave(hq // hkv, dim=1)
     scores = torch.einsum("rhd,thd->hrt", q.to(cd), k) * scale
-    scores = scores.masked_fill(~tree_attention_mask(tree)[None], float("-inf"))
+    scores = scores.masked_fill(~tree_attention_mask(tree).to(scores.device)[None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [Hq, R]
     o = torch.einsum("hrt,thd->rhd", torch.exp(scores - lse[..., None]), v)
     return o.to(q.dtype), lse.T.contiguous()

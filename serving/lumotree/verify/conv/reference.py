@@ -17,10 +17,8 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import compute_dtype
 
 
-def tree_conv(
-    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: TreeDescriptor
-) -> Tensor:
-    """x [R, C] pre-conv inputs, conv_state [C, W-1] (same dtype), weight [C, W], bias [C] -> y [R, C]."""
+def check_conv_shapes(x: Tensor, conv_state: Tensor, weight: Tensor, tree: TreeDescriptor) -> None:
+    """Raise ValueError unless x [R, C], conv_state [C, W-1], weight [C, W] and the tree's windows agree."""
     rows, channels = x.shape
     width = weight.shape[1]
     if conv_state.shape != (channels, width - 1) or weight.shape[0] != channels:
@@ -32,9 +30,22 @@ def tree_conv(
         raise ValueError(
             f"tree gathers {tuple(tree.conv_gather.shape)} windows for {rows} rows of width {width}"
         )
+
+
+def tree_conv(
+    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: TreeDescriptor
+) -> Tensor:
+    """x [R, C] pre-conv inputs, conv_state [C, W-1] (same dtype), weight [C, W], bias [C] -> y [R, C]."""
+    check_conv_shapes(x, conv_state, weight, tree)
+    rows, channels = x.shape
+    width = weight.shape[1]
     cd = compute_dtype(x.dtype)
     windows = torch.cat([conv_state.T.to(x.dtype), x])[tree.conv_gather]  # [R, W, C]
-    acc = torch.zeros((rows, channels), dtype=cd) if bias is None else bias.to(cd).expand(rows, channels)
+    acc = (
+        torch.zeros((rows, channels), dtype=cd, device=x.device)
+        if bias is None
+        else bias.to(cd).expand(rows, channels)
+    )
     w = weight.to(cd)
     for t in range(width):
         acc = acc + w[:, t] * windows[:, t].to(cd)

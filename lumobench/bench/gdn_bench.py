@@ -1,0 +1,353 @@
+"""GDN verify + publish benchmark (paper §VII-H, Tables XIV-XV) at Qwen3.5-27B shapes.
+
+All methods share one set of synthetic operands for `layers` GDN layers over the paper tree (28
+active of 32 rows, depth <= 11). Each timed iteration advances the accepted frontier through every
+active node; durable states evolve across iterations, as in the paper. Methods:
+
+- lumotree: Triton path scan ("cut": spine launch + branch launch per layer; or "recompute": one
+  launch per layer) + replay publication (all layers in one launch, or one launch per layer);
+- native paths: the same path cover storing every node's full state (children reload their
+  parent's), publish = copy the selected node's state;
+- torch sequential: PyTorch updates node by node in topological order, publish = copy;
+- fla fused_recurrent / chunk: flash-linear-attention's chain kernels over a 32-token chain,
+  publish = copy the final state (verify work of a chain, not of the tree).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lumobench.bench.timing import Timer
+from lumobench.verify.trees import paper_tree
+from lumotree.verify.gdn.plan import ScanTables, scan_tables
+from lumotree.verify.gdn.reference import GdnOperands, gdn_sequential_reference, prepare_operands
+from lumotree.verify.gdn.replay import replay_layers_
+from lumotree.verify.gdn.scan import gdn_scan_
+from lumotree.verify.graphs import CapturedStage
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class GdnShape:
+    """Qwen3.5-27B GDN geometry by default."""
+
+    layers: int = 48
+    heads: int = 16
+    v_heads: int = 48
+    dk: int = 128
+    dv: int = 128
+
+
+@dataclass
+class Method:
+    """One benchmarked method: verify and publish closures over the shared buffers."""
+
+    name: str
+    verify: Callable[[], object]
+    publish: Callable[[], object]
+    buffers: dict[str, int] = field(default_factory=dict)  # named persistent allocations, bytes
+    note: str = ""
+
+
+def _nbytes(*tensors: Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class GdnWorkload:
+    """Shared operands, durable states and accepted-path schedule for every method."""
+
+    def __init__(self, shape: GdnShape, dtype: torch.dtype, device: torch.device, seed: int = 0) -> None:
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.tree = paper_tree(random.Random(seed), vocab=1000, prefix_len=4096)
+        L, H, HV, K, V, R = shape.layers, shape.heads, shape.v_heads, shape.dk, shape.dv, self.tree.rows
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def randn(*dims: int) -> Tensor:
+            return torch.randn(*dims, generator=gen, device=device)
+
+        self.q, self.k = randn(L, R, H, K).to(dtype), randn(L, R, H, K).to(dtype)
+        self.v = randn(L, R, HV, V).to(dtype)
+        self.a, self.b = randn(L, R, HV).to(dtype), randn(L, R, HV).to(dtype)
+        self.A_log = torch.rand(L, HV, generator=gen, device=device) * 2.5
+        self.dt_bias = 0.5 * randn(L, HV)
+        self.state0 = 0.5 * randn(L, HV, V, K)
+        self.states = self.state0.clone()
+        self.o = torch.empty(L, R, HV, V, dtype=dtype, device=device)
+        f32 = dict(dtype=torch.float32, device=device)
+        self.records = GdnOperands(
+            q=torch.empty(L, R, H, K, **f32),
+            k=torch.empty(L, R, H, K, **f32),
+            v=torch.empty(L, R, HV, V, **f32),
+            g=torch.empty(L, R, HV, **f32),
+            beta=torch.empty(L, R, HV, **f32),
+        )
+        width = self.tree.max_depth + 1
+        frontiers = list(range(self.tree.n_active))
+        self.accepted_table = torch.stack(
+            [self.tree.padded_path(self.tree.path_to(n)) for n in frontiers]
+        ).to(device)
+        self.len_table = torch.tensor([len(self.tree.path_to(n)) for n in frontiers], device=device)
+        self.accepted = torch.full((width,), -1, dtype=torch.int64, device=device)
+        self.path_len = torch.ones(1, dtype=torch.int64, device=device)
+        self.deepest = max(frontiers, key=lambda n: int(self.tree.depth[n]))
+
+    def layer_records(self, layer: int) -> GdnOperands:
+        r = self.records
+        return GdnOperands(r.q[layer], r.k[layer], r.v[layer], r.g[layer], r.beta[layer])
+
+    def layer_inputs(self, layer: int) -> tuple[Tensor, ...]:
+        return (
+            self.q[layer],
+            self.k[layer],
+            self.v[layer],
+            self.a[layer],
+            self.b[layer],
+            self.A_log[layer],
+            self.dt_bias[layer],
+            self.states[layer],
+        )
+
+    def set_frontier(self, i: int) -> None:
+        """Accept the path to active node i mod n_active (device copies, no sync)."""
+        i %= self.tree.n_active
+        self.accepted.copy_(self.accepted_table[i])
+        self.path_len.copy_(self.len_table[i : i + 1])
+
+    @functools.cache  # noqa: B019 (one workload per run; the float64 recurrence takes seconds)
+    def float64_layer0(self) -> tuple[Tensor, Tensor]:
+        """Layer 0's outputs [R, HV, V] and the state after the deepest path, float64 on the CPU."""
+        cols = (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias, self.state0)
+        o64, states64 = gdn_sequential_reference(*(t[0].detach().cpu().double() for t in cols), self.tree)
+        return o64, states64[self.deepest]
+
+    def floor_bytes(self) -> dict[str, int]:
+        """Fewest bytes: verify reads the durable states and operands and writes outputs and records;
+        publish reads and writes the durable states (recorded operands of a path are negligible)."""
+        states = _nbytes(self.states)
+        inputs = _nbytes(self.q, self.k, self.v, self.a, self.b)
+        records = _nbytes(*(getattr(self.records, f) for f in ("q", "k", "v", "g", "beta")))
+        return {"verify": states + inputs + _nbytes(self.o) + records, "publish": 2 * states}
+
+
+def lumotree_method(
+    w: GdnWorkload,
+    schedule: str,
+    one_launch: bool,
+    block_v: int,
+    num_warps: int,
+    cut_bank: Tensor,
+    warm: bool = False,
+) -> Method:
+    tables = scan_tables(w.tree, w.device, schedule, paths=8, steps=w.tree.max_depth + 1)
+    layers = range(w.shape.layers)
+    views = [(w.layer_inputs(layer), w.o[layer], w.layer_records(layer)) for layer in layers]
+
+    def verify() -> None:
+        for inputs, o, rec in views:
+            gdn_scan_(*inputs, tables, o, rec, cut_bank, block_v=block_v, num_warps=num_warps, warm=warm)
+
+    def publish() -> None:
+        replay_layers_(
+            w.states,
+            w.records,
+            w.accepted,
+            w.path_len,
+            one_launch=one_launch,
+            block_v=block_v,
+            num_warps=num_warps,
+        )
+
+    launches = "1 launch" if one_launch else f"{w.shape.layers} launches"
+    variant = f"{schedule} bv{block_v} w{num_warps}{' warm-up' if warm else ''}"
+    return Method(
+        name=f"lumotree {variant}, publish {launches}",
+        verify=verify,
+        publish=publish,
+        buffers={
+            "cut-state bank (shared by layers)": _nbytes(cut_bank) if schedule == "cut" else 0,
+            "operand records (all layers)": _nbytes(*vars(w.records).values()),
+            "scan tables": _table_bytes(tables),
+        },
+    )
+
+
+def _table_bytes(tables: ScanTables) -> int:
+    return _nbytes(
+        *(
+            getattr(tables, n)
+            for n in (
+                "nodes",
+                "steps",
+                "start",
+                "owner",
+                "cut_slot",
+                "leaf_lo",
+                "leaf_hi",
+                "leaves",
+                "n_active",
+            )
+        )
+    )
+
+
+def _publish_by_copy(w: GdnWorkload, bank: Tensor, staging: Tensor) -> Callable[[], None]:
+    """durable[layer] <- bank[layer, final node] for every layer, through a staging copy (no host sync)."""
+
+    def publish() -> None:
+        final = w.accepted.gather(0, w.path_len - 1)
+        torch.index_select(bank, 1, final, out=staging)
+        w.states.copy_(staging[:, 0])
+
+    return publish
+
+
+def native_paths_method(
+    w: GdnWorkload, bank: Tensor, staging: Tensor, block_v: int | None = None, num_warps: int = 4
+) -> Method:
+    tables = scan_tables(w.tree, w.device, "store_all", paths=8, steps=w.tree.max_depth + 1)
+    views = [
+        (w.layer_inputs(layer), w.o[layer], w.layer_records(layer), bank[layer])
+        for layer in range(w.shape.layers)
+    ]
+
+    def verify() -> None:
+        for inputs, o, rec, layer_bank in views:
+            gdn_scan_(*inputs, tables, o, rec, layer_bank, block_v=block_v, num_warps=num_warps)
+
+    return Method(
+        "native paths (store every node's state)",
+        verify,
+        _publish_by_copy(w, bank, staging),
+        buffers={"state bank (all layers)": _nbytes(bank), "publication staging": _nbytes(staging)},
+    )
+
+
+def torch_sequential_method(w: GdnWorkload, bank: Tensor, staging: Tensor) -> Method:
+    group = w.shape.v_heads // w.shape.heads
+    parents = w.tree.parent.tolist()
+
+    def verify() -> None:
+        for layer in range(w.shape.layers):
+            ops = prepare_operands(
+                w.q[layer], w.k[layer], w.v[layer], w.a[layer], w.b[layer], w.A_log[layer], w.dt_bias[layer]
+            )
+            k, q = ops.k.repeat_interleave(group, dim=1), ops.q.repeat_interleave(group, dim=1)
+            decay = torch.exp(ops.g)
+            for node in range(w.tree.n_active):
+                s = w.states[layer] if parents[node] < 0 else bank[layer, parents[node]]
+                s = s * decay[node][:, None, None]
+                u = (ops.v[node] - (s * k[node][:, None, :]).sum(-1)) * ops.beta[node][:, None]
+                s = s + u[:, :, None] * k[node][:, None, :]
+                w.o[layer, node] = (s * q[node][:, None, :]).sum(-1).to(w.dtype)
+                bank[layer, node] = s
+
+    return Method(
+        "torch sequential (topological order)",
+        verify,
+        _publish_by_copy(w, bank, staging),
+        buffers={"state bank (all layers)": _nbytes(bank), "publication staging": _nbytes(staging)},
+    )
+
+
+def fla_methods(w: GdnWorkload) -> list[Method]:
+    """flash-linear-attention's chain kernels over a 32-token chain (rows as chain tokens)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    layers = range(w.shape.layers)
+    finals: list[Tensor | None] = [None] * w.shape.layers
+    g_log = [
+        (-torch.exp(w.A_log[layer]) * F.softplus(w.a[layer].float() + w.dt_bias[layer]))[None]
+        for layer in layers
+    ]
+
+    def recurrent() -> None:
+        for layer in layers:
+            _, finals[layer] = fused_recurrent_gated_delta_rule(
+                w.q[layer][None],
+                w.k[layer][None],
+                w.v[layer][None],
+                g=w.a[layer][None].float(),
+                beta=w.b[layer][None],
+                initial_state=w.states[layer][None],
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True,
+                A_log=w.A_log[layer],
+                dt_bias=w.dt_bias[layer],
+                use_beta_sigmoid_in_kernel=True,
+                state_v_first=True,
+            )
+
+    def chunk() -> None:
+        for layer in layers:
+            _, finals[layer] = chunk_gated_delta_rule(
+                w.q[layer][None],
+                w.k[layer][None],
+                w.v[layer][None],
+                g=g_log[layer],
+                beta=w.b[layer][None],
+                initial_state=w.states[layer][None],
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                use_beta_sigmoid_in_kernel=True,
+                state_v_first=True,
+            )
+
+    def publish() -> None:
+        for layer in layers:
+            w.states[layer].copy_(finals[layer][0])
+
+    return [
+        Method(
+            "fla fused_recurrent (32-token chain)",
+            recurrent,
+            publish,
+            note="gates and beta in-kernel; chain of 32, not the tree",
+        ),
+        Method(
+            "fla chunk (32-token chain)",
+            chunk,
+            publish,
+            note="log-decay precomputed outside the timed region; chain of 32, not the tree",
+        ),
+    ]
+
+
+def measure_method(w: GdnWorkload, method: Method, timer: Timer, graphs: bool, eager_iters: int) -> dict:
+    """verify / publish / total in graph mode (if available) and total eager, all medians in ms."""
+    row: dict = {"method": method.name, "note": method.note, "buffers": method.buffers}
+    w.states.copy_(w.state0)
+    w.set_frontier(0)
+
+    def total() -> None:
+        method.verify()
+        method.publish()
+
+    row["eager_total"] = timer(total, w.set_frontier, iters=eager_iters).as_dict()
+    if graphs:
+        for name, fn in (("verify", method.verify), ("publish", method.publish), ("total", total)):
+            stage = CapturedStage(fn)
+            row[name] = timer(stage.replay, w.set_frontier).as_dict()
+    return row
+
+
+def method_errors(w: GdnWorkload, method: Method) -> dict[str, float]:
+    """Layer 0 vs the float64 recurrence: max |output error| over active rows, and max |state error|
+    after publishing the deepest accepted path (Table XV's two columns)."""
+    w.states.copy_(w.state0)
+    w.set_frontier(w.deepest)
+    method.verify()
+    method.publish()
+    o64, state64 = w.float64_layer0()
+    n = w.tree.n_active
+    out_err = float((w.o[0, :n].double().cpu() - o64[:n]).abs().max())
+    state_err = float((w.states[0].double().cpu() - state64).abs().max())
+    return {"output_max_abs": out_err, "state_max_abs": state_err}

@@ -1,0 +1,231 @@
+"""`lumobench bench kernels`: the LumoTree kernel benchmark (issue 5) on a CUDA GPU.
+
+Runs every suite in one process so all comparisons come from the same run, writes
+`kernels.json` (every number) and `kernels.md` (the tables) under --out, and prints the tables.
+`--tiny` runs the same code on small shapes (on a CPU only under TRITON_INTERPRET=1): a smoke test,
+its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from lumobench.bench import decode_bench, gdn_bench
+from lumobench.bench.kernels_report import render_markdown
+from lumobench.bench.timing import Timer, copy_bandwidth
+from lumotree.verify.attention.decode import AttentionConfig
+
+SUITES = ("gdn", "attention", "selection", "walk", "commit")
+VOCAB = 248320
+
+
+def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
+    R, HV, V, K = w.tree.rows, w.shape.v_heads, w.shape.dv, w.shape.dk
+    cut_bank = torch.empty(R, HV, V, K, device=w.device)
+    bank = torch.empty(w.shape.layers, R, HV, V, K, device=w.device)
+    staging = torch.empty(w.shape.layers, 1, HV, V, K, device=w.device)
+    configs = [(8, 2)] if tiny else [(8, 2), (8, 4), (4, 1), (16, 4)]
+    bv0, nw0 = configs[0]
+    makers = [
+        (f"lumotree cut bv{bv} w{nw}", partial(gdn_bench.lumotree_method, w, "cut", True, bv, nw, cut_bank))
+        for bv, nw in configs
+    ]
+    makers += [
+        (
+            "lumotree cut, warm-up",
+            partial(gdn_bench.lumotree_method, w, "cut", True, bv0, nw0, cut_bank, True),
+        ),
+        (
+            "lumotree cut, per-layer publish",
+            partial(gdn_bench.lumotree_method, w, "cut", False, bv0, nw0, cut_bank),
+        ),
+        ("lumotree recompute", partial(gdn_bench.lumotree_method, w, "recompute", True, bv0, nw0, cut_bank)),
+        (
+            "lumotree recompute bv4 w1",
+            partial(gdn_bench.lumotree_method, w, "recompute", True, 4, 1, cut_bank),
+        ),
+        ("native paths", partial(gdn_bench.native_paths_method, w, bank, staging, bv0, nw0)),
+        ("torch sequential", partial(gdn_bench.torch_sequential_method, w, bank, staging)),
+    ]
+    if with_fla:
+        makers.append(("fla chain kernels", partial(gdn_bench.fla_methods, w)))
+    return makers
+
+
+def run_gdn(
+    device: torch.device, timer: Timer, tiny: bool, eager_iters: int, with_fla: bool, progress: Progress
+) -> dict:
+    shape = gdn_bench.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn_bench.GdnShape()
+    w = gdn_bench.GdnWorkload(shape, torch.bfloat16, device)
+    rows = []
+    makers = _gdn_methods(w, tiny, with_fla)
+    task = progress.add_task("GDN methods", total=len(makers))
+    for label, make in makers:
+        try:
+            made = make()
+            methods = made if isinstance(made, list) else [made]
+        except Exception as exc:  # e.g. fla missing: the table says so
+            rows.append({"method": label, "error": repr(exc)[:300]})
+            methods = []
+        for method in methods:
+            try:
+                row = gdn_bench.measure_method(w, method, timer, timer.cuda, eager_iters)
+                if not method.name.startswith("fla"):
+                    row["errors"] = gdn_bench.method_errors(w, method)
+            except Exception as exc:  # one failing variant must not kill the table
+                row = {"method": method.name, "error": repr(exc)[:300]}
+            rows.append(row)
+        progress.advance(task)
+    return {
+        "shape": vars(shape),
+        "active_rows": w.tree.n_active,
+        "rows": w.tree.rows,
+        "paths": int(w.tree.paths.nodes.shape[0]),
+        "cuts": len(w.tree.paths.cut_nodes),
+        "floor_bytes": w.floor_bytes(),
+        "methods": rows,
+    }
+
+
+def _command_line() -> str:
+    """This run as `lumobench bench kernels ...`, whichever entry point started it."""
+    args = sys.argv[1:]
+    if "kernels" in args:
+        args = args[args.index("kernels") + 1 :]
+    return " ".join(["lumobench", "bench", "kernels", *(shlex.quote(a) for a in args)])
+
+
+def run_suites(
+    suites: list[str],
+    device: torch.device,
+    iters: int,
+    warmup: int,
+    eager_iters: int,
+    contexts: list[int],
+    tiny: bool,
+    with_fla: bool,
+    checkpoint: Callable[[dict], None],
+) -> dict:
+    """Every chosen suite in order; `checkpoint(result)` after each, so a crash keeps the rest."""
+    timer = Timer(device, iters, warmup)
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else 1e12
+    result: dict = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "copy_bandwidth_Bps": bandwidth,
+        "iters": iters,
+        "warmup": warmup,
+        "eager_iters": eager_iters,
+        "command": _command_line(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    attn = decode_bench.AttentionShape(4, 2, 16) if tiny else decode_bench.AttentionShape()
+    vocab = 3000 if tiny else VOCAB
+    gdn_shape = (
+        gdn_bench.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn_bench.GdnShape()
+    )
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("suites", total=len(suites))
+        for suite in suites:
+            try:
+                if suite == "gdn":
+                    result["gdn"] = run_gdn(device, timer, tiny, eager_iters, with_fla, progress)
+                elif suite == "attention":
+                    configs = (
+                        [(AttentionConfig(16, 16, None, 1, 1), 2)]
+                        if tiny
+                        else [
+                            (AttentionConfig(64, 64, None, 8, 2), 11),
+                            (AttentionConfig(64, 64, None, 8, 2), 22),
+                            (AttentionConfig(64, 64, None, 8, 3), 22),
+                            (AttentionConfig(64, 32, None, 8, 3), 22),
+                            (AttentionConfig(64, 32, None, 8, 4), 22),
+                        ]
+                    )
+                    result["attention"] = decode_bench.attention_rows(
+                        contexts, attn, torch.bfloat16, device, timer, bandwidth, configs
+                    )
+                elif suite == "selection":
+                    result["selection"] = decode_bench.selection_rows(vocab, 5, device, timer, bandwidth)
+                elif suite == "walk":
+                    result["walk"] = decode_bench.walk_rows(vocab, device, timer, bandwidth)
+                elif suite == "commit":
+                    result["commit"] = decode_bench.commit_rows(
+                        gdn_shape,
+                        attn,
+                        64 if tiny else 10240,
+                        2 if tiny else 16,
+                        contexts[0],
+                        device,
+                        timer,
+                        bandwidth,
+                    )
+            except Exception as exc:  # a broken suite is reported, the others still run
+                result[suite] = {"error": repr(exc)[:500]}
+            checkpoint(result)
+            progress.advance(task)
+    return result
+
+
+def kernels_command(
+    out: Annotated[Path, typer.Option(help="Directory for kernels.json and kernels.md.")] = Path(
+        "results/h200"
+    ),
+    suites: Annotated[str, typer.Option(help=f"Comma-separated suites: {', '.join(SUITES)}.")] = ",".join(
+        SUITES
+    ),
+    iters: Annotated[
+        int, typer.Option(min=1, help="Timed iterations per measurement (median reported).")
+    ] = 100,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed warm-up iterations.")] = 20,
+    eager_iters: Annotated[int, typer.Option(min=1, help="Timed iterations for eager GDN totals.")] = 20,
+    contexts: Annotated[
+        str, typer.Option(help="Attention context lengths, comma-separated.")
+    ] = "4096,32768,131072",
+    fla: Annotated[bool, typer.Option(help="Include flash-linear-attention's chain kernels.")] = True,
+    tiny: Annotated[
+        bool, typer.Option(help="Small shapes (smoke test; on CPU needs TRITON_INTERPRET=1).")
+    ] = False,
+) -> None:
+    """Benchmark the LumoTree Triton kernels (needs a CUDA GPU unless --tiny)."""
+    chosen = [s.strip() for s in suites.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SUITES))
+    if unknown:
+        raise typer.BadParameter(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    try:
+        context_list = [int(c) for c in contexts.split(",") if c.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"contexts must be comma-separated integers, got {contexts!r}") from None
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+    elif tiny:
+        device = torch.device("cpu")
+    else:
+        typer.echo("error: no CUDA device here; run on a GPU, or use --tiny for a CPU smoke test", err=True)
+        raise typer.Exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def checkpoint(result: dict) -> None:
+        (out / "kernels.json").write_text(json.dumps(result, indent=1))
+        (out / "kernels.md").write_text(render_markdown(result))
+
+    result = run_suites(chosen, device, iters, warmup, eager_iters, context_list, tiny, fla, checkpoint)
+    typer.echo(render_markdown(result))
+
+
+if __name__ == "__main__":
+    typer.run(kernels_command)

@@ -1,0 +1,378 @@
+"""Tree attention decode and KV-remap publication in Triton, beside `reference.py`.
+
+Split-K over the committed prefix: program (query block, KV head, split) stages each K/V tile once
+for all query heads of its group (M = tree rows x group heads), runs an online softmax over its
+slice of the prefix with no mask, and writes a normalised partial output and its log-sum-exp. One
+extra split covers the tree slots (physical, spine first) under the ancestry bitset: bit j of
+`bits[r]` says row r sees tree slot j. A merge kernel combines the partials by log-sum-exp. The
+prefix length is read on the device, so one captured graph serves every cycle; splits past the
+prefix are empty (lse = -inf, weight 0).
+
+`tree_attention` and `publish_kv_` have the reference's signatures; `tree_attention_` and
+`publish_kv_device_` take device metadata and caller-owned buffers (the forms graphs capture).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from lumotree.tree import TreeDescriptor
+from lumotree.verify.attention.reference import _check_cache, tree_attention_mask
+
+LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
+
+
+@triton.jit
+def tree_attention_partial_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bits_ptr,
+    prefix_ptr,
+    o_part_ptr,
+    lse_part_ptr,
+    R,
+    qk_scale,
+    stride_qr,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    SPLITS: tl.constexpr,
+    MPAD: tl.constexpr,
+    HKV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    m = mb * BM + tl.arange(0, BM)
+    row = m // G
+    head = h * G + m % G
+    valid_m = row < R
+    offs_d = tl.arange(0, D)
+    q = tl.load(
+        q_ptr + row[:, None] * stride_qr + head[:, None] * stride_qh + offs_d[None, :],
+        mask=valid_m[:, None],
+        other=0.0,
+    )
+
+    prefix = tl.load(prefix_ptr)
+    is_tree = s == SPLITS
+    chunk = tl.cdiv(tl.cdiv(prefix, SPLITS), BN) * BN
+    lo = tl.where(is_tree, prefix, s * chunk)
+    hi = tl.where(is_tree, prefix + R, tl.minimum(s * chunk + chunk, prefix))
+    bits = tl.load(bits_ptr + row, mask=valid_m, other=0)
+
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    offs_n = tl.arange(0, BN)
+    for start in range(lo, hi, BN):
+        keys = start + offs_n
+        kv_off = keys.to(tl.int64)[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
+        in_range = keys < hi
+        k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
+        if is_tree:
+            rel = keys - prefix
+            visible = (((bits[:, None] >> rel.to(tl.int64)[None, :]) & 1) != 0) & in_range[None, :]
+        else:
+            visible = (tl.zeros([BM, BN], dtype=tl.int32) + keys[None, :]) < hi
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_off, mask=in_range[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    base = (s * HKV + h) * MPAD + m
+    tl.store(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], out)
+    tl.store(lse_part_ptr + base, lse2)
+
+
+@triton.jit
+def tree_attention_merge_kernel(
+    o_part_ptr,
+    lse_part_ptr,
+    o_ptr,
+    lse_ptr,
+    R,
+    stride_or,
+    stride_oh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    MPAD: tl.constexpr,
+    HKV: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    h = tl.program_id(1)
+    m = mb * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row = m // G
+    head = h * G + m % G
+    valid_m = row < R
+    top = tl.full([BM], float("-inf"), dtype=tl.float32)
+    for s in range(NSPLIT):
+        top = tl.maximum(top, tl.load(lse_part_ptr + (s * HKV + h) * MPAD + m))
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    weight_sum = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    for s in range(NSPLIT):
+        base = (s * HKV + h) * MPAD + m
+        w = tl.exp2(tl.load(lse_part_ptr + base) - top_safe)
+        part = tl.load(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :])
+        acc += w[:, None] * part
+        weight_sum += w
+    out = acc / weight_sum[:, None]
+    lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
+    tl.store(
+        o_ptr + row[:, None] * stride_or + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=valid_m[:, None],
+    )
+    tl.store(lse_ptr + row * (HKV * G) + head, lse, mask=valid_m)
+
+
+@triton.jit
+def publish_kv_kernel(
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    prefix_ptr,
+    accepted_ptr,
+    len_ptr,
+    stride_t,
+    HD,
+    P: tl.constexpr,
+    BD: tl.constexpr,
+):
+    offs = tl.program_id(0) * BD + tl.arange(0, BD)
+    i = tl.arange(0, P)
+    n = tl.load(len_ptr)
+    prefix = tl.load(prefix_ptr)
+    live = i < n
+    node = tl.load(accepted_ptr + i, mask=live, other=0)
+    src = prefix + tl.load(slot_ptr + node, mask=live, other=0)
+    dst = prefix + i
+    move = live & (src != dst)  # a spine prefix is already in place: no traffic
+    mask = move[:, None] & (offs[None, :] < HD)
+    src_off = src.to(tl.int64)[:, None] * stride_t + offs[None, :]
+    dst_off = dst.to(tl.int64)[:, None] * stride_t + offs[None, :]
+    # All rows are gathered before any is scattered: a source slot may also be a destination.
+    k_rows = tl.load(k_ptr + src_off, mask=mask)
+    v_rows = tl.load(v_ptr + src_off, mask=mask)
+    tl.debug_barrier()
+    tl.store(k_ptr + dst_off, k_rows, mask=mask)
+    tl.store(v_ptr + dst_off, v_rows, mask=mask)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step."""
+
+    block_m: int = 64
+    block_n: int = 32
+    splits: int | None = None  # prefix partitions; None: enough programs to fill the device
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
+    """[R] int64: bit j of row r set when row r sees tree slot j (physical order). Needs R <= 63."""
+    if tree.rows > 63:
+        raise ValueError(f"the bitset holds 63 tree slots, the tree has {tree.rows} rows")
+    sees = tree_attention_mask(tree)[:, tree.prefix_len :].to(torch.int64)
+    return (sees << torch.arange(tree.rows, dtype=torch.int64)).sum(-1)
+
+
+def default_splits(device: torch.device, programs_per_split: int) -> int:
+    """Prefix partitions so that all splits together fill every multiprocessor about once."""
+    if device.type != "cuda":
+        return 2
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, sms // programs_per_split)
+
+
+def partial_buffers(
+    rows: int, hq: int, hkv: int, dim: int, splits: int, block_m: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Split-K scratch: o_part [(splits+1) * Hkv * MPAD, D] and lse_part fp32."""
+    mpad = triton.cdiv(rows * (hq // hkv), block_m) * block_m
+    n = (splits + 1) * hkv * mpad
+    return (
+        torch.empty((n, dim), dtype=torch.float32, device=device),
+        torch.empty((n,), dtype=torch.float32, device=device),
+    )
+
+
+def tree_attention_(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    bits: Tensor,
+    prefix_len: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    o_part: Tensor,
+    lse_part: Tensor,
+    splits: int,
+    scale: float,
+    config: AttentionConfig = AttentionConfig(),
+) -> None:
+    """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
+    and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
+    o_part/lse_part from `partial_buffers` with the same splits and block_m."""
+    rows, hq, dim = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    bm = config.block_m
+    mpad = triton.cdiv(rows * group, bm) * bm
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    tree_attention_partial_kernel[(mpad // bm, hkv, splits + 1)](
+        q,
+        k_cache,
+        v_cache,
+        bits,
+        prefix_len,
+        o_part,
+        lse_part,
+        rows,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        G=group,
+        D=dim,
+        BM=bm,
+        BN=config.block_n,
+        SPLITS=splits,
+        MPAD=mpad,
+        HKV=hkv,
+        PRECISION=precision,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    merge_bm = 16
+    tree_attention_merge_kernel[(mpad // merge_bm, hkv)](
+        o_part,
+        lse_part,
+        o,
+        lse,
+        rows,
+        o.stride(0),
+        o.stride(1),
+        G=group,
+        D=dim,
+        BM=merge_bm,
+        NSPLIT=splits + 1,
+        MPAD=mpad,
+        HKV=hkv,
+        num_warps=4,
+    )
+
+
+def tree_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    tree: TreeDescriptor,
+    scale: float | None = None,
+    config: AttentionConfig = AttentionConfig(),
+) -> tuple[Tensor, Tensor]:
+    """The reference's signature: q [R, Hq, D] against prefix + tree KV -> o [R, Hq, D] (q's dtype),
+    lse [R, Hq] fp32. Head dim must be a power of two (>= 16 on the GPU)."""
+    _check_cache(k_cache, v_cache, tree)
+    rows, hq, dim = q.shape
+    hkv = k_cache.shape[1]
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+    if dim & (dim - 1):
+        raise ValueError(f"head dim must be a power of two for the Triton kernel, got {dim}")
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    device = q.device
+    bm = min(config.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
+    config = AttentionConfig(bm, config.block_n, config.splits, config.num_warps, config.num_stages)
+    mblocks = triton.cdiv(rows * (hq // hkv), bm)
+    splits = config.splits or default_splits(device, mblocks * hkv)
+    o = torch.empty_like(q)
+    lse = torch.empty((rows, hq), dtype=torch.float32, device=device)
+    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, bm, device)
+    prefix = torch.tensor([tree.prefix_len], dtype=torch.int32, device=device)
+    tree_attention_(
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        tree_visibility_bits(tree).to(device),
+        prefix,
+        o,
+        lse,
+        o_part,
+        lse_part,
+        splits,
+        scale,
+        config,
+    )
+    return o, lse
+
+
+def publish_kv_device_(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_map: Tensor,
+    prefix_len: Tensor,
+    accepted: Tensor,
+    path_len: Tensor,
+) -> None:
+    """Graph-capturable KV remap: slot_map [R] int64, prefix_len [1], accepted [D+1] int64,
+    path_len [1], all on the device. Caches [T_max, Hkv, D] with rows contiguous."""
+    row = k_cache.shape[1] * k_cache.shape[2]
+    block = 1024
+    publish_kv_kernel[(triton.cdiv(row, block),)](
+        k_cache,
+        v_cache,
+        slot_map,
+        prefix_len,
+        accepted,
+        path_len,
+        k_cache.stride(0),
+        row,
+        P=triton.next_power_of_2(accepted.shape[0]),
+        BD=block,
+    )
+
+
+def publish_kv_(
+    k_cache: Tensor, v_cache: Tensor, tree: TreeDescriptor, accepted: Tensor, path_len: Tensor | int
+) -> bool:
+    """The reference's signature. Returns False when the path is a spine prefix (nothing moves)."""
+    device = k_cache.device
+    n = int(path_len)
+    moved = not tree.is_spine_prefix([int(x) for x in accepted[:n].tolist()])
+    publish_kv_device_(
+        k_cache,
+        v_cache,
+        tree.slot_map.to(device),
+        torch.tensor([tree.prefix_len], dtype=torch.int64, device=device),
+        accepted.to(device),
+        torch.tensor([n], dtype=torch.int64, device=device),
+    )
+    return moved

@@ -1,0 +1,163 @@
+"""Device tables that drive the Triton GDN path scan (`scan.py`), built from a `TreeDescriptor`.
+
+The descriptor's `PathPlan` says which nodes each path visits; the kernel needs the same facts as
+flat int32 tables it can index without host help. Three schedules share one kernel:
+
+- "cut" (the LumoTree design): launch 1 runs path 0 (the spine) from the durable state and exports
+  the cut states; launch 2 runs the branch paths from them.
+- "recompute": one launch; every branch path re-runs its spine prefix from the durable state
+  (without writing outputs for it) instead of reading a cut state.
+- "store_all" (the per-node "native paths" baseline): the "cut" schedule, but every node writes
+  its full post-update state into a bank indexed by node, and branch paths reload their parent's.
+
+Tables have a fixed capacity (`paths`, `steps`) so a CUDA graph captured for one tree replays for
+any other tree that fits: `fill_` rewrites them in place. Unused paths have zero steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lumotree.tree import TreeDescriptor
+
+SCHEDULES = ("cut", "recompute", "store_all")
+
+
+@dataclass(frozen=True, eq=False)
+class ScanTables:
+    """int32 device tables (P = path capacity, L = step capacity, R = rows).
+
+    nodes [P, L] logical node per step (-1 past the end); steps [P] path lengths;
+    start [P] slot of the state a path starts from in the cut bank (-1 = the durable state);
+    owner [P, L] 1 where the path writes that node's output and records;
+    cut_slot [R] slot in the cut bank where a node's post-update state is exported (-1 = none);
+    leaf_lo, leaf_hi [P, L] range into `leaves` of the leaf children evaluated after that step;
+    leaves [R] leaf nodes grouped by (path, step); n_active [1].
+    cut_rows is the number of cut-bank slots the schedule needs (host int, fixed per capacity).
+    """
+
+    nodes: Tensor
+    steps: Tensor
+    start: Tensor
+    owner: Tensor
+    cut_slot: Tensor
+    leaf_lo: Tensor
+    leaf_hi: Tensor
+    leaves: Tensor
+    n_active: Tensor
+    schedule: str
+
+    @property
+    def paths(self) -> int:
+        return int(self.nodes.shape[0])
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.nodes.shape[1])
+
+    @property
+    def rows(self) -> int:
+        return int(self.cut_slot.shape[0])
+
+    @property
+    def cut_rows(self) -> int:
+        """Cut-bank slots: one per row for store_all (indexed by node), else at most one per row."""
+        return self.rows
+
+    def fill_(self, tree: TreeDescriptor) -> ScanTables:
+        """Rewrite the tables in place for `tree` (same rows, fits the capacity); returns self."""
+        host = _host_tables(tree, self.schedule, self.paths, self.max_steps)
+        for name, value in host.items():
+            getattr(self, name).copy_(value)
+        return self
+
+
+def _host_tables(tree: TreeDescriptor, schedule: str, paths: int, steps: int) -> dict[str, Tensor]:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown scan schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    plan, rows = tree.paths, tree.rows
+    spine = plan.nodes[0][plan.nodes[0] >= 0].tolist()
+    cut_nodes = plan.cut_nodes.tolist()
+    path_nodes: list[list[int]] = []
+    path_owner: list[list[int]] = []
+    path_start: list[int] = []
+    shift: list[int] = []  # steps prepended to a path (recompute schedule)
+    for p in range(plan.nodes.shape[0]):
+        keep = plan.nodes[p] >= 0
+        nodes, owner = plan.nodes[p][keep].tolist(), plan.owner[p][keep].int().tolist()
+        start = int(plan.start_cut[p])
+        prefix: list[int] = []
+        if start >= 0 and schedule == "recompute":
+            cut_node = cut_nodes[start]
+            prefix = spine[: spine.index(cut_node) + 1]
+            start = -1
+        elif start >= 0 and schedule == "store_all":
+            start = cut_nodes[start]  # the bank is indexed by node
+        path_nodes.append(prefix + nodes)
+        path_owner.append([0] * len(prefix) + owner)
+        path_start.append(start)
+        shift.append(len(prefix))
+    if len(path_nodes) > paths or max(len(n) for n in path_nodes) > steps:
+        raise ValueError(
+            f"tree needs {len(path_nodes)} paths of up to {max(len(n) for n in path_nodes)} steps; "
+            f"the tables hold {paths} x {steps}"
+        )
+    nodes_t = torch.full((paths, steps), -1, dtype=torch.int32)
+    owner_t = torch.zeros((paths, steps), dtype=torch.int32)
+    steps_t = torch.zeros(paths, dtype=torch.int32)
+    start_t = torch.full((paths,), -1, dtype=torch.int32)
+    for p, (nodes, owner) in enumerate(zip(path_nodes, path_owner, strict=True)):
+        nodes_t[p, : len(nodes)] = torch.tensor(nodes, dtype=torch.int32)
+        owner_t[p, : len(owner)] = torch.tensor(owner, dtype=torch.int32)
+        steps_t[p] = len(nodes)
+        start_t[p] = path_start[p]
+
+    cut_slot = torch.full((rows,), -1, dtype=torch.int32)
+    if schedule == "cut":
+        cut_slot[plan.cut_nodes] = torch.arange(len(cut_nodes), dtype=torch.int32)
+    elif schedule == "store_all":
+        cut_slot[: tree.n_active] = torch.arange(tree.n_active, dtype=torch.int32)
+
+    groups: dict[tuple[int, int], list[int]] = {}
+    for leaf, p, step in zip(
+        plan.leaf_node.tolist(), plan.leaf_path.tolist(), plan.leaf_step.tolist(), strict=True
+    ):
+        groups.setdefault((p, step + shift[p]), []).append(leaf)
+    leaf_lo = torch.zeros((paths, steps), dtype=torch.int32)
+    leaf_hi = torch.zeros((paths, steps), dtype=torch.int32)
+    leaves = torch.full((rows,), -1, dtype=torch.int32)
+    cursor = 0
+    for (p, step), group in sorted(groups.items()):
+        leaf_lo[p, step] = cursor
+        leaves[cursor : cursor + len(group)] = torch.tensor(group, dtype=torch.int32)
+        cursor += len(group)
+        leaf_hi[p, step] = cursor
+    return {
+        "nodes": nodes_t,
+        "steps": steps_t,
+        "start": start_t,
+        "owner": owner_t,
+        "cut_slot": cut_slot,
+        "leaf_lo": leaf_lo,
+        "leaf_hi": leaf_hi,
+        "leaves": leaves,
+        "n_active": torch.tensor([tree.n_active], dtype=torch.int32),
+    }
+
+
+def scan_tables(
+    tree: TreeDescriptor,
+    device: torch.device | str,
+    schedule: str = "cut",
+    paths: int | None = None,
+    steps: int | None = None,
+) -> ScanTables:
+    """Tables for `tree` on `device`. paths/steps: capacity (default: exactly what this tree needs;
+    give max_depth + 1 steps and a path budget to reuse the tables, e.g. in a CUDA graph)."""
+    paths = int(tree.paths.nodes.shape[0]) if paths is None else paths
+    steps = tree.max_depth + 1 if steps is None else steps
+    host = _host_tables(tree, schedule, paths, steps)
+    return ScanTables(**{k: v.to(device) for k, v in host.items()}, schedule=schedule)

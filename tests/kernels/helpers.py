@@ -1,0 +1,33 @@
+"""Shared helpers for the kernel parity tests: poisoned outputs and walk-friendly scores."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lumotree.tree import TreeDescriptor
+
+INT_POISON = -777
+
+
+def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
+    """An output buffer no kernel would write by accident: NaN for floats, INT_POISON for ints."""
+    fill = float("nan") if dtype.is_floating_point else INT_POISON
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def assert_written(t: Tensor) -> None:
+    """Every element was written (no NaN / INT_POISON left)."""
+    bad = torch.isnan(t) if t.is_floating_point() else t == INT_POISON
+    assert not bool(bad.any()), f"{int(bad.sum())} of {t.numel()} elements were never written"
+
+
+def deep_walk_scores(tree: TreeDescriptor, vocab: int, gen: torch.Generator, boost: float = 4.0) -> Tensor:
+    """Random logits [R, V] that favour one child token per row, so walks descend several levels."""
+    logits = torch.randn(tree.rows, vocab, generator=gen)
+    for row in range(tree.rows):
+        tokens = tree.child_tokens[row][tree.child_tokens[row] >= 0]
+        if len(tokens):
+            pick = tokens[torch.randint(len(tokens), (1,), generator=gen)]
+            logits[row, pick] += boost
+    return logits

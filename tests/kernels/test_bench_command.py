@@ -1,0 +1,36 @@
+"""`lumobench bench kernels`: the CPU smoke path (--tiny, interpreter) and its user errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lumobench.cli import app
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU paths")
+def test_tiny_run_writes_json_and_markdown_tables(tmp_path: Path) -> None:
+    args = ["bench", "kernels", "--tiny", "--suites", "selection,walk", "--iters", "2", "--warmup", "0"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "kernels.json").read_text())
+    methods = [row["method"] for suite in ("selection", "walk") for row in data[suite]]
+    assert "lumotree fused selection" in methods and "device sampling walk (Philox race)" in methods
+    assert all(row["eager"]["median_ms"] > 0 for suite in ("selection", "walk") for row in data[suite])
+    assert "### Draft selection" in (tmp_path / "kernels.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU paths")
+def test_full_run_without_a_gpu_exits_with_one_clear_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "kernels", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no CUDA device" in result.output and "Traceback" not in result.output
+
+
+def test_unknown_suite_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "kernels", "--suites", "gdn,bogus", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "bogus" in result.output

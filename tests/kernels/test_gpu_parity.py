@@ -1,0 +1,177 @@
+"""Real-shape parity on a CUDA GPU (fp32 and bf16), compiled kernels, references on the CPU.
+
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_parity.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from lumobench.verify import gdn_checks
+from lumobench.verify.trees import paper_tree, random_tree
+from lumotree.drafting import selection as sel_ref
+from lumotree.drafting.fused_selection import select_spine_topk
+from lumotree.sampling import walk as walk_ref
+from lumotree.sampling.device_walk import DeviceWalk
+from lumotree.verify.attention import decode as attn_kernel
+from lumotree.verify.attention import reference as attn_ref
+from lumotree.verify.conv import fused_conv as conv_kernel
+from lumotree.verify.conv import reference as conv_ref
+from lumotree.verify.gdn import reference as gdn_ref
+from lumotree.verify.gdn.plan import scan_tables
+from lumotree.verify.gdn.replay import replay_accepted_
+from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
+from lumotree.verify.graphs import CapturedStage
+from lumotree.verify.paired import paired_check
+
+from .helpers import assert_written, deep_walk_scores, poisoned
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
+    ),
+]
+CUDA = torch.device("cuda")
+QWEN = gdn_checks.GdnDims(H=16, HV=48, K=128, V=128)
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _gdn_case(seed: int, shape: str = "paper") -> gdn_checks.GdnCase:
+    tree = random_tree(shape, random.Random(seed))
+    return gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(seed))
+
+
+def _to(t: tuple[torch.Tensor, ...], device: torch.device) -> list[torch.Tensor]:
+    return [x.to(device) for x in t]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("schedule", ["cut", "recompute"])
+def test_gdn_scan_meets_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, schedule: str) -> None:
+    case = _gdn_case(1)
+    n = case.tree.n_active
+    got = gdn_verify(*_to(case.inputs(dtype), CUDA), case.tree, schedule=schedule)
+    native = gdn_ref.gdn_verify(*case.inputs(dtype), case.tree)
+    truth, _ = gdn_ref.gdn_sequential_reference(*case.truth(dtype), case.tree)
+    result = paired_check(got.o[:n].cpu(), native.o[:n], truth[:n], cell_dims=2, storage=dtype)
+    assert result.ok, result
+    for field in ("k", "v", "g", "beta"):
+        torch.testing.assert_close(
+            getattr(got.operands, field)[:n].cpu(), getattr(native.operands, field)[:n], rtol=1e-5, atol=1e-5
+        )
+    if schedule == "cut":
+        torch.testing.assert_close(got.cut_states.cpu(), native.cut_states, rtol=1e-4, atol=1e-5)
+
+
+def test_gdn_replay_and_store_all_bank_at_qwen_shapes() -> None:
+    case = _gdn_case(2)
+    tree, n = case.tree, case.tree.n_active
+    inputs = _to(case.inputs(torch.float32), CUDA)
+    result = gdn_verify(*inputs, tree)
+    expected = gdn_ref.gdn_verify(*case.inputs(torch.float32), tree)
+    deepest = max(range(n), key=lambda i: int(tree.depth[i]))
+    path = tree.path_to(deepest)
+    state = case.state.to(CUDA).clone()
+    replay_accepted_(state, result.operands, tree.padded_path(path).to(CUDA), len(path))
+    reference = case.state.clone()
+    gdn_ref.replay_accepted_(reference, expected.operands, tree.padded_path(path), len(path))
+    torch.testing.assert_close(state.cpu(), reference, rtol=1e-4, atol=1e-5)
+    bank = gdn_verify(*inputs, tree, schedule="store_all").cut_states
+    _, states = gdn_ref.gdn_sequential_reference(*case.inputs(torch.float32), tree)
+    torch.testing.assert_close(bank[:n].cpu(), states[:n], rtol=1e-4, atol=1e-5)
+
+
+def test_captured_verify_and_publish_replays_for_a_new_tree() -> None:
+    first, second = _gdn_case(3, "paper"), _gdn_case(4, "deep_and_wide")
+    rows = first.tree.rows
+    bufs = [x.to(CUDA).clone() for x in first.inputs(torch.float32)]
+    tables = scan_tables(first.tree, CUDA, "cut", paths=8, steps=first.tree.max_depth + 1)
+    o = poisoned((rows, QWEN.HV, QWEN.V), torch.float32, CUDA)
+    ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
+    bank = torch.empty(rows, QWEN.HV, QWEN.V, QWEN.K, device=CUDA)
+    stage = CapturedStage(lambda: gdn_scan_(*bufs, tables, o, ops, bank))
+    for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
+        buf.copy_(new)
+    tables.fill_(second.tree)
+    o.fill_(float("nan"))
+    stage.replay()
+    torch.cuda.synchronize()
+    assert_written(o)
+    expected = gdn_ref.gdn_verify(*second.inputs(torch.float32), second.tree).o
+    torch.testing.assert_close(o.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_conv_and_publication_at_qwen_shapes(dtype: torch.dtype) -> None:
+    tree = paper_tree(random.Random(5), 1000, prefix_len=100)
+    gen = torch.Generator().manual_seed(5)
+    channels = 10240
+    x = torch.randn(tree.rows, channels, generator=gen).to(dtype)
+    state = torch.randn(channels, 3, generator=gen).to(dtype)
+    weight, bias = torch.randn(channels, 4, generator=gen), torch.randn(channels, generator=gen)
+    y = conv_kernel.tree_conv(x.to(CUDA), state.to(CUDA), weight.to(CUDA), bias.to(CUDA), tree)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(y.cpu(), conv_ref.tree_conv(x, state, weight, bias, tree), **tol)
+    path = tree.path_to(tree.n_active - 1)
+    got, expected = state.to(CUDA).clone(), state.clone()
+    conv_kernel.publish_conv_state_(got, x.to(CUDA), tree.padded_path(path).to(CUDA), len(path))
+    conv_ref.publish_conv_state_(expected, x, tree.padded_path(path), len(path))
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_attention_at_qwen_shapes(dtype: torch.dtype) -> None:
+    tree = paper_tree(random.Random(6), 1000, prefix_len=4096)
+    gen = torch.Generator().manual_seed(6)
+    t_max = tree.prefix_len + tree.rows
+    k_cache, v_cache = (torch.randn(t_max, 4, 256, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(tree.rows, 24, 256, generator=gen).to(dtype)
+    o, lse = attn_kernel.tree_attention(q.to(CUDA), k_cache.to(CUDA), v_cache.to(CUDA), tree)
+    o_ref, lse_ref = attn_ref.tree_attention(q, k_cache, v_cache, tree)
+    # bf16: P is rounded to bf16 before P @ V, as flash attention does.
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(o.float().cpu(), o_ref.float(), **tol)
+    torch.testing.assert_close(lse.cpu(), lse_ref, rtol=1e-4, atol=1e-3)
+    path = tree.path_to(max(range(tree.n_active), key=lambda i: int(tree.depth[i])))
+    accepted = tree.padded_path(path)
+    got = [k_cache.to(CUDA), v_cache.to(CUDA)]
+    moved = attn_kernel.publish_kv_(*got, tree, accepted, len(path))
+    assert moved == attn_ref.publish_kv_(k_cache, v_cache, tree, accepted, len(path))
+    assert torch.equal(got[0].cpu(), k_cache) and torch.equal(got[1].cpu(), v_cache)
+    assert math.isfinite(float(lse.max()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_selection_on_the_full_vocabulary(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    smooth = torch.randn(5, 248320, generator=gen).to(dtype)
+    ties = torch.randint(-4, 5, (5, 248320), generator=gen).to(dtype)
+    for scores in (smooth, ties):
+        spine, topk = select_spine_topk(scores.to(CUDA), 3)
+        assert torch.equal(spine.cpu(), sel_ref.argmax_lowest_index(scores))
+        assert torch.equal(topk.cpu(), sel_ref.ordered_topk(scores, 3))
+
+
+def test_device_walks_match_the_reference_on_the_full_vocabulary() -> None:
+    tree = paper_tree(random.Random(8), 1000, prefix_len=100)
+    vocab = 248320
+    logits = deep_walk_scores(tree, vocab, torch.Generator().manual_seed(8), boost=20.0)
+    walk = DeviceWalk(tree.rows, vocab, 3, tree.max_depth, child_cap=8, device=CUDA)
+    walk.load_tree_(tree)
+    walk.greedy_(logits.to(CUDA))
+    greedy = walk_ref.greedy_walk(logits, tree)
+    assert torch.equal(walk.result.accepted[:1].cpu(), greedy.accepted)
+    assert torch.equal(walk.result.emitted[:1].cpu(), greedy.emitted)
+    probs = torch.softmax(logits, -1)
+    seeds = torch.tensor([11, 12, 13], dtype=torch.int64)
+    walk.sample_(probs.to(CUDA), seeds.to(CUDA), torch.tensor([3], device=CUDA))
+    sampled = walk_ref.sample_walk(probs, tree, seeds, 3)
+    for name in ("accepted", "path_len", "emitted", "final_row"):
+        assert torch.equal(getattr(walk.result, name).cpu(), getattr(sampled, name)), name
