@@ -12,7 +12,10 @@ from lumotree.server.chat import ChatTextParser
 from lumotree.server.reasoning import ReasoningParser
 from lumotree.server.tool_calls import ToolCallParser
 
-CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "kvstash/wal.py", "n": {"a": "}"}}}\n</tool_call>'
+CALL = (
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "kvstash/wal.py", "n": {"a": "}"}}}'
+    "\n</tool_call>"
+)
 ANSWER = (
     "<think>\nI should read the file first.\n</think>\n\nLet me look.\n"
     + CALL
