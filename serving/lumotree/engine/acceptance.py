@@ -1,0 +1,129 @@
+"""The acceptance walk of one request's cycle, evaluated lazily row by row (DESIGN §3.4).
+
+Same walk as the core's `greedy_walk` / `sample_walk` over `tree_penalized_logits` /
+`tree_probabilities`: at node u take x from u's row (greedy: argmax of the penalised logits, lowest
+index on ties; sampled: exponential race with Philox coins keyed by (seed, step, u, token)); descend
+if a child carries x, else emit x and stop. Only the rows the walk visits are processed (their
+logits are computed on demand), and coins are drawn only for tokens of nonzero probability (the
+race ignores the rest): on a CPU that is most of the cost of sampling. Tested equal to the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lumotree.drafting.selection import argmax_lowest_index
+from lumotree.engine.fast_select import ordered_topk_fast, probabilities_fast
+from lumotree.engine.sequence import TokenLogprob
+from lumotree.sampling.logits import SamplingParams, apply_penalties
+from lumotree.sampling.rng import philox4x32, uint_to_uniform_float
+from lumotree.tree import TreeDescriptor
+
+_U64 = (1 << 64) - 1
+
+
+def seed_key(seed: int) -> int:
+    """Any Python int -> the int64 bit pattern of seed mod 2^64 (the Philox key the core takes)."""
+    key = seed & _U64
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def support_coins(seed: int, step: int, node: int, tokens: Tensor) -> Tensor:
+    """The core's `uniform_coins` at the given tokens only: float32 [len(tokens)]."""
+    word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), node, step, 0)
+    return torch.from_numpy(uint_to_uniform_float(word))
+
+
+def history_counts(tokens: Sequence[int], vocab: int) -> Tensor:
+    """Token counts [V] float32 of a history."""
+    counts = torch.zeros(vocab, dtype=torch.float32)
+    if len(tokens):
+        counts += torch.bincount(torch.as_tensor(list(tokens), dtype=torch.long), minlength=vocab).float()
+    return counts
+
+
+class RowSampler:
+    """Chooses the token of one row with the request's processing: penalties over prompt +
+    `generated` + the row's own path drafts, then greedy argmax or the seeded exponential race."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_seen: Tensor,
+        generated: Sequence[int],
+        seed: int,
+        step: int,
+    ) -> None:
+        self.params, self.prompt_seen, self.seed, self.step = params, prompt_seen, seed, step
+        self.vocab = int(prompt_seen.shape[0])
+        self._generated = history_counts(generated, self.vocab)
+        self._needs_history = (
+            params.repetition_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        )
+
+    def penalised(self, logits: Tensor, path_drafts: Sequence[int]) -> Tensor:
+        """logits [V] -> float32 [V] after penalties with history generated + path_drafts."""
+        if not self._needs_history:
+            return logits.float()
+        counts = self._generated + history_counts(path_drafts, self.vocab) if path_drafts else self._generated
+        return apply_penalties(logits[None], self.prompt_seen, counts[None], self.params)[0]
+
+    def choose(self, logits: Tensor, path_drafts: Sequence[int], node: int) -> int:
+        """The token row `node` yields (its path drafts: root excluded, node included)."""
+        x = self.penalised(logits, path_drafts)
+        if self.params.greedy:
+            return int(argmax_lowest_index(x))
+        probs = probabilities_fast(x, self.params)
+        support = (probs > 0).nonzero()[:, 0]
+        p = probs[support]
+        score = p / -torch.log(support_coins(self.seed, self.step, node, support))
+        return int(support[int(score.argmax())])
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """accepted: logical nodes root..last; emitted: the accepted drafts then the chosen token
+    (len(accepted) of them); each emitted token comes from the row accepted[i]."""
+
+    accepted: list[int]
+    emitted: list[int]
+
+
+def walk(tree: TreeDescriptor, row_logits: Callable[[int], Tensor], sampler: RowSampler) -> Acceptance:
+    """The acceptance walk from the root; row_logits(node) -> raw logits [V] of that row."""
+    children = tree.child_nodes.tolist()
+    child_tokens = tree.child_tokens.tolist()
+    tokens = tree.tokens.tolist()
+    node, accepted, path_drafts, emitted = 0, [0], [], []
+    while True:
+        x = sampler.choose(row_logits(node), path_drafts, node)
+        emitted.append(x)
+        nxt = next(
+            (c for c, t in zip(children[node], child_tokens[node], strict=True) if c >= 0 and t == x), None
+        )
+        if nxt is None:
+            return Acceptance(accepted, emitted)
+        node = nxt
+        accepted.append(node)
+        path_drafts.append(tokens[node])
+
+
+def token_logprobs(logits: Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
+    """Raw-distribution logprobs of tokens[i] under row logits[i] and each row's top-k.
+    logits [n, V] -> n TokenLogprob."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = ordered_topk_fast(logp, k).tolist() if k > 0 else [[] for _ in tokens]
+    out = []
+    for row, token, best in zip(logp, tokens, top, strict=True):
+        best_values = row[best].tolist() if best else []
+        out.append(
+            TokenLogprob(int(token), float(row[int(token)]), tuple(zip(best, best_values, strict=True)))
+        )
+    return out

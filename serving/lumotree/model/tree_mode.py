@@ -1,0 +1,131 @@
+"""The model's tree-verification mode: one target forward over every row of a draft tree, then
+publication of the accepted path into the request's durable state (DESIGN §3.3, §3.5).
+
+The layers' own project and output code runs unchanged; only the mixers are swapped for the tree
+op families (tree conv + GDN path scan for linear layers, tree attention for full-attention layers),
+taken from a `TreeKernels` set. A root-only tree is one autoregressive decode step and a chain is
+chain-speculation verification: AR, chain MTP and LumoTree share this code path.
+
+verify_tree never writes durable GDN or conv state; it writes the tree's KV rows into the cache
+slots past the committed prefix (prefix_len + slot_map), where publication finds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lumotree.model.attention import GatedAttention
+from lumotree.model.gdn import GatedDeltaNet
+from lumotree.model.model import HybridLM
+from lumotree.model.state import GDNState, KVCache, ModelState
+from lumotree.model.tree_kernels import REFERENCE, TreeKernels
+from lumotree.tree import TreeDescriptor
+from lumotree.verify.gdn.reference import GdnOperands
+
+
+@dataclass(eq=False)
+class GdnRecord:
+    """What one GDN layer's verification leaves for publication: pre-conv inputs x [R, C] and the
+    recorded recurrence operands of every row."""
+
+    x: Tensor
+    operands: GdnOperands
+
+
+@dataclass(eq=False)
+class TreeForward:
+    """hidden [R, hidden] post-norm rows (logical order); one GdnRecord per GDN layer, in layer order."""
+
+    tree: TreeDescriptor
+    hidden: Tensor
+    gdn: list[GdnRecord]
+
+
+def _gdn_tree(
+    mixer: GatedDeltaNet, x: Tensor, state: GDNState, tree: TreeDescriptor, kernels: TreeKernels
+) -> tuple[Tensor, GdnRecord]:
+    mixed_qkv, z, a, b = mixer.project(x)
+    conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, mixer.conv1d.weight[:, 0], None, tree)
+    q, k, v = mixer.split_qkv(conv_out[None])
+    result = kernels.gdn_verify(
+        q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias, state.recurrent, tree
+    )
+    return mixer.output(result.o[None], z), GdnRecord(mixed_qkv[0], result.operands)
+
+
+def _attention_tree(
+    attn: GatedAttention,
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: KVCache,
+    tree: TreeDescriptor,
+    kernels: TreeKernels,
+) -> Tensor:
+    q, k, v, gate = attn.project(x, cos, sin)
+    kernels.write_tree_kv(cache.key, cache.value, k[0], v[0], tree)
+    o, _ = kernels.tree_attention(q[0], cache.key, cache.value, tree)
+    return attn.output(o[None], gate)
+
+
+def verify_tree(
+    model: HybridLM, state: ModelState, tree: TreeDescriptor, kernels: TreeKernels = REFERENCE
+) -> TreeForward:
+    """Run all tree rows through the target model from the committed `state` (read only, except
+    the tree's KV slots). tree.prefix_len must equal state.length."""
+    if tree.prefix_len != state.length:
+        raise ValueError(f"tree prefix_len {tree.prefix_len} != committed length {state.length}")
+    if state.length + tree.rows > state.capacity:
+        raise ValueError(
+            f"context limit: {state.length} committed + {tree.rows} tree rows exceed the KV capacity "
+            f"{state.capacity}"
+        )
+    cos, sin = model.rotary(tree.position[None])
+    h = model.embed(tree.tokens[None])
+    records = []
+    for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
+        x = layer.input_layernorm(h)
+        if layer.is_linear:
+            assert isinstance(layer_state, GDNState)
+            mixed, record = _gdn_tree(layer.linear_attn, x, layer_state, tree, kernels)
+            records.append(record)
+        else:
+            assert isinstance(layer_state, KVCache)
+            mixed = _attention_tree(layer.self_attn, x, cos, sin, layer_state, tree, kernels)
+        h = h + mixed
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return TreeForward(tree, model.model.norm(h)[0], records)
+
+
+def publish_tree_(
+    state: ModelState,
+    forward: TreeForward,
+    accepted: Tensor,
+    path_len: int,
+    kernels: TreeKernels = REFERENCE,
+) -> None:
+    """Publish accepted[0:path_len] (logical nodes, root first, -1 padded) into `state` in place:
+    GDN replay of the recorded operands, conv state from the path's last inputs, KV rows moved to
+    contiguous positions. state.length advances by path_len."""
+    tree = forward.tree
+    if tree.prefix_len != state.length:
+        raise ValueError(f"publication for prefix {tree.prefix_len} but the state holds {state.length}")
+    if not 1 <= path_len <= tree.n_active:
+        raise ValueError(f"path_len must be in 1..{tree.n_active}, got {path_len}")
+    gdn_states = [s for s in state.layers if isinstance(s, GDNState)]
+    kernels.replay([s.recurrent for s in gdn_states], [r.operands for r in forward.gdn], accepted, path_len)
+    for layer_state, record in zip(gdn_states, forward.gdn, strict=True):
+        kernels.publish_conv(layer_state.conv, record.x, accepted, path_len)
+    for cache in state.layers:
+        if isinstance(cache, KVCache):
+            kernels.publish_kv(cache.key, cache.value, tree, accepted, path_len)
+    state.length += path_len
+
+
+@torch.inference_mode()
+def tree_logits(model: HybridLM, forward: TreeForward, rows: Tensor) -> Tensor:
+    """Logits [len(rows), vocab] of the given logical rows (the walk asks only for rows it visits)."""
+    return model.compute_logits(forward.hidden[rows])
