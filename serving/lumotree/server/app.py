@@ -7,6 +7,7 @@ require `Authorization: Bearer KEY` when the server has an API key; `/health`, `
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -50,7 +51,8 @@ def _streamed(model: type) -> dict:
 
 
 def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
-    """The HTTP app over `ctx`; `metrics()` renders the Prometheus text of GET /metrics."""
+    """The HTTP app over `ctx`; `metrics()` renders the Prometheus text of GET /metrics (it may block
+    for one engine cycle, so it runs in a worker thread)."""
     app = FastAPI(title="LumoTree", version=__version__, summary="OpenAI-compatible LumoTree server")
     install_error_handlers(app)
 
@@ -76,11 +78,13 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
         except ClientDisconnected:
             return Response(status_code=499)
         except EngineFailure as exc:
-            return error_response(APIError(500, str(exc), code="engine_error"))
+            return error_response(APIError(exc.status, str(exc), code="engine_error"))
         return JSONResponse(result.model_dump(mode="json"))
 
-    @app.get("/health", summary="200 when the server can take requests")
+    @app.get("/health", summary="200 when the server can take requests, 503 when its engine died")
     async def health() -> Response:
+        if ctx.engine_dead is not None:
+            return error_response(APIError(503, ctx.engine_dead, code="engine_dead"))
         return Response(status_code=200)
 
     @app.get("/version")
@@ -89,7 +93,7 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text (vLLM metric names)")
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(await asyncio.to_thread(metrics), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=guarded, responses=_ERRORS)
     async def models() -> ModelList:

@@ -3,6 +3,7 @@ with `<think>` reasoning as `reasoning_content` and `<tool_call>` blocks as Open
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.server.context import ServingContext, new_id
 from lumotree.server.errors import bad_request
-from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions, stream_output
+from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions
 from lumotree.server.outputs import chat_logprobs, usage
 from lumotree.server.params import SamplingInput, build_request
 from lumotree.server.protocol import (
@@ -31,7 +32,7 @@ from lumotree.server.protocol import (
     ToolCallOut,
 )
 from lumotree.server.reasoning import ReasoningParser
-from lumotree.server.sse import DONE, sse_event
+from lumotree.server.sse import DONE, sse_event, stream_error
 from lumotree.server.tokenizer import ChatTemplateError
 from lumotree.server.tool_calls import ToolCallDelta, ToolCallParser
 
@@ -169,34 +170,39 @@ async def chat_stream(
     yield chunk(ChatChunkChoice(index=0, delta=ChatDeltaOut(role="assistant", content="")), first=True)
     last: OutputDelta | None = None
     try:
-        async for d in stream_output(ctx.engine, ctx.tokenizer, gen, opts):
-            last = d
-            parsed = parser.push(d.text)
-            if d.finished:
-                tail = parser.flush()
-                parsed = ChatDelta(
-                    parsed.reasoning + tail.reasoning,
-                    parsed.content + tail.content,
-                    parsed.tool_calls + tail.tool_calls,
+        async with contextlib.aclosing(ctx.output(gen, opts)) as deltas:
+            async for d in deltas:
+                last = d
+                parsed = parser.push(d.text)
+                if d.finished:
+                    tail = parser.flush()
+                    parsed = ChatDelta(
+                        parsed.reasoning + tail.reasoning,
+                        parsed.content + tail.content,
+                        parsed.tool_calls + tail.tool_calls,
+                    )
+                lps = (
+                    chat_logprobs(ctx.tokenizer, d.logprobs)
+                    if d.logprobs is not None and d.token_ids
+                    else None
                 )
-            lps = chat_logprobs(ctx.tokenizer, d.logprobs) if d.logprobs is not None and d.token_ids else None
-            extras = lps is not None or (req.return_token_ids and d.token_ids) or continuous
-            if not (parsed or d.finished or extras):
-                continue
-            choice = ChatChunkChoice(
-                index=0,
-                delta=ChatDeltaOut(
-                    content=parsed.content or None,
-                    reasoning_content=parsed.reasoning or None,
-                    tool_calls=[_tool_delta_out(c) for c in parsed.tool_calls] or None,
-                ),
-                logprobs=ChatLogprobs(content=lps) if lps is not None else None,
-                finish_reason=_finish(d.finish_reason, parser),
-                token_ids=d.token_ids if req.return_token_ids else None,
-            )
-            yield chunk(choice, d if continuous else None)
+                extras = lps is not None or (req.return_token_ids and d.token_ids) or continuous
+                if not (parsed or d.finished or extras):
+                    continue
+                choice = ChatChunkChoice(
+                    index=0,
+                    delta=ChatDeltaOut(
+                        content=parsed.content or None,
+                        reasoning_content=parsed.reasoning or None,
+                        tool_calls=[_tool_delta_out(c) for c in parsed.tool_calls] or None,
+                    ),
+                    logprobs=ChatLogprobs(content=lps) if lps is not None else None,
+                    finish_reason=_finish(d.finish_reason, parser),
+                    token_ids=d.token_ids if req.return_token_ids else None,
+                )
+                yield chunk(choice, d if continuous else None)
     except EngineFailure as exc:
-        yield sse_event({"error": {"message": str(exc), "type": "server_error", "code": "engine_error"}})
+        yield stream_error(exc)
         yield DONE
         return
     if include_usage and last is not None:
@@ -213,7 +219,7 @@ async def chat_full(
     calls: dict[int, ToolCallOut] = {}
     lps: list[TokenLogprobOut] = []
     last: OutputDelta | None = None
-    async for d in stream_output(ctx.engine, ctx.tokenizer, gen, opts):
+    async for d in ctx.output(gen, opts):
         last = d
         ids += d.token_ids
         if d.logprobs is not None:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.server.context import ServingContext, new_id
 from lumotree.server.errors import bad_request
-from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions, stream_output
+from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions
 from lumotree.server.outputs import completion_logprobs, usage
 from lumotree.server.params import SamplingInput, build_request
 from lumotree.server.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
-from lumotree.server.sse import DONE, sse_event
+from lumotree.server.sse import DONE, sse_event, stream_error
 
 
 def completion_prompt_ids(ctx: ServingContext, req: CompletionRequest) -> list[int]:
@@ -63,28 +64,31 @@ async def completion_stream(
     offset, first = 0, True
     last: OutputDelta | None = None
     try:
-        async for d in stream_output(ctx.engine, ctx.tokenizer, gen, opts):
-            last = d
-            if not (
-                d.text or d.finished or (d.token_ids and (req.return_token_ids or d.logprobs or continuous))
-            ):
-                continue
-            choice = _choice(ctx, req, d, offset)
-            if first and req.return_token_ids:
-                choice.prompt_token_ids = gen.prompt_token_ids
-            first = False
-            offset += len(d.text)
-            yield sse_event(
-                CompletionChunk(
-                    id=gen.request_id,
-                    created=created,
-                    model=ctx.model_name,
-                    choices=[choice],
-                    usage=usage(d, False) if continuous else None,
+        async with contextlib.aclosing(ctx.output(gen, opts)) as deltas:
+            async for d in deltas:
+                last = d
+                if not (
+                    d.text
+                    or d.finished
+                    or (d.token_ids and (req.return_token_ids or d.logprobs or continuous))
+                ):
+                    continue
+                choice = _choice(ctx, req, d, offset)
+                if first and req.return_token_ids:
+                    choice.prompt_token_ids = gen.prompt_token_ids
+                first = False
+                offset += len(d.text)
+                yield sse_event(
+                    CompletionChunk(
+                        id=gen.request_id,
+                        created=created,
+                        model=ctx.model_name,
+                        choices=[choice],
+                        usage=usage(d, False) if continuous else None,
+                    )
                 )
-            )
     except EngineFailure as exc:
-        yield sse_event({"error": {"message": str(exc), "type": "server_error", "code": "engine_error"}})
+        yield stream_error(exc)
         yield DONE
         return
     if include_usage and last is not None:
@@ -104,7 +108,7 @@ async def completion_full(
     ids: list[int] = []
     lps = []
     last: OutputDelta | None = None
-    async for d in stream_output(ctx.engine, ctx.tokenizer, gen, opts):
+    async for d in ctx.output(gen, opts):
         last = d
         text.append(d.text)
         ids += d.token_ids

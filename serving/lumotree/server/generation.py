@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lumotree.engine.async_engine import EngineDeadError
 from lumotree.engine.sequence import GenerationRequest, SpecStats, TokenEvent, TokenLogprob
 from lumotree.server.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from lumotree.server.tokenizer import ModelTokenizer
@@ -23,7 +24,12 @@ class EngineClient(Protocol):
 
 
 class EngineFailure(RuntimeError):
-    """The engine ended the request with finish reason "error"."""
+    """The engine could not run the request: it failed on it (500), refused it (400: a check the server
+    does not repeat), or its thread died (503, and `dead` is set)."""
+
+    def __init__(self, message: str, status: int = 500, dead: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.dead = status, dead
 
 
 @dataclass(frozen=True)
@@ -60,10 +66,11 @@ async def stream_output(
     """Deltas of one request; raises EngineFailure if the engine reports an error."""
     detok = IncrementalDetokenizer(tokenizer, opts.skip_special_tokens)
     stops = StopStringMatcher(opts.stop, opts.include_stop)
-    count = 0
+    count, started = 0, False
     events = engine.generate(req)
     try:
         async for ev in events:
+            started = True
             if ev.finish_reason == "error":
                 raise EngineFailure(
                     f"the engine failed on request {req.request_id}: {ev.error or 'no detail'}"
@@ -96,6 +103,12 @@ async def stream_output(
             if reason is not None:
                 return
         raise EngineFailure(f"the engine's stream of request {req.request_id} ended before it finished")
+    except EngineDeadError as exc:
+        raise EngineFailure(str(exc), status=503, dead=True) from exc
+    except ValueError as exc:
+        if started:  # not the engine refusing the request: a bug
+            raise
+        raise EngineFailure(str(exc), status=400) from exc
     finally:
         # closing the engine's stream aborts the request there when it has not finished
         await events.aclose()  # type: ignore[attr-defined]

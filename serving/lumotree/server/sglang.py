@@ -4,17 +4,18 @@ out. Streamed events carry the cumulative text and ids and a cumulative `meta_in
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from lumotree.engine.sequence import GenerationRequest, TokenLogprob
 from lumotree.server.context import ServingContext, new_id
 from lumotree.server.errors import bad_request
-from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions, stream_output
+from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions
 from lumotree.server.outputs import finite_logprob, spec_stats
 from lumotree.server.params import SamplingInput, build_request
 from lumotree.server.protocol import GenerateMetaInfo, GenerateRequest, GenerateResponse
-from lumotree.server.sse import DONE, sse_event
+from lumotree.server.sse import DONE, sse_event, stream_error
 
 
 def prepare_generate(ctx: ServingContext, req: GenerateRequest) -> tuple[GenerationRequest, TextOptions]:
@@ -91,18 +92,19 @@ async def generate_stream(
 ) -> AsyncIterator[bytes]:
     acc = _Accumulator(gen)
     try:
-        async for d in stream_output(ctx.engine, ctx.tokenizer, gen, opts):
-            if d.token_ids or d.finished:
-                yield sse_event(acc.add(d))
+        async with contextlib.aclosing(ctx.output(gen, opts)) as deltas:
+            async for d in deltas:
+                if d.token_ids or d.finished:
+                    yield sse_event(acc.add(d))
     except EngineFailure as exc:
-        yield sse_event({"error": {"message": str(exc), "type": "server_error", "code": "engine_error"}})
+        yield stream_error(exc)
     yield DONE
 
 
 async def generate_full(ctx: ServingContext, gen: GenerationRequest, opts: TextOptions) -> GenerateResponse:
     acc = _Accumulator(gen)
     out: GenerateResponse | None = None
-    async for d in stream_output(ctx.engine, ctx.tokenizer, gen, opts):
+    async for d in ctx.output(gen, opts):
         out = acc.add(d)
     assert out is not None  # stream_output raises unless it yielded a finished delta
     return out

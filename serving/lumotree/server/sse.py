@@ -18,3 +18,10 @@ def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
     else:
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return b"data: " + data.encode() + b"\n\n"
+
+
+def stream_error(exc: Exception, status: int = 500) -> bytes:
+    """An OpenAI-style error event for a failure after the stream started (the status is already 200)."""
+    status = getattr(exc, "status", status)
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    return sse_event({"error": {"message": str(exc), "type": kind, "code": status}})
