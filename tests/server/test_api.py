@@ -235,6 +235,7 @@ def test_unset_sampling_values_come_from_generation_config(
         ({"messages": USER, "tools": TOOLS, "tool_choice": "required"}, 400, "tool_choice"),
         ({"messages": USER, "stop_token_ids": [99999]}, 400, "vocabulary"),
         ({"messages": USER, "seed": 2**70}, 400, "seed"),
+        ({"messages": USER, "repetition_penalty": 1e-300}, 400, "repetition_penalty"),
     ],
 )
 def test_bad_chat_requests_get_a_clear_4xx(client: TestClient, body: dict, status: int, needle: str) -> None:

@@ -81,7 +81,12 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
             return error_response(APIError(exc.status, str(exc), code="engine_error"))
         return JSONResponse(result.model_dump(mode="json"))
 
-    @app.get("/health", summary="200 when the server can take requests, 503 when its engine died")
+    @app.get(
+        "/health",
+        response_class=Response,
+        summary="200 (empty body) when the server can take requests, 503 when its engine died",
+        responses={200: {"content": None}, 503: {"model": ErrorResponse, "description": "engine died"}},
+    )
     async def health() -> Response:
         if ctx.engine_dead is not None:
             return error_response(APIError(503, ctx.engine_dead, code="engine_dead"))

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.sampling import SamplingParams
 from lumotree.server.errors import bad_request
@@ -17,6 +19,8 @@ from lumotree.server.generation import TextOptions
 from lumotree.server.protocol import SamplingFields
 
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+GREEDY_EPS = 1e-5
+TOP_P_FLOOR = float(np.finfo(np.float32).tiny)
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,15 @@ def sampling_params(s: SamplingInput, defaults: dict[str, float | int]) -> Sampl
         return value if value is not None else defaults.get(name, neutral)
 
     top_k = int(pick("top_k", 0))
+    temperature = float(pick("temperature", 1.0))
     try:
         return SamplingParams(
-            temperature=float(pick("temperature", 1.0)),
+            # as vLLM: a temperature this close to 0 is greedy (dividing by it overflows the logits)
+            temperature=0.0 if temperature < GREEDY_EPS else temperature,
             top_k=max(top_k, 0),  # -1 (vLLM/SGLang) and 0 both mean off
-            top_p=float(pick("top_p", 1.0)),
+            # any top_p below the smallest normal float32 keeps only the most probable token, which this
+            # floor also does; below it top_p would round to 0.0 in float32 and keep nothing
+            top_p=max(float(pick("top_p", 1.0)), TOP_P_FLOOR),
             min_p=float(pick("min_p", 0.0)),
             presence_penalty=s.presence_penalty or 0.0,
             frequency_penalty=s.frequency_penalty or 0.0,

@@ -17,6 +17,8 @@ MAX_LOGPROBS = 20
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# vLLM allows (0, 2]; below 0.01 dividing the logits by it overflows float32 into NaN probabilities
+RepetitionPenalty = Annotated[float, Field(ge=0.01, le=2.0)]
 
 
 class _Body(BaseModel):
@@ -45,7 +47,7 @@ class SamplingFields(_Body):
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    repetition_penalty: RepetitionPenalty | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
@@ -144,7 +146,7 @@ class GenerateSamplingParams(_Body):
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    repetition_penalty: RepetitionPenalty | None = None
     sampling_seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
