@@ -10,6 +10,7 @@ of the request, for the suffix index).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from torch import Tensor
 
@@ -20,6 +21,7 @@ from lumotree.engine.config import EngineConfig
 from lumotree.engine.fast_select import ordered_topk_fast
 from lumotree.model.model import HybridLM
 from lumotree.model.state import KVCache
+from lumotree.model.tree_mode import mtp_chain_step
 from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree
 
 
@@ -71,6 +73,7 @@ class ChainDrafter(ARDrafter):
             1 + geometry.siblings_per_depth,
             capacity,
             select_topk=ordered_topk_fast,
+            step=partial(mtp_chain_step, model),
         )
 
     @property
