@@ -15,7 +15,6 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from lumotree.engine import GenerationRequest, LLMEngine, TokenEvent
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.sampling import SamplingParams
 from lumotree.training.chat_data import render
@@ -66,18 +65,3 @@ def demo_prompts() -> list[DemoPrompt]:
         params = SamplingParams(**{k: rec[k] for k in _SAMPLING_KEYS if k in rec})
         out.append(DemoPrompt(rec["id"], tok.encode(text).ids, params, rec["max_tokens"], rec.get("seed")))
     return out
-
-
-def run_requests(engine: LLMEngine, requests: list[GenerationRequest]) -> dict[str, list[TokenEvent]]:
-    """Submit every request, step until all finish; the events of each request, in order."""
-    events: dict[str, list[TokenEvent]] = {r.request_id: [] for r in requests}
-    for req in requests:
-        engine.add_request(req)
-    while engine.has_unfinished():
-        for event in engine.step():
-            events[event.request_id].append(event)
-    return events
-
-
-def output_tokens(events: list[TokenEvent]) -> list[int]:
-    return [t for e in events for t in e.token_ids]
