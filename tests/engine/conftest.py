@@ -6,18 +6,16 @@ workers to pay off).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from tokenizers import Tokenizer
 
+from lumotree.engine import GenerationRequest
+from lumotree.engine.bench import load_requests
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
-from lumotree.sampling import SamplingParams
-from lumotree.training.chat_data import render
 
 DEMO = Path(__file__).resolve().parents[2] / "corpora" / "demo.jsonl"
 _SAMPLING_KEYS = (
@@ -44,24 +42,8 @@ def model() -> HybridLM:
     return load_checkpoint(default_model_path())
 
 
-@dataclass(frozen=True)
-class DemoPrompt:
-    """A demo-corpus record rendered with the model's chat template."""
-
-    id: str
-    token_ids: list[int]
-    sampling: SamplingParams
-    max_tokens: int
-    seed: int | None
-
-
 @pytest.fixture(scope="package")
-def demo_prompts() -> list[DemoPrompt]:
-    tok = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
-    out = []
-    for line in DEMO.read_text().splitlines():
-        rec = json.loads(line)
-        text = render(rec["messages"], rec.get("tools"), add_generation_prompt=True)
-        params = SamplingParams(**{k: rec[k] for k in _SAMPLING_KEYS if k in rec})
-        out.append(DemoPrompt(rec["id"], tok.encode(text).ids, params, rec["max_tokens"], rec.get("seed")))
-    return out
+def demo_prompts() -> list[GenerationRequest]:
+    """The demo corpus as the engine receives it (chat template applied, a seed per request)."""
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    return load_requests(DEMO, tokenizer, max_tokens=None, greedy=False)

@@ -14,7 +14,6 @@ from lumotree.engine.drafter import rescue_branches
 from lumotree.model import HybridLM
 from lumotree.sampling import SamplingParams
 
-from .conftest import DemoPrompt
 from .helpers import run_requests
 
 
@@ -87,7 +86,7 @@ def test_tree_drafter_hangs_rescue_branches_where_a_continuation_leaves_the_tree
     assert [(r.attach, r.tokens) for r in rescues] == [((50,), (70, 71, 72, 73)), ((50, 51), (60, 61))]
 
 
-def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[DemoPrompt]) -> None:
+def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[GenerationRequest]) -> None:
     engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192))
     trees = []
     real_propose = engine.drafter.propose
@@ -98,8 +97,8 @@ def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[DemoPrompt]) -> N
         return tree
 
     engine.drafter.propose = record
-    prompt = next(p for p in demo_prompts if p.id == "wal-t04")
-    run_requests(engine, [GenerationRequest("g", prompt.token_ids, SamplingParams(0.0), 48)])
+    prompt = next(p for p in demo_prompts if p.request_id == "wal-t04")
+    run_requests(engine, [GenerationRequest("g", prompt.prompt_token_ids, SamplingParams(0.0), 48)])
     assert trees and all(t.rows == 28 and t.n_active <= 28 and t.max_depth == 11 for t in trees)
     assert all(len(t.spine) >= 6 for t in trees)  # root + 5 MTP spine drafts at least
     assert max(int(t.depth.max()) for t in trees) > 5  # the suffix tail deepened some spines

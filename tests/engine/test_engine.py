@@ -12,7 +12,6 @@ from lumotree.engine import AsyncEngine, EngineConfig, GenerationRequest, LLMEng
 from lumotree.model import HybridLM
 from lumotree.sampling import SamplingParams
 
-from .conftest import DemoPrompt
 from .helpers import output_tokens, run_requests
 
 GREEDY = SamplingParams(0.0)
@@ -23,21 +22,27 @@ def tree_engine() -> LLMEngine:
     return LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
 
 
-def _short(demo_prompts: list[DemoPrompt]) -> list[DemoPrompt]:
-    return sorted(demo_prompts, key=lambda p: len(p.token_ids))[:4]
+def _short(demo_prompts: list[GenerationRequest]) -> list[GenerationRequest]:
+    return sorted(demo_prompts, key=lambda p: len(p.prompt_token_ids))[:4]
 
 
-def test_concurrent_requests_all_complete_with_their_solo_outputs(demo_prompts: list[DemoPrompt]) -> None:
+def test_concurrent_requests_all_complete_with_their_solo_outputs(
+    demo_prompts: list[GenerationRequest],
+) -> None:
     prompts = _short(demo_prompts)
     solo = {}
     for p in prompts:
         engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096, prefix_cache=False))
-        solo[p.id] = output_tokens(
-            run_requests(engine, [GenerationRequest(p.id, p.token_ids, GREEDY, 24)])[p.id]
+        solo[p.request_id] = output_tokens(
+            run_requests(engine, [GenerationRequest(p.request_id, p.prompt_token_ids, GREEDY, 24)])[
+                p.request_id
+            ]
         )
 
-    async def stream(engine: AsyncEngine, p: DemoPrompt) -> list[TokenEvent]:
-        return [e async for e in engine.generate(GenerationRequest(p.id, p.token_ids, GREEDY, 24))]
+    async def stream(engine: AsyncEngine, p: GenerationRequest) -> list[TokenEvent]:
+        return [
+            e async for e in engine.generate(GenerationRequest(p.request_id, p.prompt_token_ids, GREEDY, 24))
+        ]
 
     async def all_at_once() -> list[list[TokenEvent]]:
         engine = AsyncEngine(LLMEngine(EngineConfig(drafter="tree", max_model_len=4096, prefix_cache=False)))
@@ -47,7 +52,7 @@ def test_concurrent_requests_all_complete_with_their_solo_outputs(demo_prompts: 
             engine.shutdown()
 
     for p, events in zip(prompts, asyncio.run(all_at_once()), strict=True):
-        assert output_tokens(events) == solo[p.id]
+        assert output_tokens(events) == solo[p.request_id]
         assert events[-1].finished and events[-1].finish_reason in ("stop", "length")
         assert [e.num_output_tokens for e in events] == list(
             torch.tensor([len(e.token_ids) for e in events]).cumsum(0).tolist()
@@ -55,18 +60,20 @@ def test_concurrent_requests_all_complete_with_their_solo_outputs(demo_prompts: 
 
 
 def test_closing_a_stream_aborts_its_request_and_the_engine_serves_the_next(
-    demo_prompts: list[DemoPrompt],
+    demo_prompts: list[GenerationRequest],
 ) -> None:
     p = _short(demo_prompts)[0]
 
     async def scenario() -> tuple[list[TokenEvent], int]:
         engine = AsyncEngine(LLMEngine(EngineConfig(drafter="tree", max_model_len=4096)))
         try:
-            stream = engine.generate(GenerationRequest("long", p.token_ids, SamplingParams(0.0), 2000))
+            stream = engine.generate(GenerationRequest("long", p.prompt_token_ids, SamplingParams(0.0), 2000))
             async for _ in stream:
                 break
             await stream.aclose()
-            after = [e async for e in engine.generate(GenerationRequest("next", p.token_ids, GREEDY, 8))]
+            after = [
+                e async for e in engine.generate(GenerationRequest("next", p.prompt_token_ids, GREEDY, 8))
+            ]
             return after, engine.metrics().requests_finished.get("abort", 0)
         finally:
             engine.shutdown()
@@ -77,31 +84,33 @@ def test_closing_a_stream_aborts_its_request_and_the_engine_serves_the_next(
 
 
 def test_stop_ids_end_the_output_and_max_tokens_cuts_a_speculative_cycle(
-    tree_engine: LLMEngine, demo_prompts: list[DemoPrompt]
+    tree_engine: LLMEngine, demo_prompts: list[GenerationRequest]
 ) -> None:
     p = _short(demo_prompts)[1]
-    full = output_tokens(run_requests(tree_engine, [GenerationRequest("f", p.token_ids, GREEDY, 40)])["f"])
+    full = output_tokens(
+        run_requests(tree_engine, [GenerationRequest("f", p.prompt_token_ids, GREEDY, 40)])["f"]
+    )
     stop_at = next(i for i in range(3, len(full)) if full[i] not in full[:i])
     stopped = run_requests(
-        tree_engine, [GenerationRequest("s", p.token_ids, GREEDY, 40, stop_token_ids=(full[stop_at],))]
+        tree_engine, [GenerationRequest("s", p.prompt_token_ids, GREEDY, 40, stop_token_ids=(full[stop_at],))]
     )["s"]
     assert output_tokens(stopped) == full[: stop_at + 1] and stopped[-1].finish_reason == "stop"
     for limit in (1, 2, 7):
-        events = run_requests(tree_engine, [GenerationRequest(f"m{limit}", p.token_ids, GREEDY, limit)])[
-            f"m{limit}"
-        ]
+        events = run_requests(
+            tree_engine, [GenerationRequest(f"m{limit}", p.prompt_token_ids, GREEDY, limit)]
+        )[f"m{limit}"]
         assert output_tokens(events) == full[:limit] and events[-1].finish_reason == "length"
 
 
-def test_eos_stops_unless_ignored(tree_engine: LLMEngine, demo_prompts: list[DemoPrompt]) -> None:
-    for p in sorted(demo_prompts, key=lambda p: len(p.token_ids)):  # a reply the model closes itself
-        ended = run_requests(tree_engine, [GenerationRequest("e", p.token_ids, GREEDY, 96)])["e"]
+def test_eos_stops_unless_ignored(tree_engine: LLMEngine, demo_prompts: list[GenerationRequest]) -> None:
+    for p in sorted(demo_prompts, key=lambda p: len(p.prompt_token_ids)):  # a reply the model closes itself
+        ended = run_requests(tree_engine, [GenerationRequest("e", p.prompt_token_ids, GREEDY, 96)])["e"]
         if ended[-1].finish_reason == "stop":
             break
     out = output_tokens(ended)
     assert ended[-1].finish_reason == "stop" and out[-1] in tree_engine.eos_token_ids
     ignored = run_requests(
-        tree_engine, [GenerationRequest("i", p.token_ids, GREEDY, len(out) + 5, ignore_eos=True)]
+        tree_engine, [GenerationRequest("i", p.prompt_token_ids, GREEDY, len(out) + 5, ignore_eos=True)]
     )["i"]
     assert output_tokens(ignored)[: len(out)] == out and ignored[-1].finish_reason == "length"
 
@@ -148,49 +157,53 @@ def test_duplicate_request_ids_are_refused_while_running(tree_engine: LLMEngine)
 
 @pytest.mark.parametrize("kind", ["ar", "tree"])
 def test_logprobs_are_the_models_log_softmax(
-    kind: str, model: HybridLM, demo_prompts: list[DemoPrompt]
+    kind: str, model: HybridLM, demo_prompts: list[GenerationRequest]
 ) -> None:
     p = _short(demo_prompts)[0]
     engine = LLMEngine(EngineConfig(drafter=kind, max_model_len=4096))
-    events = run_requests(engine, [GenerationRequest("lp", p.token_ids, GREEDY, 12, logprobs=3)])["lp"]
+    events = run_requests(engine, [GenerationRequest("lp", p.prompt_token_ids, GREEDY, 12, logprobs=3)])["lp"]
     out = output_tokens(events)
     entries = [lp for e in events for lp in e.logprobs or []]
     assert [lp.token_id for lp in entries] == out
     with torch.inference_mode():
         hidden = model.prefill(
-            torch.tensor(p.token_ids + out[:-1]), model.new_state(len(p.token_ids) + len(out))
+            torch.tensor(p.prompt_token_ids + out[:-1]), model.new_state(len(p.prompt_token_ids) + len(out))
         )
-        want = torch.log_softmax(model.compute_logits(hidden[len(p.token_ids) - 1 :]), dim=-1)
+        want = torch.log_softmax(model.compute_logits(hidden[len(p.prompt_token_ids) - 1 :]), dim=-1)
     for i, lp in enumerate(entries):
         assert lp.logprob == pytest.approx(float(want[i, lp.token_id]), abs=1e-4)
         assert [t for t, _ in lp.top] == torch.sort(want[i], descending=True, stable=True).indices[
             :3
         ].tolist()
         assert lp.top[0][0] == lp.token_id  # greedy
-    none = run_requests(engine, [GenerationRequest("no", p.token_ids, GREEDY, 4)])["no"]
+    none = run_requests(engine, [GenerationRequest("no", p.prompt_token_ids, GREEDY, 4)])["no"]
     assert all(e.logprobs is None for e in none)
 
 
-def test_prefix_cache_hits_restore_the_state_of_a_full_prefill(demo_prompts: list[DemoPrompt]) -> None:
-    wal = [p for p in demo_prompts if p.id.startswith("wal-")][:3]  # each turn extends the previous
+def test_prefix_cache_hits_restore_the_state_of_a_full_prefill(demo_prompts: list[GenerationRequest]) -> None:
+    wal = [p for p in demo_prompts if p.request_id.startswith("wal-")][:3]  # each turn extends the previous
     cold = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, prefix_cache=False))
     warm = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, prefill_chunk=128, cache_block=64))
-    requests = [GenerationRequest(p.id, p.token_ids, GREEDY, 16) for p in wal]
+    requests = [GenerationRequest(p.request_id, p.prompt_token_ids, GREEDY, 16) for p in wal]
     want = {k: output_tokens(v) for k, v in run_requests(cold, requests).items()}
     got_events = run_requests(warm, requests)
     assert {k: output_tokens(v) for k, v in got_events.items()} == want
-    cached = [got_events[p.id][-1].cached_prompt_tokens for p in wal]
+    cached = [got_events[p.request_id][-1].cached_prompt_tokens for p in wal]
     assert cached[0] == 0 and all(c > 0 and c % 64 == 0 for c in cached[1:])
     metrics = warm.metrics()
-    assert metrics.prefix_cache_queries == sum(len(p.token_ids) for p in wal)
+    assert metrics.prefix_cache_queries == sum(len(p.prompt_token_ids) for p in wal)
     assert metrics.prefix_cache_hits == sum(cached)
     assert cold.metrics().prefix_cache_hits == 0
 
 
-def test_metrics_sum_the_requests_spec_stats_and_time_every_phase(demo_prompts: list[DemoPrompt]) -> None:
+def test_metrics_sum_the_requests_spec_stats_and_time_every_phase(
+    demo_prompts: list[GenerationRequest],
+) -> None:
     engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
     prompts = _short(demo_prompts)
-    events = run_requests(engine, [GenerationRequest(p.id, p.token_ids, GREEDY, 20) for p in prompts])
+    events = run_requests(
+        engine, [GenerationRequest(p.request_id, p.prompt_token_ids, GREEDY, 20) for p in prompts]
+    )
     m = engine.metrics()
     finals = [ev[-1].spec for ev in events.values()]
     assert m.spec.num_drafts == sum(s.num_drafts for s in finals) > 0
@@ -199,14 +212,16 @@ def test_metrics_sum_the_requests_spec_stats_and_time_every_phase(demo_prompts: 
     assert sum(m.spec.accepted_per_pos) == m.spec.num_accepted_tokens
     assert len(m.spec.accepted_per_pos) == engine.geometry.max_depth
     assert m.generation_tokens == sum(len(output_tokens(ev)) for ev in events.values())
-    assert m.prompt_tokens == sum(len(p.token_ids) for p in prompts)
+    assert m.prompt_tokens == sum(len(p.prompt_token_ids) for p in prompts)
     assert sum(m.requests_finished.values()) == len(prompts)
     for phase in ("target", "drafter", "dispatch", "prefill"):
         assert m.spans[phase].count > 0 and m.spans[phase].seconds > 0
     assert m.spans["target"].count == m.spans["drafter"].count == m.spec.num_drafts
 
 
-def test_a_failing_request_finishes_with_error_and_the_engine_goes_on(demo_prompts: list[DemoPrompt]) -> None:
+def test_a_failing_request_finishes_with_error_and_the_engine_goes_on(
+    demo_prompts: list[GenerationRequest],
+) -> None:
     engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
     p = _short(demo_prompts)[0]
     real_propose = engine.drafter.propose
@@ -216,7 +231,7 @@ def test_a_failing_request_finishes_with_error_and_the_engine_goes_on(demo_promp
         raise RuntimeError("planted drafter failure")
 
     engine.drafter.propose = fail_once
-    failed = run_requests(engine, [GenerationRequest("x", p.token_ids, GREEDY, 8)])["x"]
+    failed = run_requests(engine, [GenerationRequest("x", p.prompt_token_ids, GREEDY, 8)])["x"]
     assert failed[-1].finish_reason == "error" and "planted drafter failure" in (failed[-1].error or "")
-    ok = run_requests(engine, [GenerationRequest("y", p.token_ids, GREEDY, 8)])["y"]
+    ok = run_requests(engine, [GenerationRequest("y", p.prompt_token_ids, GREEDY, 8)])["y"]
     assert ok[-1].finish_reason == "length" and len(output_tokens(ok)) == 8

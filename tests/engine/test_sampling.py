@@ -9,34 +9,27 @@ global cache remembers earlier outputs) draws other coins: the output is then an
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from scipy.stats import chi2_contingency
 
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.sampling import SamplingParams
 
-from .conftest import DemoPrompt
 from .helpers import output_tokens, run_requests
 
 SAMPLES = 160
 POSITION = 2  # the third token: the first one a tree row below the root can produce
 
 
-def _sampled_requests(prompts: list[DemoPrompt], prefix: str = "") -> list[GenerationRequest]:
-    return [
-        GenerationRequest(
-            f"{prefix}{p.id}",
-            p.token_ids,
-            p.sampling if not p.sampling.greedy else SamplingParams(0.8, top_k=30),
-            max_tokens=24,
-            seed=p.seed if p.seed is not None else 1000 + i,
-        )
-        for i, p in enumerate(prompts)
-    ]
+def _sampled_requests(prompts: list[GenerationRequest]) -> list[GenerationRequest]:
+    """The corpus requests with their seeds, sampled (the greedy ones at temperature 0.8)."""
+    hot = SamplingParams(0.8, top_k=30)
+    return [replace(p, sampling=hot if p.sampling.greedy else p.sampling, max_tokens=24) for p in prompts]
 
 
 def test_fixed_seed_sampling_reproduces_across_runs(
-    demo_prompts: list[DemoPrompt],
+    demo_prompts: list[GenerationRequest],
 ) -> None:
     prompts = demo_prompts[::3]
     requests = _sampled_requests(prompts)
@@ -47,14 +40,17 @@ def test_fixed_seed_sampling_reproduces_across_runs(
     assert len({tuple(output_tokens(v)) for v in first.values()}) == len(requests)
 
 
-def test_seedless_requests_report_the_seed_that_reproduces_them(demo_prompts: list[DemoPrompt]) -> None:
+def test_seedless_requests_report_the_seed_that_reproduces_them(
+    demo_prompts: list[GenerationRequest],
+) -> None:
     prompt = demo_prompts[-1]
     engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192))
     params = SamplingParams(1.0, top_k=50)
-    events = run_requests(engine, [GenerationRequest("a", prompt.token_ids, params, 16)])["a"]
+    events = run_requests(engine, [GenerationRequest("a", prompt.prompt_token_ids, params, 16)])["a"]
     seed = events[-1].seed
     assert seed is not None and all(e.seed == seed for e in events)
-    again = run_requests(engine, [GenerationRequest("b", prompt.token_ids, params, 16, seed=seed)])["b"]
+    fresh = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192))  # same drafter state as the first run
+    again = run_requests(fresh, [GenerationRequest("b", prompt.prompt_token_ids, params, 16, seed=seed)])["b"]
     assert output_tokens(again) == output_tokens(events)
 
 
@@ -75,8 +71,10 @@ def _homogeneity_p(a: Counter[int], b: Counter[int]) -> float:
     return float(chi2_contingency(table).pvalue)
 
 
-def test_tree_sampled_tokens_follow_the_autoregressive_distribution(demo_prompts: list[DemoPrompt]) -> None:
-    prompt = next(p for p in demo_prompts if p.id == "chat-short").token_ids
+def test_tree_sampled_tokens_follow_the_autoregressive_distribution(
+    demo_prompts: list[GenerationRequest],
+) -> None:
+    prompt = next(p for p in demo_prompts if p.request_id == "chat-short").prompt_token_ids
     params = SamplingParams(1.0, top_k=6)
     # disjoint seeds: independent samples of each engine's distribution
     tree = _token_counts("tree", prompt, params, range(SAMPLES))

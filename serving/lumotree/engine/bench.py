@@ -30,6 +30,7 @@ from rich.progress import Progress
 from rich.table import Table
 from tokenizers import Tokenizer
 
+from lumobench.corpus import load_corpus
 from lumotree.engine.config import EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.sequence import GenerationRequest
@@ -69,21 +70,17 @@ def load_requests(
 ) -> list[GenerationRequest]:
     """Corpus records rendered with the chat template; a seed per record (its own, or from its id)."""
     out = []
-    for line in corpus.read_text().splitlines():
-        rec = json.loads(line)
+    for rec in load_corpus(corpus):
+        raw = rec.model_dump(exclude_none=True)
         ids = (
-            rec.get("input_ids")
-            or tokenizer.encode(render(rec["messages"], rec.get("tools"), add_generation_prompt=True)).ids
+            rec.input_ids
+            or tokenizer.encode(render(raw["messages"], raw.get("tools"), add_generation_prompt=True)).ids
         )
-        params = (
-            SamplingParams(0.0)
-            if greedy
-            else SamplingParams(**{k: rec[k] for k in _SAMPLING_KEYS if k in rec})
-        )
-        seed = rec["seed"] if rec.get("seed") is not None else zlib.crc32(rec["id"].encode())
-        out.append(
-            GenerationRequest(rec["id"], ids, params, max_tokens or rec.get("max_tokens", 128), seed=seed)
-        )
+        fields = {k: v for k, v in rec.sampling().items() if k not in ("max_tokens", "seed")}
+        fields["top_k"] = max(fields.get("top_k", 0), 0)  # vLLM's -1 is "off", here 0
+        params = SamplingParams(0.0) if greedy else SamplingParams(**fields)
+        seed = rec.seed if rec.seed is not None else zlib.crc32(rec.id.encode())
+        out.append(GenerationRequest(rec.id, ids, params, max_tokens or rec.max_tokens or 128, seed=seed))
     return out
 
 
