@@ -18,15 +18,6 @@ from lumotree.engine.bench import load_requests
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 
 DEMO = Path(__file__).resolve().parents[2] / "corpora" / "demo.jsonl"
-_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 @pytest.fixture(autouse=True, scope="package")

@@ -39,15 +39,6 @@ from lumotree.sampling import SamplingParams
 from lumotree.training.chat_data import render
 
 ARMS = {"ar": "lumotree-ar", "mtp": "lumotree-mtp5", "tree": "lumotree"}
-_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 console = Console(stderr=True)
 
 
