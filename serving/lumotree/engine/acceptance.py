@@ -1,11 +1,12 @@
-"""The acceptance walk of one request's cycle, evaluated lazily row by row (DESIGN §3.4).
+"""The acceptance walk of one request's cycle (DESIGN §3.4), evaluated only where it goes.
 
 Same walk as the core's `greedy_walk` / `sample_walk` over `tree_penalized_logits` /
 `tree_probabilities`: at node u take x from u's row (greedy: argmax of the penalised logits, lowest
 index on ties; sampled: exponential race with Philox coins keyed by (seed, step, u, token)); descend
-if a child carries x, else emit x and stop. Only the rows the walk visits are processed (their
-logits are computed on demand), and coins are drawn only for tokens of nonzero probability (the
-race ignores the rest): on a CPU that is most of the cost of sampling. Tested equal to the core.
+if a child carries x, else emit x and stop. The spine's rows are processed together (the walk
+usually stays on it), other rows only when the walk reaches them, and coins are drawn only for
+tokens of nonzero probability (the race ignores the rest): on a CPU that is most of the cost of
+sampling. Tested equal to the core.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def seed_key(seed: int) -> int:
     return key - (1 << 64) if key >= 1 << 63 else key
 
 
-def support_coins(seed: int, step: int, node: int, tokens: Tensor) -> Tensor:
-    """The core's `uniform_coins` at the given tokens only: float32 [len(tokens)]."""
-    word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), node, step, 0)
-    return torch.from_numpy(uint_to_uniform_float(word))
+def support_coins(seed: int, step: int, nodes: int | Sequence[int], tokens: Tensor) -> Tensor:
+    """The core's `uniform_coins` at the given tokens only: tokens [k] of one node, or [n, k] of
+    n nodes -> float32 coins of the same shape."""
+    node_ids = np.asarray(nodes, dtype=np.int64)
+    word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), node_ids[..., None], step, 0)
+    return torch.from_numpy(uint_to_uniform_float(word).reshape(tokens.shape))
 
 
 def history_counts(tokens: Sequence[int], vocab: int) -> Tensor:
@@ -92,14 +95,7 @@ class RowSampler:
             return [
                 self._race(row, row.nonzero()[:, 0], node) for row, node in zip(probs, nodes, strict=True)
             ]
-        word, _, _, _ = philox4x32(
-            np.int64(seed_key(self.seed)),
-            cand.numpy(),
-            np.asarray(nodes, dtype=np.int64)[:, None],
-            self.step,
-            0,
-        )
-        coins = torch.from_numpy(uint_to_uniform_float(word))
+        coins = support_coins(self.seed, self.step, nodes, cand)
         pc = probs.gather(-1, cand)
         score = torch.where(pc > 0, pc / -torch.log(coins), torch.tensor(-1.0))
         return cand.gather(-1, score.argmax(dim=-1, keepdim=True))[:, 0].tolist()
