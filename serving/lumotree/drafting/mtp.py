@@ -24,8 +24,11 @@ from torch import Tensor
 
 from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
 from lumotree.model.model import HybridLM
+from lumotree.model.state import ModelState
 
 TopK = Callable[[Tensor, int], Tensor]
+# (hidden [T, H], next tokens [T], MTP state, step index) -> (logits [V] of the last row, MTP hidden [T, H])
+MTPStep = Callable[[Tensor, Tensor, ModelState, int], tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,17 @@ class MTPDrafter:
 
     depth: MTP passes per proposal; topk: how many ordered candidates per depth (1 + siblings);
     capacity: MTP KV rows (the engine's max context). `select_topk` must equal the core's
-    `ordered_topk` (a faster exact variant may be passed).
+    `ordered_topk` and `step` the model's `mtp_step` (faster equivalents may be passed).
     """
 
     def __init__(
-        self, model: HybridLM, depth: int, topk: int, capacity: int, select_topk: TopK = ordered_topk
+        self,
+        model: HybridLM,
+        depth: int,
+        topk: int,
+        capacity: int,
+        select_topk: TopK = ordered_topk,
+        step: MTPStep | None = None,
     ) -> None:
         if model.mtp is None:
             raise ValueError("the model has no MTP module; use the 'ar' drafter")
@@ -58,8 +67,15 @@ class MTPDrafter:
         self.model, self.depth, self.k = model, depth, topk
         self.state = model.new_mtp_state(capacity)
         self.select_topk = select_topk
+        self.step = step or self._model_step
         self._queued_hidden: list[Tensor] = []
         self._queued_tokens: list[int] = []
+
+    def _model_step(
+        self, hidden: Tensor, tokens: Tensor, state: ModelState, step_idx: int
+    ) -> tuple[Tensor, Tensor]:
+        logits, out = self.model.mtp_step(hidden, tokens, state, step_idx)
+        return logits[-1], out
 
     @property
     def committed(self) -> int:
@@ -81,7 +97,7 @@ class MTPDrafter:
         that follow them. Queued rows go first."""
         self.queue(hidden, next_tokens)
         if self._queued_tokens:
-            self.model.mtp_step(*self._take_queue(), self.state, step_idx=0)
+            self.step(*self._take_queue(), self.state, 0)
 
     def queue(self, hidden: Tensor, next_tokens: Sequence[int]) -> None:
         """Queue true rows for the next proposal's first pass (hidden [n, H], n tokens)."""
@@ -102,16 +118,16 @@ class MTPDrafter:
         """`depth` MTP passes: the queued true rows (committed), then speculative single rows."""
         if not self._queued_tokens:
             raise RuntimeError("nothing queued: queue the last target row and the pending token first")
-        logits, hidden = self.model.mtp_step(*self._take_queue(), self.state, step_idx=0)
+        logits, hidden = self.step(*self._take_queue(), self.state, 0)
         committed = self.state.length
-        rows = [logits[-1]]
-        spine = [int(argmax_lowest_index(logits[-1]))]
+        rows = [logits]
+        spine = [int(argmax_lowest_index(logits))]
         out = hidden[-1:]
         for step in range(1, self.depth):
             token = torch.tensor([spine[-1]], dtype=torch.long, device=out.device)
-            logits, out = self.model.mtp_step(out, token, self.state, step_idx=step)
-            rows.append(logits[-1])
-            spine.append(int(argmax_lowest_index(logits[-1])))
+            logits, out = self.step(out, token, self.state, step)
+            rows.append(logits)
+            spine.append(int(argmax_lowest_index(logits)))
         self.state.length = committed  # roll back the speculative rows
         topk = self.select_topk(torch.stack(rows), self.k).tolist() if self.k > 1 else [[s] for s in spine]
         return MTPProposal(spine, topk)

@@ -10,6 +10,7 @@ of the request, for the suffix index).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from torch import Tensor
 
@@ -20,6 +21,7 @@ from lumotree.engine.config import EngineConfig
 from lumotree.engine.fast_select import ordered_topk_fast
 from lumotree.model.model import HybridLM
 from lumotree.model.state import KVCache
+from lumotree.model.tree_mode import mtp_chain_step
 from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree
 
 
@@ -71,6 +73,7 @@ class ChainDrafter(ARDrafter):
             1 + geometry.siblings_per_depth,
             capacity,
             select_topk=ordered_topk_fast,
+            step=partial(mtp_chain_step, model),
         )
 
     @property
@@ -127,45 +130,50 @@ class TreeDrafter(ChainDrafter):
         proposal = self.mtp.propose()
         tails = self.suffix.continuations(proposal.spine, geo.tail_len, 1)
         tail = tails[0].continuation if tails else ()
-        rescues = self._rescues(proposal.spine, proposal.topk, tail)
+        rescues = rescue_branches(self.suffix, geo, proposal.spine, proposal.topk, tail)
         return build_paper_tree(
             root, proposal.spine, proposal.topk, tail, rescues, prefix_len=prefix_len, config=geo
         )
 
-    def _rescues(
-        self, spine: Sequence[int], topk: Sequence[Sequence[int]], tail: Sequence[int]
-    ) -> list[RescueBranch]:
-        """Suffix continuations of the root that leave the tree, each hung where it leaves it."""
-        geo = self.geometry
-        if not geo.rescue_lens:
-            return []
-        # Mirror build_paper_tree's spine, tail and siblings (same order and budget) to find where
-        # each continuation leaves the tree.
-        mirror = TreeBuilder(0, max_nodes=geo.rows, max_depth=geo.max_depth)
-        node: int | None = 0
-        for token in [*spine[: geo.depth_mtp], *tail[: geo.tail_len]]:
-            node = mirror.add(node, token) if node is not None else None
-        for d, (token, ranked) in enumerate(zip(spine[: geo.depth_mtp], topk, strict=False)):
-            at_depth = mirror.find(spine[:d])
-            if at_depth is not None:
-                for t in [t for t in ranked if t != token][: geo.siblings_per_depth]:
-                    mirror.add(at_depth, t)
-        out: list[RescueBranch] = []
-        for match in self.suffix.continuations((), geo.max_depth, 2 * len(geo.rescue_lens)):
-            cont = match.continuation
-            at = 0
-            while at < len(cont) and mirror.find(cont[: at + 1]) is not None:
-                at += 1
-            branch = cont[at : at + geo.rescue_lens[len(out)]]
-            if not branch:
-                continue
-            out.append(RescueBranch(tuple(cont[:at]), tuple(branch)))
-            anchor = mirror.find(cont[:at])
-            assert anchor is not None  # every prefix up to `at` was found above
-            mirror.extend(anchor, branch)
-            if len(out) == len(geo.rescue_lens):
-                break
-        return out
+
+def rescue_branches(
+    suffix: SuffixDrafter,
+    geo: GeometryConfig,
+    spine: Sequence[int],
+    topk: Sequence[Sequence[int]],
+    tail: Sequence[int],
+) -> list[RescueBranch]:
+    """Rescue branches: the best suffix continuations of the root that leave the tree (spine, tail
+    and siblings), each hung below the node where it leaves, the i-th cut to geo.rescue_lens[i]."""
+    if not geo.rescue_lens:
+        return []
+    # Mirror build_paper_tree's spine, tail and siblings (same order and budget) to find where
+    # each continuation leaves the tree.
+    mirror = TreeBuilder(0, max_nodes=geo.rows, max_depth=geo.max_depth)
+    node: int | None = 0
+    for token in [*spine[: geo.depth_mtp], *tail[: geo.tail_len]]:
+        node = mirror.add(node, token) if node is not None else None
+    for d, (token, ranked) in enumerate(zip(spine[: geo.depth_mtp], topk, strict=False)):
+        at_depth = mirror.find(spine[:d])
+        if at_depth is not None:
+            for t in [t for t in ranked if t != token][: geo.siblings_per_depth]:
+                mirror.add(at_depth, t)
+    out: list[RescueBranch] = []
+    for match in suffix.continuations((), geo.max_depth, 2 * len(geo.rescue_lens)):
+        cont = match.continuation
+        at = 0
+        while at < len(cont) and mirror.find(cont[: at + 1]) is not None:
+            at += 1
+        branch = cont[at : at + geo.rescue_lens[len(out)]]
+        if not branch:
+            continue
+        out.append(RescueBranch(tuple(cont[:at]), tuple(branch)))
+        anchor = mirror.find(cont[:at])
+        assert anchor is not None  # every prefix up to `at` was found above
+        mirror.extend(anchor, branch)
+        if len(out) == len(geo.rescue_lens):
+            break
+    return out
 
 
 def make_drafter(config: EngineConfig, model: HybridLM, capacity: int) -> ARDrafter:

@@ -34,6 +34,7 @@ from lumotree.engine.scheduler import Scheduler
 from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
 from lumotree.model import default_model_path, load_checkpoint
 from lumotree.model.tree_kernels import REFERENCE
+from lumotree.model.tree_kernels_cpu import CPU_FAST
 from lumotree.model.tree_mode import TreeForward
 from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
@@ -68,7 +69,9 @@ class LLMEngine:
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.geometry = config.geometry()
         capacity = self._max_model_len + self.geometry.rows
-        self.runner = ModelRunner(self.model, capacity, REFERENCE)
+        self.runner = ModelRunner(
+            self.model, capacity, CPU_FAST if config.kernels == "cpu-fast" else REFERENCE
+        )
         self.drafter = make_drafter(config, self.model, capacity)
         self.prefix_cache = (
             PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
@@ -244,7 +247,7 @@ class LLMEngine:
         # the first token comes from the prompt's last row: sampling event 0, node 0
         logits = self.runner.logits(self._last_hidden)
         sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed, seq.step)
-        token = sampler.choose(logits[0], [], 0)
+        token = sampler.choose(logits, [[]], [0])[0]
         seq.step += 1
         seq.status = SequenceStatus.DECODE
         return self._emit(seq, [token], [0], lambda rows: logits, self._last_hidden)
@@ -268,7 +271,7 @@ class LLMEngine:
             seq.request.sampling, self._require_prompt_seen(), seq.output, seq.seed, seq.step
         )
         seq.step += 1
-        return walk(forward.tree, row_logits.row, sampler)
+        return walk(forward.tree, row_logits.rows, sampler)
 
     def publish(self, forward: TreeForward, acc: Acceptance) -> None:
         """Publish the accepted path into the state bank (GDN replay, conv state, KV remap)."""
@@ -330,19 +333,18 @@ class LLMEngine:
 
 
 class _RowLogits:
-    """Logits rows of one tree forward, computed on first use and timed (target work)."""
+    """Logits rows of one tree forward, computed when first asked for (the asked rows in one
+    matmul: the vocabulary projection is memory-bound at a few rows) and timed: target work."""
 
     def __init__(self, runner: ModelRunner, forward: TreeForward) -> None:
         self.runner, self.forward = runner, forward
         self.cache: dict[int, Tensor] = {}
         self.seconds = 0.0
 
-    def row(self, node: int) -> Tensor:
-        if node not in self.cache:
-            start = time.perf_counter()
-            self.cache[node] = self.runner.logits(self.forward.hidden[node : node + 1])[0]
-            self.seconds += time.perf_counter() - start
-        return self.cache[node]
-
     def rows(self, nodes: list[int]) -> Tensor:
-        return torch.stack([self.row(n) for n in nodes])
+        missing = [n for n in nodes if n not in self.cache]
+        if missing:
+            start = time.perf_counter()
+            self.cache.update(zip(missing, self.runner.logits(self.forward.hidden[missing]), strict=True))
+            self.seconds += time.perf_counter() - start
+        return torch.stack([self.cache[n] for n in nodes])
