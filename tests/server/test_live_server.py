@@ -205,14 +205,24 @@ def test_bad_requests_to_the_real_engine_get_4xx(url: str) -> None:
 
 
 def test_replay_of_the_demo_corpus_reports_acceptance_from_metrics(url: str, tmp_path: Path) -> None:
-    proc = lumobench("replay", DEMO, "--endpoint", url, "--label", "lumotree", "--out", tmp_path, timeout=300)
+    # the lumotree arm's request settings (per-chunk usage, token ids) against this running server
+    argv = ["replay", DEMO, "--arm", "lumotree", "--endpoint", url, "--out", tmp_path]
+    proc = lumobench(*argv, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = list(tmp_path.iterdir())
     report = json.loads(lumobench("report", run_dir, "--format", "json").stdout)["arms"][0]
-    assert (report["completed"], report["failed"]) == (22, 0)
+    assert (report["arm"], report["completed"], report["failed"]) == ("lumotree", 22, 0)
     assert report["accepted_per_event"] > 0.5 and report["per_position_acceptance"][0] > 0.3
+    assert report["tokens_per_chunk"] > 1.5  # speculation delivers several tokens per streamed chunk
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    assert all(r["t_send_ns"] < r["t_first_ns"] <= r["t_end_ns"] for r in rows)
+    for r in rows:
+        assert r["completion_tokens"] == len(r["token_ids"]) == r["chunk_tokens"][-1]
+        assert r["t_send_ns"] < r["t_first_ns"] <= r["t_end_ns"]
+    before, after = ((run_dir / "metrics" / f"run0.seg0.{s}.prom").read_text() for s in ("before", "after"))
+    served = sum(v for _, v in parse_prometheus(after)["vllm:generation_tokens_total"]) - sum(
+        v for _, v in parse_prometheus(before)["vllm:generation_tokens_total"]
+    )
+    assert served == sum(r["completion_tokens"] for r in rows)
 
 
 def test_api_key_is_required_when_set(tmp_path: Path) -> None:
