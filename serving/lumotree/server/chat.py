@@ -46,6 +46,11 @@ class ChatDelta:
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
 
+    def __add__(self, other: ChatDelta) -> ChatDelta:
+        return ChatDelta(
+            self.reasoning + other.reasoning, self.content + other.content, self.tool_calls + other.tool_calls
+        )
+
 
 class ChatTextParser:
     """Output text -> reasoning, content and tool-call fragments (tool calls only when tools are on)."""
@@ -61,6 +66,10 @@ class ChatTextParser:
     def push(self, text: str) -> ChatDelta:
         reasoning, content = self._reasoning.push(text)
         return self._split(reasoning, content, final=False)
+
+    def feed(self, text: str, last: bool) -> ChatDelta:
+        """`push(text)`, and on the output's last text also what the parsers held back."""
+        return self.push(text) + self.flush() if last else self.push(text)
 
     def flush(self) -> ChatDelta:
         reasoning, content = self._reasoning.flush()
@@ -148,9 +157,7 @@ async def chat_stream(
 ) -> AsyncIterator[bytes]:
     """SSE events of a streamed chat completion; engine failures end the stream with an error event."""
     created = int(time.time())
-    options = req.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats)
+    continuous = req.continuous_usage
     parser = ChatTextParser(_tools_on(req))
 
     def chunk(
@@ -173,14 +180,7 @@ async def chat_stream(
         async with contextlib.aclosing(ctx.output(gen, opts)) as deltas:
             async for d in deltas:
                 last = d
-                parsed = parser.push(d.text)
-                if d.finished:
-                    tail = parser.flush()
-                    parsed = ChatDelta(
-                        parsed.reasoning + tail.reasoning,
-                        parsed.content + tail.content,
-                        parsed.tool_calls + tail.tool_calls,
-                    )
+                parsed = parser.feed(d.text, d.finished)
                 lps = (
                     chat_logprobs(ctx.tokenizer, d.logprobs)
                     if d.logprobs is not None and d.token_ids
@@ -205,7 +205,7 @@ async def chat_stream(
         yield stream_error(exc)
         yield DONE
         return
-    if include_usage and last is not None:
+    if req.include_usage and last is not None:
         yield chunk(None, last, final=True)
     yield DONE
 
@@ -224,15 +224,15 @@ async def chat_full(
         ids += d.token_ids
         if d.logprobs is not None:
             lps += chat_logprobs(ctx.tokenizer, d.logprobs)
-        for part in (parser.push(d.text), parser.flush() if d.finished else ChatDelta()):
-            reasoning.append(part.reasoning)
-            content.append(part.content)
-            for c in part.tool_calls:
-                if c.id is not None:
-                    calls[c.index] = ToolCallOut(
-                        id=c.id, function=FunctionCallOut(name=c.name or "", arguments="")
-                    )
-                calls[c.index].function.arguments += c.arguments
+        part = parser.feed(d.text, d.finished)
+        reasoning.append(part.reasoning)
+        content.append(part.content)
+        for c in part.tool_calls:
+            if c.id is not None:
+                calls[c.index] = ToolCallOut(
+                    id=c.id, function=FunctionCallOut(name=c.name or "", arguments="")
+                )
+            calls[c.index].function.arguments += c.arguments
     assert last is not None  # stream_output raises unless it yielded a finished delta
     text = "".join(content)
     message = AssistantMessage(

@@ -58,9 +58,7 @@ async def completion_stream(
 ) -> AsyncIterator[bytes]:
     """SSE events of a streamed completion; engine failures end the stream with an error event."""
     created = int(time.time())
-    options = req.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats)
+    continuous = req.continuous_usage
     offset, first = 0, True
     last: OutputDelta | None = None
     try:
@@ -91,7 +89,7 @@ async def completion_stream(
         yield stream_error(exc)
         yield DONE
         return
-    if include_usage and last is not None:
+    if req.include_usage and last is not None:
         yield sse_event(
             CompletionChunk(
                 id=gen.request_id, created=created, model=ctx.model_name, choices=[], usage=usage(last, True)

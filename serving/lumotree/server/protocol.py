@@ -63,6 +63,16 @@ class SamplingFields(_Body):
     return_token_ids: bool = False
     user: str | None = None
 
+    @property
+    def include_usage(self) -> bool:
+        """A final usage chunk (with the request's spec stats) ends the stream."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every chunk carries the cumulative usage."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class TextPart(_Body):
     type: Literal["text"]
