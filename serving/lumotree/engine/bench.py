@@ -113,30 +113,47 @@ def weight_bytes(model: HybridLM) -> dict[str, int]:
     }
 
 
+def _total(runs: list[ArmRun], key: str) -> float:
+    return sum(r.metrics[key] for r in runs)
+
+
 def summarise(
     kind: str, runs: list[ArmRun], bytes_: dict[str, int], bandwidth: float, depth: int
 ) -> dict[str, Any]:
-    """Pooled rate over all runs, per-run range, acceptance, spans, the weight-read floor."""
-    last = runs[-1].metrics
-    spans = last["spans"]
+    """Over all runs: pooled rate (and the per-run range), acceptance, mean spans, the weight-read floor."""
+    spans = {
+        phase: {
+            "seconds": sum(r.metrics["spans"][phase]["seconds"] for r in runs),
+            "count": sum(r.metrics["spans"][phase]["count"] for r in runs),
+        }
+        for phase in runs[0].metrics["spans"]
+    }
+    spec = {
+        key: sum(r.metrics["spec"][key] for r in runs)
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    }
+    per_pos = [sum(c) for c in zip(*(r.metrics["spec"]["accepted_per_pos"] for r in runs), strict=True)]
     cycles = spans["target"]["count"]
-    generated = last["generation_tokens"]
-    drafts = last["spec"]["num_drafts"]
-    tokens_per_cycle = (generated - last["requests"]) / cycles if cycles else 0.0  # minus each first token
+    # every request's first token comes from its prefill, not from a cycle
+    tokens_per_cycle = (
+        (_total(runs, "generation_tokens") - _total(runs, "requests")) / cycles if cycles else 0.0
+    )
     passes = 0 if kind == "ar" else depth
     cycle_bytes = bytes_["layers"] + bytes_["lm_head"] + passes * (bytes_["mtp"] + bytes_["lm_head"])
+    drafts = spec["num_drafts"]
     return {
         "arm": ARMS[kind],
         "pooled_tokens_per_s": sum(r.tokens for r in runs) / sum(r.decode_s for r in runs),
         "per_run_tokens_per_s": [r.rate for r in runs],
-        "accepted_per_event": last["spec"]["num_accepted_tokens"] / drafts if drafts else None,
-        "accepted_per_pos": last["spec"]["accepted_per_pos"],
-        "draft_tokens_per_event": last["spec"]["num_draft_tokens"] / drafts if drafts else None,
+        "accepted_per_event": spec["num_accepted_tokens"] / drafts if drafts else None,
+        "accepted_per_pos": per_pos,
+        "draft_tokens_per_event": spec["num_draft_tokens"] / drafts if drafts else None,
         "tokens_per_cycle": tokens_per_cycle,
         "span_ms_per_cycle": {k: 1e3 * v["seconds"] / max(v["count"], 1) for k, v in spans.items()},
         "weight_read_floor_ms_per_token": 1e3 * cycle_bytes / (bandwidth * 1e9) / max(tokens_per_cycle, 1e-9),
-        "prefix_cache_hit_rate": last["prefix_cache_hits"] / max(last["prefix_cache_queries"], 1),
-        "last_run_counters": last,
+        "prefix_cache_hit_rate": _total(runs, "prefix_cache_hits")
+        / max(_total(runs, "prefix_cache_queries"), 1),
+        "counters_per_run": [r.metrics for r in runs],
     }
 
 
