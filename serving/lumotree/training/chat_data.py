@@ -224,13 +224,18 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
-@functools.cache
-def _compiled_template() -> jinja2.Template:
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in the environment transformers renders chat templates in."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
-    return env.from_string(chat_template())
+    return env.from_string(source)
+
+
+@functools.cache
+def _compiled_template() -> jinja2.Template:
+    return compile_chat_template(chat_template())
 
 
 def render(

@@ -1,0 +1,159 @@
+"""The acceptance walk of one request's cycle (DESIGN §3.4), evaluated only where it goes.
+
+Same walk as the core's `greedy_walk` / `sample_walk` over `tree_penalized_logits` /
+`tree_probabilities`: at node u take x from u's row (greedy: argmax of the penalised logits, lowest
+index on ties; sampled: exponential race with Philox coins keyed by (seed, step, u, token)); descend
+if a child carries x, else emit x and stop. The spine's rows are processed together (the walk
+usually stays on it), other rows only when the walk reaches them, and coins are drawn only for
+tokens of nonzero probability (the race ignores the rest): on a CPU that is most of the cost of
+sampling. Tested equal to the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lumotree.drafting.selection import argmax_lowest_index
+from lumotree.engine.fast_select import ordered_topk_fast, probabilities_rows
+from lumotree.engine.sequence import TokenLogprob
+from lumotree.sampling.logits import SamplingParams, apply_penalties
+from lumotree.sampling.rng import philox4x32, uint_to_uniform_float
+from lumotree.tree import TreeDescriptor
+
+_U64 = (1 << 64) - 1
+
+
+def seed_key(seed: int) -> int:
+    """Any Python int -> the int64 bit pattern of seed mod 2^64 (the Philox key the core takes)."""
+    key = seed & _U64
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def support_coins(seed: int, step: int, nodes: int | Sequence[int], tokens: Tensor) -> Tensor:
+    """The core's `uniform_coins` at the given tokens only: tokens [k] of one node, or [n, k] of
+    n nodes -> float32 coins of the same shape."""
+    node_ids = np.asarray(nodes, dtype=np.int64)
+    word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), node_ids[..., None], step, 0)
+    return torch.from_numpy(uint_to_uniform_float(word).reshape(tokens.shape))
+
+
+def history_counts(tokens: Sequence[int], vocab: int) -> Tensor:
+    """Token counts [V] float32 of a history."""
+    counts = torch.zeros(vocab, dtype=torch.float32)
+    if len(tokens):
+        counts += torch.bincount(torch.as_tensor(list(tokens), dtype=torch.long), minlength=vocab).float()
+    return counts
+
+
+class RowSampler:
+    """Chooses the tokens of tree rows with the request's processing: penalties over prompt +
+    `generated` + each row's own path drafts, then greedy argmax or the seeded exponential race."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_seen: Tensor,
+        generated: Sequence[int],
+        seed: int,
+        step: int,
+    ) -> None:
+        self.params, self.prompt_seen, self.seed, self.step = params, prompt_seen, seed, step
+        self.vocab = int(prompt_seen.shape[0])
+        self._generated = history_counts(generated, self.vocab)
+        self._needs_history = (
+            params.repetition_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        )
+
+    def penalised(self, logits: Tensor, path_drafts: Sequence[Sequence[int]]) -> Tensor:
+        """logits [n, V] -> float32 [n, V] after penalties; row i's history adds path_drafts[i]."""
+        if not self._needs_history:
+            return logits.float()
+        counts = self._generated.repeat(len(path_drafts), 1)
+        rows = [i for i, path in enumerate(path_drafts) for _ in path]
+        if rows:
+            tokens = [t for path in path_drafts for t in path]
+            counts.index_put_(
+                (torch.tensor(rows), torch.tensor(tokens)), torch.ones(len(rows)), accumulate=True
+            )
+        return apply_penalties(logits, self.prompt_seen, counts, self.params)
+
+    def choose(self, logits: Tensor, path_drafts: Sequence[Sequence[int]], nodes: Sequence[int]) -> list[int]:
+        """The token each row yields: logits [n, V] of rows `nodes` (their path drafts: root
+        excluded, the node included)."""
+        x = self.penalised(logits, path_drafts)
+        if self.params.greedy:
+            return argmax_lowest_index(x).tolist()
+        probs, cand = probabilities_rows(x, self.params)
+        if cand is None:
+            return [
+                self._race(row, row.nonzero()[:, 0], node) for row, node in zip(probs, nodes, strict=True)
+            ]
+        coins = support_coins(self.seed, self.step, nodes, cand)
+        pc = probs.gather(-1, cand)
+        score = torch.where(pc > 0, pc / -torch.log(coins), torch.tensor(-1.0))
+        return cand.gather(-1, score.argmax(dim=-1, keepdim=True))[:, 0].tolist()
+
+    def _race(self, probs: Tensor, support: Tensor, node: int) -> int:
+        """The exponential race of one row over its support (ascending token ids)."""
+        p = probs[support]
+        score = p / -torch.log(support_coins(self.seed, self.step, node, support))
+        return int(support[int(score.argmax())])
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """accepted: logical nodes root..last; emitted: the accepted drafts then the chosen token
+    (len(accepted) of them); each emitted token comes from the row accepted[i]."""
+
+    accepted: list[int]
+    emitted: list[int]
+
+
+def walk(tree: TreeDescriptor, rows_logits: Callable[[list[int]], Tensor], sampler: RowSampler) -> Acceptance:
+    """The acceptance walk from the root; rows_logits(nodes) -> raw logits [n, V] of those rows.
+
+    The spine's rows are evaluated together first (the walk usually stays on it); a node off the
+    spine is evaluated when the walk reaches it. Every row's choice depends only on its own
+    logits, path and coins, so the order of evaluation does not change the result.
+    """
+    children = tree.child_nodes.tolist()
+    child_tokens = tree.child_tokens.tolist()
+    tokens = tree.tokens.tolist()
+    spine = tree.spine.tolist()
+    spine_paths = [[tokens[s] for s in spine[1 : i + 1]] for i in range(len(spine))]
+    on_spine = dict(zip(spine, sampler.choose(rows_logits(spine), spine_paths, spine), strict=True))
+    node, accepted, path_drafts, emitted = 0, [0], [], []
+    while True:
+        x = on_spine.get(node)
+        if x is None:
+            x = sampler.choose(rows_logits([node]), [path_drafts], [node])[0]
+        emitted.append(x)
+        nxt = next(
+            (c for c, t in zip(children[node], child_tokens[node], strict=True) if c >= 0 and t == x), None
+        )
+        if nxt is None:
+            return Acceptance(accepted, emitted)
+        node = nxt
+        accepted.append(node)
+        path_drafts = [*path_drafts, tokens[node]]
+
+
+def token_logprobs(logits: Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
+    """Raw-distribution logprobs of tokens[i] under row logits[i] and each row's top-k.
+    logits [n, V] -> n TokenLogprob."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = ordered_topk_fast(logp, k).tolist() if k > 0 else [[] for _ in tokens]
+    out = []
+    for row, token, best in zip(logp, tokens, top, strict=True):
+        best_values = row[best].tolist() if best else []
+        out.append(
+            TokenLogprob(int(token), float(row[int(token)]), tuple(zip(best, best_values, strict=True)))
+        )
+    return out

@@ -1,0 +1,88 @@
+"""Engine configuration: the model, the drafter kind and its geometry, limits and CPU settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from lumotree.drafting.geometry import GeometryConfig
+from lumotree.tree import MAX_DEPTH
+
+DrafterKind = Literal["ar", "mtp", "tree"]
+DRAFTER_KINDS: tuple[str, ...] = ("ar", "mtp", "tree")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build an LLMEngine.
+
+    drafter: "ar" (no drafts), "mtp" (chain of `mtp_depth` MTP spine drafts) or "tree" (the paper
+    geometry: MTP spine + `siblings` runner-ups per depth + suffix tail + rescue branches).
+    rows: verification rows of a tree (None: exactly the geometry's capacity, 1 + max drafts; the
+    paper pads to 32 for GPU tiles, which only costs compute on a CPU).
+    max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
+    kernels: "cpu-fast" (vectorised variants, tested equal to the references) or "reference".
+    threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
+    """
+
+    model: Path | str | None = None  # None: lumotree.model.default_model_path()
+    drafter: DrafterKind = "tree"
+    mtp_depth: int = 5
+    siblings: int = 2
+    tail_len: int = 6
+    rescue_lens: tuple[int, ...] = (4, 2)
+    max_depth: int = MAX_DEPTH
+    rows: int | None = None
+    max_model_len: int | None = None
+    dtype: str = "float32"
+    threads: int = 1
+    kernels: Literal["cpu-fast", "reference"] = "cpu-fast"
+    prefill_chunk: int = 512
+    prefix_cache: bool = True
+    cache_block: int = 64
+    prefix_cache_tokens: int = 65_536
+    suffix_min_match: int = 2
+    suffix_cache_tokens: int = 65_536
+    seed: int | None = None  # seeds drawn for seedless requests come from this (None: os entropy)
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTER_KINDS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {self.drafter!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.drafter != "ar" and not 1 <= self.mtp_depth <= self.max_depth:
+            raise ValueError(f"mtp_depth must be in 1..{self.max_depth}, got {self.mtp_depth}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.prefill_chunk < 1 or self.cache_block < 1 or self.prefill_chunk % self.cache_block:
+            raise ValueError("prefill_chunk must be a positive multiple of cache_block")
+        self.geometry()  # validates the tree counts
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def geometry(self) -> GeometryConfig:
+        """The draft geometry of this drafter kind (AR: the root alone; MTP: a chain)."""
+        if self.drafter == "ar":
+            return GeometryConfig(0, 0, 0, (), rows=1, max_depth=self.max_depth)
+        if self.drafter == "mtp":
+            return GeometryConfig(self.mtp_depth, 0, 0, (), rows=1 + self.mtp_depth, max_depth=self.max_depth)
+        capacity = (
+            GeometryConfig(
+                self.mtp_depth, self.siblings, self.tail_len, self.rescue_lens, max_depth=self.max_depth
+            ).max_drafts
+            + 1
+        )
+        return GeometryConfig(
+            self.mtp_depth,
+            self.siblings,
+            self.tail_len,
+            self.rescue_lens,
+            rows=self.rows or capacity,
+            max_depth=self.max_depth,
+        )

@@ -1,0 +1,187 @@
+"""The engine's drafters: AR (the root alone), chain MTP-k, and the LumoTree tree (MTP spine and
+siblings + suffix tail and rescue branches, assembled by the core's `build_paper_tree`).
+
+All three answer `propose(root, prefix_len) -> TreeDescriptor`, so AR, chain and tree arms run the
+same verification, walk and publication code. Drafters learn what happened through `rows()` (true
+target hidden rows with the tokens that follow them: the MTP head's inputs) and `emitted()` (tokens
+of the request, for the suffix index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from torch import Tensor
+
+from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
+from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.suffix import SuffixDrafter
+from lumotree.engine.config import EngineConfig
+from lumotree.engine.fast_select import ordered_topk_fast
+from lumotree.model.model import HybridLM
+from lumotree.model.state import KVCache
+from lumotree.model.tree_mode import mtp_chain_step
+from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree
+
+
+class ARDrafter:
+    """No drafts: every cycle verifies the pending root alone (one decode step)."""
+
+    kind = "ar"
+
+    def __init__(self, geometry: GeometryConfig) -> None:
+        self.geometry = geometry
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest draft this drafter can propose (the length of accepted_per_pos)."""
+        return 0
+
+    @property
+    def mtp_cache(self) -> KVCache | None:
+        """The MTP KV cache the prefix cache saves and restores (None: no MTP)."""
+        return None
+
+    def begin(self, prompt: Sequence[int], cached: int) -> None:
+        """A new request whose first `cached` prompt tokens come from the prefix cache."""
+
+    def rows(self, hidden: Tensor, next_tokens: Sequence[int], commit: bool) -> None:
+        """True target rows: hidden [n, H] of materialised tokens and the token after each.
+        commit=True processes them now (prefill), else with the next proposal."""
+
+    def emitted(self, tokens: Sequence[int]) -> None:
+        """Tokens the request emitted (kept ones only)."""
+
+    def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
+        return chain_tree([root], prefix_len=prefix_len)
+
+    def finish(self) -> None:
+        """The request ended."""
+
+
+class ChainDrafter(ARDrafter):
+    """Chain MTP-k: the MTP spine of depth k, no siblings, no suffix."""
+
+    kind = "mtp"
+
+    def __init__(self, geometry: GeometryConfig, model: HybridLM, capacity: int) -> None:
+        super().__init__(geometry)
+        self.mtp = MTPDrafter(
+            model,
+            geometry.depth_mtp,
+            1 + geometry.siblings_per_depth,
+            capacity,
+            select_topk=ordered_topk_fast,
+            step=partial(mtp_chain_step, model),
+        )
+
+    @property
+    def max_depth(self) -> int:
+        return self.geometry.depth_mtp
+
+    @property
+    def mtp_cache(self) -> KVCache | None:
+        cache = self.mtp.state.layers[0]
+        assert isinstance(cache, KVCache)
+        return cache
+
+    def begin(self, prompt: Sequence[int], cached: int) -> None:
+        # MTP row t needs token t+1: a cached prefix of B tokens holds MTP rows 0..B-2
+        self.mtp.reset(max(cached - 1, 0))
+
+    def rows(self, hidden: Tensor, next_tokens: Sequence[int], commit: bool) -> None:
+        if commit:
+            self.mtp.commit(hidden, next_tokens)
+        else:
+            self.mtp.queue(hidden, next_tokens)
+
+    def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
+        return chain_tree([root, *self.mtp.propose().spine], prefix_len=prefix_len)
+
+
+class TreeDrafter(ChainDrafter):
+    """The paper geometry: MTP spine + ordered siblings, suffix principal tail, rescue branches."""
+
+    kind = "tree"
+
+    def __init__(
+        self, geometry: GeometryConfig, model: HybridLM, capacity: int, suffix: SuffixDrafter
+    ) -> None:
+        super().__init__(geometry, model, capacity)
+        self.suffix = suffix
+
+    @property
+    def max_depth(self) -> int:
+        return self.geometry.max_depth
+
+    def begin(self, prompt: Sequence[int], cached: int) -> None:
+        super().begin(prompt, cached)
+        self.suffix.begin(prompt)
+
+    def emitted(self, tokens: Sequence[int]) -> None:
+        self.suffix.extend(tokens)
+
+    def finish(self) -> None:
+        self.suffix.finish()
+
+    def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
+        geo = self.geometry
+        proposal = self.mtp.propose()
+        tails = self.suffix.continuations(proposal.spine, geo.tail_len, 1)
+        tail = tails[0].continuation if tails else ()
+        rescues = rescue_branches(self.suffix, geo, proposal.spine, proposal.topk, tail)
+        return build_paper_tree(
+            root, proposal.spine, proposal.topk, tail, rescues, prefix_len=prefix_len, config=geo
+        )
+
+
+def rescue_branches(
+    suffix: SuffixDrafter,
+    geo: GeometryConfig,
+    spine: Sequence[int],
+    topk: Sequence[Sequence[int]],
+    tail: Sequence[int],
+) -> list[RescueBranch]:
+    """Rescue branches: the best suffix continuations of the root that leave the tree (spine, tail
+    and siblings), each hung below the node where it leaves, the i-th cut to geo.rescue_lens[i]."""
+    if not geo.rescue_lens:
+        return []
+    # Mirror build_paper_tree's spine, tail and siblings (same order and budget) to find where
+    # each continuation leaves the tree.
+    mirror = TreeBuilder(0, max_nodes=geo.rows, max_depth=geo.max_depth)
+    node: int | None = 0
+    for token in [*spine[: geo.depth_mtp], *tail[: geo.tail_len]]:
+        node = mirror.add(node, token) if node is not None else None
+    for d, (token, ranked) in enumerate(zip(spine[: geo.depth_mtp], topk, strict=False)):
+        at_depth = mirror.find(spine[:d])
+        if at_depth is not None:
+            for t in [t for t in ranked if t != token][: geo.siblings_per_depth]:
+                mirror.add(at_depth, t)
+    out: list[RescueBranch] = []
+    for match in suffix.continuations((), geo.max_depth, 2 * len(geo.rescue_lens)):
+        cont = match.continuation
+        at = 0
+        while at < len(cont) and mirror.find(cont[: at + 1]) is not None:
+            at += 1
+        branch = cont[at : at + geo.rescue_lens[len(out)]]
+        if not branch:
+            continue
+        out.append(RescueBranch(tuple(cont[:at]), tuple(branch)))
+        anchor = mirror.find(cont[:at])
+        assert anchor is not None  # every prefix up to `at` was found above
+        mirror.extend(anchor, branch)
+        if len(out) == len(geo.rescue_lens):
+            break
+    return out
+
+
+def make_drafter(config: EngineConfig, model: HybridLM, capacity: int) -> ARDrafter:
+    """The drafter of config.drafter, with the geometry of config.geometry()."""
+    geometry = config.geometry()
+    if config.drafter == "ar":
+        return ARDrafter(geometry)
+    if config.drafter == "mtp":
+        return ChainDrafter(geometry, model, capacity)
+    suffix = SuffixDrafter(min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens)
+    return TreeDrafter(geometry, model, capacity, suffix)

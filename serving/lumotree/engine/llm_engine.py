@@ -1,0 +1,350 @@
+"""The synchronous engine: requests in, TokenEvents out, one step at a time.
+
+A step works on the active sequence: one prefill chunk, or one decode cycle, which reads like
+gpt-fast's loop:
+
+    tree    = draft(seq)                 # drafter: MTP passes, suffix lookups, the descriptor
+    forward = verify(tree)               # target: one forward over every tree row
+    walk    = accept(seq, forward)       # dispatch: the acceptance walk (logits rows on demand)
+    publish(seq, forward, walk)          # dispatch: replay + conv + KV publication, drafter inputs
+
+The pending-token convention (DESIGN §3.5): the last emitted token is the next tree's root; its
+state is made by that tree's forward.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from lumotree.engine.acceptance import Acceptance, RowSampler, history_counts, token_logprobs, walk
+from lumotree.engine.config import EngineConfig
+from lumotree.engine.drafter import make_drafter
+from lumotree.engine.metrics import EngineMetrics
+from lumotree.engine.model_runner import ModelRunner
+from lumotree.engine.prefix_cache import PrefixCache
+from lumotree.engine.scheduler import Scheduler
+from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
+from lumotree.model import default_model_path, load_checkpoint
+from lumotree.model.tree_kernels import REFERENCE
+from lumotree.model.tree_kernels_cpu import CPU_FAST
+from lumotree.model.tree_mode import TreeForward
+from lumotree.sampling import SamplingParams
+from lumotree.tree import TreeDescriptor
+
+log = logging.getLogger(__name__)
+MAX_LOGPROBS = 20
+
+
+def _eos_ids(model_dir: Path, config_eos: int | list[int] | None) -> tuple[int, ...]:
+    """EOS ids of config.json and generation_config.json together."""
+    ids: list[int] = []
+    sources: list[object] = [config_eos]
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for src in sources:
+        for i in src if isinstance(src, list) else [src]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return tuple(ids)
+
+
+class LLMEngine:
+    """One active sequence, a FIFO queue behind it; see the module docstring for the cycle."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        torch.set_num_threads(config.threads)
+        self.model_dir = Path(config.model) if config.model else default_model_path()
+        self.model = load_checkpoint(self.model_dir, dtype=config.torch_dtype)
+        mcfg = self.model.config
+        self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
+        self.geometry = config.geometry()
+        capacity = self._max_model_len + self.geometry.rows
+        self.runner = ModelRunner(
+            self.model, capacity, CPU_FAST if config.kernels == "cpu-fast" else REFERENCE
+        )
+        self.drafter = make_drafter(config, self.model, capacity)
+        self.prefix_cache = (
+            PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
+        )
+        self.scheduler = Scheduler()
+        self._metrics = EngineMetrics()
+        self._eos = _eos_ids(self.model_dir, mcfg.eos_token_id)
+        self._seeds = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
+        self._events: list[TokenEvent] = []  # finished-by-abort events, reported by the next step
+        # per active sequence
+        self._prompt_seen: Tensor | None = None
+        self._last_hidden: Tensor | None = None  # target hidden row of the last prefilled token
+        self._block_keys: list[bytes] = []
+
+    # ---- properties the server reads ---------------------------------------------------------
+    @property
+    def tokenizer_path(self) -> Path:
+        """The model folder (tokenizer.json, tokenizer_config.json with the chat template)."""
+        return self.model_dir
+
+    @property
+    def model_name(self) -> str:
+        return self.model_dir.name
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + output tokens one request may reach."""
+        return self._max_model_len
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, req: GenerationRequest) -> None:
+        """Queue a request; ValueError (with a message for the user) if it cannot run."""
+        self._validate(req)
+        seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
+        stop = set(req.stop_token_ids) | (set() if req.ignore_eos else set(self._eos))
+        self.scheduler.add(Sequence(req, seed, frozenset(stop)))
+        self._metrics.prompt_tokens += len(req.prompt_token_ids)
+
+    def _validate(self, req: GenerationRequest) -> None:
+        if not isinstance(req.request_id, str) or not req.request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if req.request_id in self.scheduler:
+            raise ValueError(f"request id {req.request_id!r} is already in use by an unfinished request")
+        if not isinstance(req.sampling, SamplingParams):
+            raise ValueError("sampling must be a lumotree.sampling.SamplingParams")
+        prompt, vocab = req.prompt_token_ids, self.vocab_size
+        if not prompt:
+            raise ValueError("the prompt is empty: at least one prompt token is needed")
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:3]}")
+        bad = [t for t in req.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop token ids must be integers in [0, {vocab}); got {bad[:3]}")
+        if len(prompt) >= self._max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens but this model's context limit is "
+                f"{self._max_model_len} tokens (prompt + output); shorten the prompt"
+            )
+        if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {req.max_tokens!r}")
+        if req.logprobs is not None and not (
+            isinstance(req.logprobs, int) and 0 <= req.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {req.logprobs!r}")
+        if req.seed is not None and not isinstance(req.seed, int):
+            raise ValueError(f"seed must be an integer, got {req.seed!r}")
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now (a no-op if it is unknown or finished); reported as finish "abort"."""
+        seq = self.scheduler.get(request_id)
+        if seq is not None:
+            self._finish(seq, "abort")
+            self._events.append(seq.event([], None))
+
+    def has_unfinished(self) -> bool:
+        return len(self.scheduler) > 0 or bool(self._events)
+
+    def metrics(self) -> EngineMetrics:
+        """A snapshot of the engine-wide counters."""
+        self._metrics.running = int(self.scheduler.running is not None)
+        self._metrics.waiting = len(self.scheduler.waiting)
+        return self._metrics.copy()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        """Advance the active sequence by one prefill chunk or one decode cycle."""
+        events, self._events = self._events, []
+        seq = self.scheduler.next()
+        if seq is None:
+            return events
+        try:
+            event = (
+                self._prefill_step(seq) if seq.status is not SequenceStatus.DECODE else self._decode_step(seq)
+            )
+        except Exception as exc:  # a failing request must not take the engine (or the server) down
+            log.exception("request %s failed", seq.request_id)
+            self._finish(seq, "error")
+            event = seq.event([], None, error=f"{type(exc).__name__}: {exc}")
+        if event is not None:
+            events.append(event)
+        return events
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        was_active = self.scheduler.running is seq
+        self.scheduler.finish(seq, reason)
+        self._metrics.finished(reason)
+        if was_active:
+            self.drafter.finish()
+
+    # ---- prefill -----------------------------------------------------------------------------
+    def _begin(self, seq: Sequence) -> None:
+        """Make `seq` the active sequence: fresh state, prefix-cache restore, drafter start."""
+        self.runner.reset()
+        prompt, cached = seq.prompt, 0
+        self._last_hidden = None
+        self._block_keys = []
+        if self.prefix_cache is not None:
+            self._block_keys = self.prefix_cache.block_keys(prompt)
+            usable = self.prefix_cache.lookup(self._block_keys, len(prompt))
+            self._metrics.prefix_cache_queries += len(prompt)
+            if usable:
+                hidden = self.prefix_cache.restore(
+                    self._block_keys[:usable], self.runner.state, self.drafter.mtp_cache
+                )
+                self._last_hidden = hidden[None]
+                cached = usable * self.prefix_cache.block
+                self._metrics.prefix_cache_hits += cached
+        self.drafter.begin(prompt, cached)
+        self._prompt_seen = history_counts(prompt, self.vocab_size) > 0
+        seq.prefilled = seq.cached_prompt_tokens = cached
+        seq.status = SequenceStatus.PREFILL
+
+    def _chunk_end(self, seq: Sequence) -> int:
+        """End of the next prefill chunk: chunk multiples, and the last block boundary before the
+        prompt's last token (so the next turn of a conversation finds its snapshot)."""
+        n, start, cfg = len(seq.prompt), seq.prefilled, self.config
+        ends = {n, ((n - 1) // cfg.cache_block) * cfg.cache_block}
+        ends.update(range(cfg.prefill_chunk, n, cfg.prefill_chunk))
+        return min(e for e in ends if e > start)
+
+    def _prefill_step(self, seq: Sequence) -> TokenEvent | None:
+        if seq.status is SequenceStatus.WAITING:
+            self._begin(seq)
+        with self._metrics.span("prefill"):
+            start, end, prompt = seq.prefilled, self._chunk_end(seq), seq.prompt
+            hidden = self.runner.prefill(prompt[start:end])
+            # MTP rows are (h_t, x_{t+1}): the previous chunk's last row joins this chunk's rows
+            if self._last_hidden is None:
+                self.drafter.rows(hidden[:-1], prompt[start + 1 : end], commit=True)
+            else:
+                self.drafter.rows(torch.cat([self._last_hidden, hidden[:-1]]), prompt[start:end], commit=True)
+            self._last_hidden = hidden[-1:]
+            seq.prefilled = end
+            cache = self.prefix_cache
+            if cache is not None and end % cache.block == 0 and end < len(prompt):
+                cache.store(
+                    self._block_keys[: end // cache.block],
+                    self.runner.state,
+                    self.drafter.mtp_cache,
+                    hidden[-1],
+                )
+        if end < len(prompt):
+            return None
+        # the first token comes from the prompt's last row: sampling event 0, node 0
+        logits = self.runner.logits(self._last_hidden)
+        sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed, seq.step)
+        token = sampler.choose(logits, [[]], [0])[0]
+        seq.step += 1
+        seq.status = SequenceStatus.DECODE
+        return self._emit(seq, [token], [0], lambda rows: logits, self._last_hidden)
+
+    def _require_prompt_seen(self) -> Tensor:
+        assert self._prompt_seen is not None, "no active sequence"
+        return self._prompt_seen
+
+    # ---- the decode cycle --------------------------------------------------------------------
+    def draft(self, seq: Sequence) -> TreeDescriptor:
+        """The draft tree below the pending root."""
+        return self.drafter.propose(seq.output[-1], self.runner.length)
+
+    def verify(self, tree: TreeDescriptor) -> TreeForward:
+        """One target forward over every tree row."""
+        return self.runner.verify(tree)
+
+    def accept(self, seq: Sequence, forward: TreeForward, row_logits: _RowLogits) -> Acceptance:
+        """The acceptance walk with the request's sampling (coins of sampling event seq.step)."""
+        sampler = RowSampler(
+            seq.request.sampling, self._require_prompt_seen(), seq.output, seq.seed, seq.step
+        )
+        seq.step += 1
+        return walk(forward.tree, row_logits.rows, sampler)
+
+    def publish(self, forward: TreeForward, acc: Acceptance) -> None:
+        """Publish the accepted path into the state bank (GDN replay, conv state, KV remap)."""
+        self.runner.publish(forward, acc.accepted)
+
+    def _decode_step(self, seq: Sequence) -> TokenEvent:
+        m = self._metrics
+        with m.span("drafter"):
+            tree = self.draft(seq)
+        with m.span("target"):
+            forward = self.verify(tree)
+        row_logits = _RowLogits(self.runner, forward)
+        with m.span("dispatch"):
+            acc = self.accept(seq, forward, row_logits)
+            self.publish(forward, acc)
+        # logits rows were computed during the walk: that is target work, not dispatch
+        m.spans["target"].seconds += row_logits.seconds
+        m.spans["dispatch"].seconds -= row_logits.seconds
+        drafts = tree.n_active - 1
+        accepted = len(acc.accepted) - 1
+        seq.spec.record(drafts, accepted, self.drafter.max_depth)
+        m.spec.record(drafts, accepted, self.drafter.max_depth)
+        hidden = forward.hidden[acc.accepted]
+        return self._emit(seq, acc.emitted, acc.accepted, row_logits.rows, hidden)
+
+    def _emit(
+        self,
+        seq: Sequence,
+        tokens: list[int],
+        rows: list[int],
+        logits_of: Callable[[list[int]], Tensor],
+        hidden: Tensor,
+    ) -> TokenEvent:
+        """Append emitted tokens up to a stop condition and report them. Row rows[i] produced
+        tokens[i]; logits_of(rows) -> their raw logits [n, V] (for logprobs); hidden [n, H] their
+        target hidden rows, which with the tokens after them are the drafter's next MTP inputs."""
+        req, kept, reason = seq.request, [], None
+        for token in tokens:
+            seq.output.append(token)
+            kept.append(token)
+            if token in seq.stop_ids:
+                reason = "stop"
+            elif (
+                len(seq.output) >= req.max_tokens or len(seq.prompt) + len(seq.output) >= self._max_model_len
+            ):
+                reason = "length"
+            if reason:
+                break
+        self._metrics.generation_tokens += len(kept)
+        logprobs: list[TokenLogprob] | None = None
+        if req.logprobs is not None:
+            logprobs = token_logprobs(logits_of(rows[: len(kept)]), kept, req.logprobs)
+        self.drafter.emitted(kept)
+        if reason:
+            self._finish(seq, reason)
+        else:
+            self.drafter.rows(hidden, kept, commit=False)
+        return seq.event(kept, logprobs)
+
+
+class _RowLogits:
+    """Logits rows of one tree forward, computed when first asked for (the asked rows in one
+    matmul: the vocabulary projection is memory-bound at a few rows) and timed: target work."""
+
+    def __init__(self, runner: ModelRunner, forward: TreeForward) -> None:
+        self.runner, self.forward = runner, forward
+        self.cache: dict[int, Tensor] = {}
+        self.seconds = 0.0
+
+    def rows(self, nodes: list[int]) -> Tensor:
+        missing = [n for n in nodes if n not in self.cache]
+        if missing:
+            start = time.perf_counter()
+            self.cache.update(zip(missing, self.runner.logits(self.forward.hidden[missing]), strict=True))
+            self.seconds += time.perf_counter() - start
+        return torch.stack([self.cache[n] for n in nodes])

@@ -1,0 +1,87 @@
+"""The model runner: the target model, the active request's state bank and the tensor-level steps
+(prefill chunks, tree verification, lazily computed logits rows, publication).
+
+One active sequence: the state bank (GDN recurrent + conv state per linear layer, KV cache per
+attention layer) is allocated once with room for max_model_len tokens plus one tree, and reset
+between requests.
+
+Padding rows give a GPU fixed shapes; on a CPU they only cost compute, so the runner verifies the
+active rows alone (`active_rows`): padding is invisible to every stage by contract, so results are
+the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from lumotree.model.model import HybridLM
+from lumotree.model.state import GDNState, ModelState
+from lumotree.model.tree_kernels import TreeKernels
+from lumotree.model.tree_mode import TreeForward, publish_tree_, verify_tree
+from lumotree.tree import TreeDescriptor
+
+
+def active_rows(tree: TreeDescriptor) -> TreeDescriptor:
+    """The same tree without its padding rows (active rows come first in logical and physical order)."""
+    n = tree.n_active
+    if n == tree.rows:
+        return tree
+    return replace(
+        tree,
+        tokens=tree.tokens[:n],
+        parent=tree.parent[:n],
+        depth=tree.depth[:n],
+        position=tree.position[:n],
+        active=tree.active[:n],
+        slot_map=tree.slot_map[:n],
+        ancestry=tree.ancestry[:n, :n],
+        ancestor_at_depth=tree.ancestor_at_depth[:n],
+        child_nodes=tree.child_nodes[:n],
+        child_tokens=tree.child_tokens[:n],
+        conv_gather=tree.conv_gather[:n],
+    )
+
+
+class ModelRunner:
+    """Tensor work for the engine; `capacity` = KV rows of the state bank."""
+
+    def __init__(self, model: HybridLM, capacity: int, kernels: TreeKernels) -> None:
+        self.model, self.kernels = model, kernels
+        self.state: ModelState = model.new_state(capacity)
+
+    @property
+    def length(self) -> int:
+        """Tokens materialised in the state (the next position)."""
+        return self.state.length
+
+    def reset(self) -> None:
+        """Empty state for a new request (KV rows past `length` are never read, so they stay)."""
+        for layer in self.state.layers:
+            if isinstance(layer, GDNState):
+                layer.recurrent.zero_()
+                layer.conv.zero_()
+        self.state.length = 0
+
+    @torch.inference_mode()
+    def prefill(self, tokens: list[int]) -> Tensor:
+        """Fold prompt tokens into the state (sequence mode). Returns post-norm hidden [n, H]."""
+        return self.model.prefill(torch.tensor(tokens, dtype=torch.long), self.state)
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden [n, H] -> logits [n, V]."""
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def verify(self, tree: TreeDescriptor) -> TreeForward:
+        """One target forward over every active tree row (the durable state is only read)."""
+        return verify_tree(self.model, self.state, active_rows(tree), self.kernels)
+
+    @torch.inference_mode()
+    def publish(self, forward: TreeForward, accepted: list[int]) -> None:
+        """Publish the accepted path (logical nodes, root first) into the state."""
+        path = forward.tree.padded_path(accepted)
+        publish_tree_(self.state, forward, path, len(accepted), self.kernels)

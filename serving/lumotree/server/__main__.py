@@ -1,0 +1,93 @@
+"""`python -m lumotree.server`: serve one model with the LumoTree engine over HTTP (uvicorn)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from lumotree.engine import DRAFTER_KINDS, AsyncEngine, EngineConfig
+from lumotree.model import default_model_path
+from lumotree.server.app import create_app
+from lumotree.server.context import ServingContext
+from lumotree.server.metrics import render_metrics
+
+log = logging.getLogger("lumotree.server")
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command()
+def serve(
+    model: Annotated[
+        Path | None, typer.Option(help="Checkpoint folder (default: the shipped lumo-tiny-coder).")
+    ] = None,
+    drafter: Annotated[
+        str, typer.Option(help="tree (LumoTree), mtp (chain MTP) or ar (no drafts).")
+    ] = "tree",
+    mtp_depth: Annotated[
+        int, typer.Option(help="MTP drafting passes (the chain length for --drafter mtp).")
+    ] = 5,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LUMOTREE_API_KEY", help="Require 'Authorization: Bearer KEY' on generation routes."
+        ),
+    ] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model name clients send (default: the folder name).")
+    ] = None,
+    max_model_len: Annotated[
+        int | None, typer.Option(min=2, help="Prompt + output tokens per request (default: the model's).")
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="Engine compute dtype: float32, bfloat16 or float64.")
+    ] = "float32",
+    threads: Annotated[int, typer.Option(min=1, help="torch threads of the engine.")] = 1,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for the seeds of requests that bring none (default: random).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions), SGLang's /generate,
+    /v1/models, /health and /metrics (vLLM metric names) with the LumoTree engine."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if drafter not in DRAFTER_KINDS:
+        raise typer.BadParameter(f"must be one of {', '.join(DRAFTER_KINDS)}", param_hint="--drafter")
+    try:
+        folder = model or default_model_path()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint at {folder} (config.json missing)")
+        config = EngineConfig(
+            model=folder, drafter=drafter, mtp_depth=mtp_depth, max_model_len=max_model_len,  # type: ignore[arg-type]
+            dtype=dtype, threads=threads, seed=seed,
+        )  # fmt: skip
+        engine = AsyncEngine.from_config(config)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    ctx = ServingContext.for_model(
+        engine, engine.tokenizer_path, engine.max_model_len, served_model_name, api_key
+    )
+    log.info(
+        "serving %s as %r: drafter %s, max_model_len %d, dtype %s, on http://%s:%d%s",
+        folder, ctx.model_name, drafter, engine.max_model_len, dtype, host, port,
+        " (API key required)" if api_key else "",
+    )  # fmt: skip
+    http = create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name))
+    try:
+        uvicorn.run(http, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

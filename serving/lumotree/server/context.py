@@ -1,0 +1,95 @@
+"""What every endpoint shares: the engine, the tokenizer, the served name and the request limits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lumotree.engine.sequence import GenerationRequest
+from lumotree.server.errors import APIError
+from lumotree.server.generation import EngineClient, EngineFailure, OutputDelta, TextOptions, stream_output
+from lumotree.server.params import RequestLimits, load_sampling_defaults
+from lumotree.server.tokenizer import ModelTokenizer
+
+log = logging.getLogger("lumotree.server")
+
+
+@dataclass
+class ServingContext:
+    engine: EngineClient
+    tokenizer: ModelTokenizer
+    model_name: str  # what requests name as "model"
+    model_path: str
+    limits: RequestLimits
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    #: why the engine can take no more requests (its thread died); /health then answers 503
+    engine_dead: str | None = None
+
+    @classmethod
+    def for_model(
+        cls,
+        engine: EngineClient,
+        model_dir: Path,
+        max_model_len: int,
+        model_name: str | None = None,
+        api_key: str | None = None,
+    ) -> ServingContext:
+        """Context for the checkpoint folder `model_dir` (tokenizer, chat template, sampling defaults)."""
+        tokenizer = ModelTokenizer(model_dir)
+        limits = RequestLimits(max_model_len, tokenizer.vocab_size, load_sampling_defaults(model_dir))
+        name = model_name or Path(model_dir).resolve().name
+        return cls(engine, tokenizer, name, str(model_dir), limits, api_key)
+
+    async def output(self, req: GenerationRequest, opts: TextOptions) -> AsyncIterator[OutputDelta]:
+        """The request's text deltas (`stream_output`), logged, noting a dead engine for /health."""
+        log.info(
+            "%s: submitted, %d prompt tokens, max_tokens %d",
+            req.request_id,
+            len(req.prompt_token_ids),
+            req.max_tokens,
+        )
+        last: OutputDelta | None = None
+        try:
+            async with contextlib.aclosing(stream_output(self.engine, self.tokenizer, req, opts)) as deltas:
+                async for last in deltas:
+                    yield last
+        except EngineFailure as exc:
+            log.warning("%s: failed: %s", req.request_id, exc)
+            if exc.dead:
+                self.engine_dead = str(exc)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            log.info(
+                "%s: client gone after %d tokens: aborted",
+                req.request_id,
+                last.num_output_tokens if last else 0,
+            )
+            raise
+        if last is not None:
+            spec = last.spec
+            log.info(
+                "%s: %s after %d tokens (%d prompt, %d cached); %d drafts, %d accepted",
+                req.request_id, last.finish_reason, last.num_output_tokens, last.num_prompt_tokens,
+                last.cached_prompt_tokens, spec.num_drafts, spec.num_accepted_tokens,
+            )  # fmt: skip
+
+    def check_model(self, name: str | None) -> None:
+        """404 unless `name` is the served model (or omitted)."""
+        if name is not None and name != self.model_name:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,106 @@
+"""`GET /metrics`: the engine's counters as Prometheus text, with vLLM's metric names.
+
+Speculative decoding uses vLLM's counters (drafts = speculative events, draft tokens, accepted drafts,
+accepted per position 0..depth-1), so lumobench reads this server exactly as it reads vLLM. LumoTree's
+phase spans (target / drafter / dispatch, and prefill) are summaries: `_sum` seconds and `_count`.
+"""
+
+from __future__ import annotations
+
+from lumotree.engine.metrics import EngineMetrics
+
+SPEC_PREFIX = "vllm:spec_decode_"
+
+
+def _labels(**labels: str) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
+
+
+def _num(value: float) -> str:
+    # exact integers for counters (no 1.2e+06 rounding), full precision otherwise
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class _Writer:
+    def __init__(self, model_name: str) -> None:
+        self.model = model_name
+        self.lines: list[str] = []
+
+    def family(
+        self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]
+    ) -> None:
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        base = name.removesuffix("_total") if kind == "counter" else name
+        for labels, value in samples:
+            suffix = "_total" if kind == "counter" else ""
+            self.lines.append(f"{base}{suffix}{_labels(model_name=self.model, **labels)} {_num(value)}")
+
+    def one(self, name: str, kind: str, help_text: str, value: float) -> None:
+        self.family(name, kind, help_text, [({}, value)])
+
+
+def render_metrics(m: EngineMetrics, model_name: str) -> str:
+    """Prometheus text exposition (version 0.0.4) of one engine snapshot."""
+    w = _Writer(model_name)
+    w.one(
+        SPEC_PREFIX + "num_drafts_total",
+        "counter",
+        "Speculative events (cycles that verified drafts).",
+        m.spec.num_drafts,
+    )
+    w.one(
+        SPEC_PREFIX + "num_draft_tokens_total", "counter", "Draft tokens verified.", m.spec.num_draft_tokens
+    )
+    w.one(
+        SPEC_PREFIX + "num_accepted_tokens_total",
+        "counter",
+        "Draft tokens accepted (bonus/correction tokens excluded).",
+        m.spec.num_accepted_tokens,
+    )
+    w.family(
+        SPEC_PREFIX + "num_accepted_tokens_per_pos_total",
+        "counter",
+        "Speculative events that accepted a draft at this position (0 = first draft).",
+        [({"position": str(p)}, n) for p, n in enumerate(m.spec.accepted_per_pos)],
+    )
+    w.one("vllm:prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens)
+    w.one("vllm:generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens)
+    w.family(
+        "vllm:request_success_total",
+        "counter",
+        "Finished requests by finish reason.",
+        [({"finished_reason": r}, n) for r, n in sorted(m.requests_finished.items())],
+    )
+    w.one(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        m.prefix_cache_queries,
+    )
+    w.one(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+        m.prefix_cache_hits,
+    )
+    w.one(
+        "lumotree:prefix_cache_hit_rate",
+        "gauge",
+        "Prefix-cache hits / queries since start.",
+        m.prefix_cache_hit_rate,
+    )
+    w.one("vllm:num_requests_running", "gauge", "Requests in prefill or decode.", m.running)
+    w.one("vllm:num_requests_waiting", "gauge", "Requests waiting in the queue.", m.waiting)
+    name = "lumotree:phase_seconds"
+    w.lines += [
+        f"# HELP {name} Wall time of engine phases: target forward, drafter, dispatch (acceptance + "
+        "path handling + publication), prefill.",
+        f"# TYPE {name} summary",
+    ]
+    for phase, span in m.spans.items():
+        labels = _labels(model_name=model_name, phase=phase)
+        w.lines += [f"{name}_sum{labels} {_num(span.seconds)}", f"{name}_count{labels} {span.count}"]
+    return "\n".join(w.lines) + "\n"

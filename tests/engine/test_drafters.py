@@ -1,0 +1,105 @@
+"""Drafters: the suffix index and drafter (matching, ranking, bounded global cache), the MTP drafter
+(proposals from the MTP head, cache rollback), and the tree drafter's paper geometry."""
+
+from __future__ import annotations
+
+import torch
+
+from lumotree.drafting.geometry import GeometryConfig
+from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
+from lumotree.drafting.suffix import SuffixDrafter, SuffixIndex
+from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
+from lumotree.engine.drafter import rescue_branches
+from lumotree.model import HybridLM
+from lumotree.sampling import SamplingParams
+
+from .helpers import run_requests
+
+
+def test_suffix_index_ranks_occurrences_latest_first_with_full_match_length() -> None:
+    index = SuffixIndex(key_len=2)
+    a = index.add([1, 2, 3, 4, 9, 2, 3, 5])
+    b = index.add([7, 1, 2, 3, 6])
+    found = index.matches([8, 1, 2, 3], max_match=10)
+    assert found == [(3, b, 4), (2, a, 7), (3, a, 3)]  # latest first; (match length, sequence, start)
+    assert index.matches([0, 4], max_match=10) == []  # no continuation indexed for (0, 4)
+    index.remove(b)
+    assert [m[1] for m in index.matches([1, 2, 3], max_match=10)] == [a, a]
+
+
+def test_suffix_drafter_prefers_longer_matches_then_this_request_then_recency() -> None:
+    drafter = SuffixDrafter(min_match=2, cache_tokens=100)
+    drafter.begin([5, 6, 7, 8])
+    drafter.extend([11, 12, 13])
+    drafter.finish()  # the output [11, 12, 13] joins the global cache
+    drafter.begin([20, 11, 12, 40, 41, 5, 11, 12])
+    conts = [m.continuation for m in drafter.continuations((), length=2, limit=5)]
+    assert conts == [(40, 41), (13,)]  # this request's occurrence of (11, 12) first
+    assert drafter.continuations((99,), length=2, limit=5) == []
+    longer = drafter.continuations((), length=1, limit=1)[0]
+    assert longer.match_len == 2
+
+
+def test_suffix_global_cache_evicts_the_oldest_outputs_beyond_its_budget() -> None:
+    drafter = SuffixDrafter(min_match=2, cache_tokens=8)
+    for output in ([1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]):
+        drafter.begin([0])
+        drafter.extend(output)
+        drafter.finish()
+    drafter.begin([0, 1, 2])
+    assert drafter.continuations((), 2, 3) == []  # [1, 2, 3, 4] was evicted
+    drafter.begin([0, 9, 10])
+    assert [m.continuation for m in drafter.continuations((), 2, 3)] == [(11, 12)]
+
+
+def test_mtp_drafter_proposes_the_mtp_heads_chain_and_rolls_its_cache_back(model: HybridLM) -> None:
+    ids = torch.randint(9, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        hidden = model(ids)[0]
+        drafter = MTPDrafter(model, depth=3, topk=3, capacity=128)
+        drafter.commit(hidden[:30], ids[0, 1:31].tolist())
+        drafter.queue(hidden[30:39], ids[0, 31:40].tolist())
+        proposal = drafter.propose()
+        full = model.compute_logits(model.mtp_forward(hidden[None, :39], ids[:, 1:40]))[0, -1]
+        # depth 2 by hand: the MTP row of depth 1's output hidden and its spine token, at position 39
+        first_hidden = model.mtp_forward(hidden[None, :39], ids[:, 1:40])[0, -1:]
+        state = model.new_mtp_state(128)
+        model.mtp_step(hidden[:39], ids[0, 1:40], state)
+        clean = state.layers[0].key[:39].clone()
+        depth2, _ = model.mtp_step(first_hidden, torch.tensor([proposal.spine[0]]), state, step_idx=1)
+    assert drafter.committed == 39  # the queued true rows were committed, the chain rolled back
+    torch.testing.assert_close(drafter.state.layers[0].key[:39], clean, atol=1e-5, rtol=1e-5)
+    assert proposal.spine[0] == int(argmax_lowest_index(full))
+    assert proposal.topk[0] == ordered_topk(full, 3).tolist()
+    assert proposal.spine[1] == int(argmax_lowest_index(depth2[-1]))
+    assert all(row[0] == s for row, s in zip(proposal.topk, proposal.spine, strict=True))
+
+
+def test_tree_drafter_hangs_rescue_branches_where_a_continuation_leaves_the_tree() -> None:
+    geometry = GeometryConfig(rows=28)
+    suffix = SuffixDrafter(min_match=2)
+    suffix.begin([1, 2, 50, 51, 60, 61, 62, 63, 1, 2, 50, 70, 71, 72, 73, 74, 1, 2])
+    spine, topk = [50, 51, 52, 53, 54], [[50, 55, 56], [51, 57, 58], [52, 0, 3], [53, 4, 5], [54, 6, 7]]
+    rescues = rescue_branches(suffix, geometry, spine, topk, tail=())
+    # continuations of (1, 2): [50, 70, 71, ...] leaves after 50; [50, 51, 60, ...] leaves after 51
+    assert [(r.attach, r.tokens) for r in rescues] == [((50,), (70, 71, 72, 73)), ((50, 51), (60, 61))]
+
+
+def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[GenerationRequest]) -> None:
+    engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192))
+    trees = []
+    real_propose = engine.drafter.propose
+
+    def record(root: int, prefix_len: int):
+        tree = real_propose(root, prefix_len)
+        trees.append(tree)
+        return tree
+
+    engine.drafter.propose = record
+    prompt = next(p for p in demo_prompts if p.request_id == "wal-t04")
+    run_requests(engine, [GenerationRequest("g", prompt.prompt_token_ids, SamplingParams(0.0), 48)])
+    assert trees and all(t.rows == 28 and t.n_active <= 28 and t.max_depth == 11 for t in trees)
+    assert all(len(t.spine) >= 6 for t in trees)  # root + 5 MTP spine drafts at least
+    assert max(int(t.depth.max()) for t in trees) > 5  # the suffix tail deepened some spines
+    assert max(t.n_active for t in trees) >= 22  # 15 MTP candidates + tail + rescues

@@ -1,0 +1,13 @@
+"""Fixtures of the server tests: the shipped model's tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from lumotree.model import default_model_path
+from lumotree.server.tokenizer import ModelTokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> ModelTokenizer:
+    return ModelTokenizer(default_model_path())

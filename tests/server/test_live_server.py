@@ -1,0 +1,242 @@
+"""The real server process with the real engine and the shipped model (tree drafter): the API end to
+end, counters, queueing of concurrent requests, client disconnects, and lumobench replay against it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from harness.helpers import DEMO, lumobench
+
+from lumobench.corpus import load_corpus
+from lumobench.metrics import parse_prometheus
+from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
+
+from .live import lumotree_server
+
+pytestmark = pytest.mark.integration
+MAX_LEN = 8192  # the demo corpus has prompts of up to ~4,700 tokens
+SYSTEM = (
+    "You are a careful software engineering agent working in a Python repository. Use the tools to "
+    "inspect files, run commands and edit code. Reply concisely."
+)
+AGENT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is `replay_wal` defined?"}]
+CODE = [
+    {"role": "user", "content": 'Complete this function:\n```python\ndef mean(xs):\n    """Average."""\n```'}
+]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with lumotree_server(log, "--max-model-len", str(MAX_LEN), "--seed", "0") as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def tools() -> list[dict]:
+    return [t.model_dump(mode="json", exclude_none=True) for t in load_corpus(DEMO)[0].tools or []]
+
+
+def stream(url: str, path: str, body: dict, recorder: StreamRecorder) -> StreamRecorder:
+    with httpx.stream("POST", url + path, json=body | {"stream": True}, timeout=120) as resp:
+        assert resp.status_code == 200, resp.read()
+        for raw in resp.iter_raw():
+            recorder.feed(raw, time.monotonic_ns())
+    assert recorder.failure() is None, recorder.failure()
+    return recorder
+
+
+def counters(url: str) -> dict[str, float]:
+    samples = parse_prometheus(httpx.get(url + "/metrics").text)
+    return {name: sum(v for _, v in rows) for name, rows in samples.items()} | {
+        f"success_{lab['finished_reason']}": v for lab, v in samples.get("vllm:request_success_total", [])
+    }
+
+
+def test_agent_turn_streams_reasoning_and_a_tool_call(url: str, tools: list[dict]) -> None:
+    body = {"messages": AGENT, "tools": tools, "temperature": 0, "max_tokens": 96}
+    rec = stream(
+        url, "/v1/chat/completions", body | {"stream_options": {"include_usage": True}}, ChatRecorder()
+    )
+    fields = rec.text_fields()
+    assert "replay_wal" in fields["reasoning"]  # the model thinks first (trained on such episodes)
+    (call,) = fields["tool_calls"]
+    assert call["function"]["name"] == "grep"
+    assert "replay_wal" in json.loads(call["function"]["arguments"])["pattern"]
+    assert rec.finish_reason == "tool_calls"
+    whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+    msg = whole["choices"][0]["message"]
+    assert msg["reasoning_content"] == fields["reasoning"] and msg["content"] == (fields["text"] or None)
+    assert [c["function"] for c in msg["tool_calls"]] == [c["function"] for c in fields["tool_calls"]]
+    assert whole["usage"]["completion_tokens"] == rec.completion_tokens
+
+
+def test_greedy_logprobs_rank_the_chosen_token_first(url: str) -> None:
+    body = {"prompt": "def add(a, b):\n", "max_tokens": 24, "temperature": 0, "logprobs": 3}
+    out = httpx.post(url + "/v1/completions", json=body, timeout=120).json()["choices"][0]
+    lp = out["logprobs"]
+    assert "".join(lp["tokens"]) == out["text"] or "\ufffd" in "".join(lp["tokens"])
+    for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert len(top) == 3 and chosen == pytest.approx(max(top.values()), abs=1e-6)
+
+
+def test_generate_with_token_ids_streams_cumulative_counts(url: str) -> None:
+    ids = httpx.post(url + "/tokenize", json={"messages": CODE}).json()["tokens"]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 40, "temperature": 0}}
+    rec = stream(url, "/generate", body, GenerateRecorder())
+    assert rec.chunk_tokens == sorted(set(rec.chunk_tokens)) and rec.chunk_tokens[-1] == rec.completion_tokens
+    assert len(rec.token_ids) == rec.completion_tokens
+    whole = httpx.post(url + "/generate", json=body, timeout=120).json()
+    assert whole["output_ids"] == rec.token_ids and whole["text"] == rec.text_fields()["text"]
+    chat = httpx.post(
+        url + "/v1/chat/completions", json={"messages": CODE, "temperature": 0, "max_tokens": 40}
+    )
+    assert chat.json()["choices"][0]["message"]["content"] == whole["text"]  # same prompt, same greedy answer
+
+
+def test_metrics_move_by_what_was_served(url: str, tools: list[dict]) -> None:
+    before = counters(url)
+    usages = []
+    for n in (32, 48):
+        body = {"messages": AGENT, "tools": tools, "temperature": 0, "max_tokens": n, "ignore_eos": True}
+        usages.append(httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["usage"])
+    after = counters(url)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["vllm:generation_tokens_total"] == sum(u["completion_tokens"] for u in usages) == 80
+    assert delta["vllm:prompt_tokens_total"] == sum(u["prompt_tokens"] for u in usages)
+    assert delta["success_length"] == 2
+    # the second request repeats the first one's prompt: the prefix cache serves part of it
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert delta["vllm:prefix_cache_hits_total"] == sum(
+        u["prompt_tokens_details"]["cached_tokens"] for u in usages
+    )
+    # per-request spec stats add up to the server's counters
+    assert (
+        delta["vllm:spec_decode_num_drafts_total"] == sum(u["spec_decode"]["num_drafts"] for u in usages) > 0
+    )
+    assert delta["vllm:spec_decode_num_accepted_tokens_total"] == sum(
+        u["spec_decode"]["num_accepted_tokens"] for u in usages
+    )
+    assert delta["lumotree:phase_seconds_count"] > 0
+
+
+def test_concurrent_requests_queue_and_match_their_solo_answers(url: str, tools: list[dict]) -> None:
+    # greedy: the answer depends only on the prompt (a seeded sampled answer also depends on the tree
+    # the drafter builds, and the suffix drafter learns from earlier outputs)
+    bodies = [
+        {"messages": CODE, "temperature": 0, "max_tokens": 40},
+        {"messages": AGENT, "tools": tools, "temperature": 0, "max_tokens": 60},
+        {"messages": [{"role": "user", "content": "Explain what a write-ahead log is."}], "temperature": 0},
+        {"prompt": "import os\n\ndef walk(", "max_tokens": 30, "temperature": 0},
+    ]
+    paths = ["/v1/completions" if "prompt" in b else "/v1/chat/completions" for b in bodies]
+    solo = [httpx.post(url + p, json=b, timeout=120).json() for p, b in zip(paths, bodies, strict=True)]
+
+    async def together() -> list[dict]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            replies = await asyncio.gather(
+                *(client.post(p, json=b) for p, b in zip(paths, bodies, strict=True))
+            )
+        return [r.json() for r in replies]
+
+    crowd = asyncio.run(together())
+    for alone, together_ in zip(solo, crowd, strict=True):
+        for reply in (alone, together_):
+            reply.pop("id"), reply.pop("created")
+            # acceptance and prefix-cache hits depend on what the drafter and the cache saw before
+            reply["usage"].pop("spec_decode"), reply["usage"].pop("prompt_tokens_details")
+            for c in (reply["choices"][0].get("message") or {}).get("tool_calls") or []:
+                c.pop("id")  # call ids are random
+        assert alone == together_
+
+
+def _wait_for(url: str, key: str, value: float, timeout_s: float = 20.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while (now := counters(url)).get(key, 0) < value:
+        assert time.monotonic() < deadline, f"{key} stayed at {now.get(key, 0)} (expected {value})"
+        time.sleep(0.1)
+    return now
+
+
+def test_client_disconnects_abort_running_and_queued_requests(url: str) -> None:
+    aborted = counters(url).get("success_abort", 0)
+    chat = url + "/v1/chat/completions"
+    long = {"messages": CODE, "max_tokens": 3000, "ignore_eos": True, "temperature": 0.7, "seed": 1}
+    # (keep each response's chunk iterator referenced: dropping it makes httpx close the stream)
+    with httpx.stream("POST", chat, json=long | {"stream": True}, timeout=60) as running:
+        running_chunks = running.iter_raw()
+        next(running_chunks)
+        _wait_for(url, "vllm:num_requests_running", 1)
+        with httpx.stream("POST", chat, json=long | {"stream": True}, timeout=60) as queued:
+            queued_chunks = queued.iter_raw()
+            next(queued_chunks)
+            _wait_for(url, "vllm:num_requests_waiting", 1)  # queued behind the running request
+        _wait_for(url, "success_abort", aborted + 1)
+        with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+            httpx.post(chat, json=long, timeout=2.0)
+        _wait_for(url, "success_abort", aborted + 2)
+        assert counters(url)["vllm:num_requests_running"] == 1  # the first stream still runs
+        next(running_chunks)
+    state = _wait_for(url, "success_abort", aborted + 3)
+    time.sleep(0.5)
+    idle = counters(url)
+    assert idle["vllm:generation_tokens_total"] == state["vllm:generation_tokens_total"]
+    assert idle["vllm:num_requests_running"] == idle["vllm:num_requests_waiting"] == 0
+
+
+def test_bad_requests_to_the_real_engine_get_4xx(url: str) -> None:
+    long_prompt = "x = 1\n" * MAX_LEN
+    r = httpx.post(url + "/v1/completions", json={"prompt": long_prompt, "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": CODE, "max_tokens": MAX_LEN})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": CODE, "temperature": "hot"})
+    assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+    r = httpx.post(
+        url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_replay_of_the_demo_corpus_reports_acceptance_from_metrics(url: str, tmp_path: Path) -> None:
+    # the lumotree arm's request settings (per-chunk usage, token ids) against this running server
+    argv = ["replay", DEMO, "--arm", "lumotree", "--endpoint", url, "--out", tmp_path]
+    proc = lumobench(*argv, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = list(tmp_path.iterdir())
+    report = json.loads(lumobench("report", run_dir, "--format", "json").stdout)["arms"][0]
+    assert (report["arm"], report["completed"], report["failed"]) == ("lumotree", 22, 0)
+    assert report["accepted_per_event"] > 0.5 and report["per_position_acceptance"][0] > 0.3
+    assert report["tokens_per_chunk"] > 1.5  # speculation delivers several tokens per streamed chunk
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert r["completion_tokens"] == len(r["token_ids"]) == r["chunk_tokens"][-1]
+        assert r["t_send_ns"] < r["t_first_ns"] <= r["t_end_ns"]
+    before, after = ((run_dir / "metrics" / f"run0.seg0.{s}.prom").read_text() for s in ("before", "after"))
+    served = sum(v for _, v in parse_prometheus(after)["vllm:generation_tokens_total"]) - sum(
+        v for _, v in parse_prometheus(before)["vllm:generation_tokens_total"]
+    )
+    assert served == sum(r["completion_tokens"] for r in rows)
+
+
+def test_api_key_is_required_when_set(tmp_path: Path) -> None:
+    with lumotree_server(tmp_path / "server.log", "--api-key", "k3y", "--max-model-len", "512") as base:
+        assert httpx.get(base + "/v1/models").status_code == 401
+        bad = httpx.post(
+            base + "/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}
+        )
+        assert bad.status_code == 401
+        ok = httpx.post(
+            base + "/v1/completions",
+            json={"prompt": "def f():", "max_tokens": 4},
+            headers={"Authorization": "Bearer k3y"},
+            timeout=60,
+        )
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(base + "/health").status_code == 200
