@@ -58,7 +58,12 @@ def test_user_mistakes_give_one_line(tmp_path: Path) -> None:
         lumobench("replay", DEMO, "--endpoint", f"http://127.0.0.1:{port}"),
         f"cannot reach endpoint http://127.0.0.1:{port}",
     )
-    _one_clear_line(lumobench("replay", DEMO), "missing arm file(s)")
+    # The embedded default arms exist in the repo; an empty arms folder shows the missing-arm message.
+    empty_arms = tmp_path / "no-arms"
+    empty_arms.mkdir()
+    _one_clear_line(
+        lumobench("replay", DEMO, env={"LUMOBENCH_ARMS_DIR": str(empty_arms)}), "missing arm file(s)"
+    )
     _one_clear_line(
         lumobench("replay", tmp_path / "missing.jsonl", "--arm", "vllm-cpu-tiny"), "cannot read corpus"
     )
