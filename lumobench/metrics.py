@@ -17,6 +17,8 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# LumoTree's phase timers (target forward, drafter, dispatch; the paper's Tables VI and IX), a summary.
+PHASE_SUM, PHASE_COUNT = "lumotree:phase_seconds_sum", "lumotree:phase_seconds_count"
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -107,6 +109,30 @@ def spec_delta(before: str, after: str) -> SpecCounters | None:
     if delta.drafts < 0 or delta.accepted < 0:
         return None
     return delta
+
+
+def _by_phase(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in samples.get(name, []):
+        if "phase" in labels:
+            out[labels["phase"]] += value
+    return out
+
+
+def phase_totals(before: str, after: str) -> dict[str, tuple[float, float]]:
+    """Per phase (target, drafter, dispatch, ...): (Δseconds, Δcount) between two snapshots.
+
+    Empty when the server exports no phase timers or the counters went backwards (restart)."""
+    b, a = parse_prometheus(before), parse_prometheus(after)
+    b_sum, a_sum = _by_phase(b, PHASE_SUM), _by_phase(a, PHASE_SUM)
+    b_count, a_count = _by_phase(b, PHASE_COUNT), _by_phase(a, PHASE_COUNT)
+    out = {}
+    for phase in a_sum.keys() & b_sum.keys():
+        seconds, count = a_sum[phase] - b_sum[phase], a_count.get(phase, 0.0) - b_count.get(phase, 0.0)
+        if seconds < 0 or count < 0:
+            return {}
+        out[phase] = (seconds, count)
+    return out
 
 
 async def scrape(client: httpx.AsyncClient, base_url: str) -> str | None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from lumobench.metrics import SpecCounters, spec_delta
+from lumobench.metrics import SpecCounters, phase_totals, spec_delta
 from lumobench.rates import bootstrap_ci, matched_ids, pooled, run_rates
 from lumobench.results import RequestRow, RunDir, RunMeta
 
@@ -37,6 +37,7 @@ class ArmReport(BaseModel):
     accepted_per_event: float | None
     per_position_acceptance: list[float]
     tokens_per_chunk: float | None
+    phase_ms: dict[str, float]  # mean ms per span by phase (target/drafter/dispatch), from /metrics
 
 
 def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
@@ -52,6 +53,17 @@ def _spec_totals(run: RunDir) -> SpecCounters | None:
         if delta is not None:
             total = delta if total is None else total + delta
     return total
+
+
+def _phase_ms(run: RunDir) -> dict[str, float]:
+    """Mean milliseconds per span of each phase, pooled over the run's metric segments."""
+    seconds: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for _, _, before, after in run.metric_segments():
+        for phase, (s, c) in phase_totals(before, after).items():
+            seconds[phase] = seconds.get(phase, 0.0) + s
+            counts[phase] = counts.get(phase, 0.0) + c
+    return {p: 1000 * seconds[p] / counts[p] for p in sorted(seconds) if counts[p] > 0}
 
 
 def load_run(path: Path) -> tuple[RunDir, RunMeta, list[RequestRow]]:
@@ -90,6 +102,7 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
                 accepted_per_event=spec.accepted_per_event if spec else None,
                 per_position_acceptance=spec.per_position_rates() if spec else [],
                 tokens_per_chunk=_tokens_per_chunk(rows),
+                phase_ms=_phase_ms(run),
             )
         )
     return reports
@@ -125,6 +138,7 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
         "vs first",
         "accepted/event",
         "tok/chunk",
+        "spans ms (target/drafter/dispatch)",
     ):
         table.add_column(col, justify="left" if col == "arm" else "right")
     base = reports[0].pooled_tokens_per_s if reports else None
@@ -147,6 +161,9 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
             rel,
             _f(rep.accepted_per_event),
             _f(rep.tokens_per_chunk),
+            "/".join(_f(rep.phase_ms.get(p)) for p in ("target", "drafter", "dispatch"))
+            if rep.phase_ms
+            else "–",
         )
     return table
 
@@ -158,10 +175,16 @@ def render_json(reports: Sequence[ArmReport]) -> str:
 def render_csv(reports: Sequence[ArmReport]) -> str:
     buf = io.StringIO()
     fields = [
-        f for f in ArmReport.model_fields if f not in ("run_rates", "pooled_ci95", "per_position_acceptance")
+        f
+        for f in ArmReport.model_fields
+        if f not in ("run_rates", "pooled_ci95", "per_position_acceptance", "phase_ms")
     ]
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([*fields, "ci95_low", "ci95_high", "run_rate_min", "run_rate_max", "run_rates"])
+    phases = ("target", "drafter", "dispatch")
+    writer.writerow(
+        [*fields, "ci95_low", "ci95_high", "run_rate_min", "run_rate_max", "run_rates"]
+        + [f"{p}_ms" for p in phases]
+    )
     for rep in reports:
         known = [r for r in rep.run_rates if r is not None]
         ci = rep.pooled_ci95 or (None, None)
@@ -174,5 +197,6 @@ def render_csv(reports: Sequence[ArmReport]) -> str:
                 max(known, default=None),
                 " ".join("" if r is None else f"{r:.6g}" for r in rep.run_rates),
             ]
+            + [rep.phase_ms.get(p) for p in phases]
         )
     return buf.getvalue()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lumobench.metrics import parse_prometheus, spec_counters, spec_delta
+from lumobench.metrics import parse_prometheus, phase_totals, spec_counters, spec_delta
 from lumobench.rates import bootstrap_ci, matched_ids, pooled, run_rates
 from lumobench.results import RequestRow
 
@@ -70,3 +70,21 @@ def test_accepted_per_event_and_per_position_rates_from_counter_deltas() -> None
     assert spec_delta(after, METRICS_BEFORE) is None  # counters went backwards: server restarted
     assert spec_counters("vllm:num_requests_running 0\n") is None
     assert parse_prometheus(METRICS_BEFORE)["vllm:num_requests_running"] == [({"model_name": "m"}, 0.0)]
+
+
+def test_phase_spans_are_deltas_per_phase_and_vanish_on_restart() -> None:
+    before = (
+        'lumotree:phase_seconds_sum{model_name="m",phase="target"} 1.0\n'
+        'lumotree:phase_seconds_count{model_name="m",phase="target"} 10\n'
+        'lumotree:phase_seconds_sum{model_name="m",phase="drafter"} 0.5\n'
+        'lumotree:phase_seconds_count{model_name="m",phase="drafter"} 10\n'
+    )
+    after = (
+        'lumotree:phase_seconds_sum{model_name="m",phase="target"} 4.0\n'
+        'lumotree:phase_seconds_count{model_name="m",phase="target"} 110\n'
+        'lumotree:phase_seconds_sum{model_name="m",phase="drafter"} 1.5\n'
+        'lumotree:phase_seconds_count{model_name="m",phase="drafter"} 60\n'
+    )
+    assert phase_totals(before, after) == {"target": (3.0, 100.0), "drafter": (1.0, 50.0)}
+    assert phase_totals(after, before) == {}  # went backwards: a restarted server
+    assert phase_totals(METRICS_BEFORE, METRICS_BEFORE) == {}  # a server without phase timers

@@ -214,6 +214,8 @@ def test_replay_of_the_demo_corpus_reports_acceptance_from_metrics(url: str, tmp
     assert (report["arm"], report["completed"], report["failed"]) == ("lumotree", 22, 0)
     assert report["accepted_per_event"] > 0.5 and report["per_position_acceptance"][0] > 0.3
     assert report["tokens_per_chunk"] > 1.5  # speculation delivers several tokens per streamed chunk
+    assert set(report["phase_ms"]) >= {"target", "drafter", "dispatch"}  # the paper's Table IX spans
+    assert all(ms > 0 for ms in report["phase_ms"].values())
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     for r in rows:
         assert r["completion_tokens"] == len(r["token_ids"]) == r["chunk_tokens"][-1]
