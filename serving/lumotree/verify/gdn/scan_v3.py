@@ -202,6 +202,8 @@ def gdn_scan_v3_kernel(
 
     # ---- prologue: tables, then every operand, in as few round trips as the dependencies allow ----
     n_steps = tl.load(steps_ptr + p)
+    if n_steps == 0:  # unused path slots of fixed-capacity tables (path 0 always has the root)
+        return
     start = tl.load(start_ptr + p)
     rows = tl.arange(0, LP)
     on_path = rows < n_steps

@@ -145,10 +145,9 @@ def gdn_tree_kernel(
 
     neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-    n = tl.maximum(rows, 0).to(tl.int64)
-    v = tl.load(
-        v_ptr + (n * HV + hv)[:, None] * V + offs_v[None, :], mask=valid[:, None], other=0.0
-    ).to(tl.float32)
+    n = rows.to(tl.int64)
+    v_rows = v_ptr + (n * HV + hv)[:, None] * V + offs_v[None, :]
+    v = tl.load(v_rows, mask=valid[:, None], other=0.0).to(tl.float32)
     g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
     beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
     first_tile = vt == 0
