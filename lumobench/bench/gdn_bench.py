@@ -231,10 +231,12 @@ def v3_method(w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int) ->
     )
 
 
-def tree_method(w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int, precision: str) -> Method:
-    """Tree-parallel chunk form (no step loop), fp32 matmuls in `precision`."""
+def tree_method(
+    w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int, precision: str, solve: str
+) -> Method:
+    """Tree-parallel chunk form (no step loop), fp32 matmuls in `precision`, triangular `solve`."""
     tables = ancestry_tables(w.tree, w.device)
-    cfg = dict(block_v=block_v, num_warps=num_warps, precision=precision)
+    cfg = dict(block_v=block_v, num_warps=num_warps, precision=precision, solve=solve)
     verify = _verify_layers(
         w,
         one_launch,
@@ -243,7 +245,7 @@ def tree_method(w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int, 
     )
     label = _layout_label(one_launch, w.shape.layers)
     return Method(
-        name=f"lumotree tree-parallel {precision} bv{block_v} w{num_warps}, {label}",
+        name=f"lumotree tree-parallel {precision} {solve} bv{block_v} w{num_warps}, {label}",
         verify=verify,
         publish=_publish_all(w),
         buffers={

@@ -39,26 +39,27 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     cut_bank = torch.empty(R, HV, V, K, device=w.device)
     bank = torch.empty(w.shape.layers, R, HV, V, K, device=w.device)
     staging = torch.empty(w.shape.layers, 1, HV, V, K, device=w.device)
-    # (block_v, num_warps, both layouts?) for v3; (block_v, num_warps, precision, both layouts?) for tree
+    # (block_v, num_warps, both layouts?) for v3; (block_v, num_warps, precision, solve, both
+    # layouts?) for tree-parallel. Run 3 (product solve only) measured bv64 w8 fastest.
     v3 = [(8, 2, True)] if tiny else [(8, 2, True), (4, 1, False)]
     tree = (
-        [(16, 4, "ieee", True)]
+        [(16, 4, "ieee", "substitution", True)]
         if tiny
         else [
-            (32, 8, "ieee", True),
-            (64, 8, "ieee", False),
-            (32, 8, "tf32x3", True),
-            (64, 8, "tf32x3", False),
+            (64, 8, "tf32x3", "substitution", True),
+            (64, 8, "tf32x3", "product", True),
+            (64, 8, "ieee", "substitution", False),
+            (32, 8, "ieee", "substitution", True),
         ]
     )
     makers = []
     for bv, nw, both in v3:
         for one in (False, True) if both else (False,):
             makers.append((f"lumotree v3 bv{bv} w{nw}", partial(gdn_bench.v3_method, w, one, bv, nw)))
-    for bv, nw, precision, both in tree:
+    for bv, nw, precision, solve, both in tree:
         for one in (False, True) if both else (False,):
-            label = f"lumotree tree-parallel {precision} bv{bv} w{nw}"
-            makers.append((label, partial(gdn_bench.tree_method, w, one, bv, nw, precision)))
+            label = f"lumotree tree-parallel {precision} {solve} bv{bv} w{nw}"
+            makers.append((label, partial(gdn_bench.tree_method, w, one, bv, nw, precision, solve)))
     makers += [
         ("lumotree v2 cut bv8 w2", partial(gdn_bench.lumotree_method, w, "cut", True, 8, 2, cut_bank)),
         (

@@ -66,11 +66,12 @@ def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
     return o, ops, bank
 
 
-def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16):
+def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "substitution"):
     rows, n = cases[0].tree.rows, len(cases)
     o = poisoned((n, rows, DIMS.HV, DIMS.V), torch.float32)
     ops = _poisoned_records(n, rows)
-    gdn_tree_layers_(*_stack(cases), ancestry_tables(cases[0].tree, "cpu"), o, ops, block_v=block_v)
+    tables = ancestry_tables(cases[0].tree, "cpu")
+    gdn_tree_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=solve)
     return o, ops
 
 
@@ -90,9 +91,10 @@ def test_v3_outputs_and_records_match_reference(shape: str, schedule: str) -> No
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_tree_parallel_outputs_and_records_match_reference(shape: str) -> None:
+@pytest.mark.parametrize("solve", ["substitution", "product"])
+def test_tree_parallel_outputs_and_records_match_reference(shape: str, solve: str) -> None:
     case = _case(shape, seed=300 + SHAPES.index(shape))
-    o, ops = _run_tree([case])
+    o, ops = _run_tree([case], solve=solve)
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
@@ -107,7 +109,7 @@ def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> N
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "wide_fan", "chain"])
-@pytest.mark.parametrize("kernel", ["v3", "tree"])
+@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product"])
 def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     # The leaf read (v3) and the chunk form (tree) round differently from the reference: the
     # kernel's error against float64 must stay within the paired rule's bound of the reference's.
@@ -117,11 +119,28 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     if kernel == "v3":
         o = gdn_verify_v3(*inputs, case.tree, block_v=16).o
     else:
-        o = gdn_verify_tree(*inputs, case.tree).o
+        o = gdn_verify_tree(*inputs, case.tree, solve=kernel.removeprefix("tree").strip() or "substitution").o
     native = ref.gdn_verify(*inputs, case.tree).o
     truth, _ = ref.gdn_sequential_reference(*case.truth(torch.float32), case.tree)
     result = paired_check(o[:n], native[:n], truth[:n], cell_dims=2, storage=torch.float32)
     assert result.ok, result
+
+
+def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_no_decay() -> None:
+    # No decay, beta ~ 1 and nearly parallel keys make every power of A matter along a depth-11
+    # chain: a missing round shows up here, and the product form loses fp32 accuracy here (its
+    # powers of A grow like binomial coefficients), which is why substitution is the default.
+    base = _case("chain", seed=800)
+    gen = torch.Generator().manual_seed(801)
+    q, k, v, a, _ = base.raw
+    key = torch.randn(1, DIMS.H, DIMS.K, generator=gen, dtype=torch.float64)
+    k = key + 0.05 * torch.randn(k.shape, generator=gen, dtype=torch.float64)
+    b = torch.full_like(a, 8.0)
+    case = gdn_checks.GdnCase(
+        base.tree, (q, k, v, a, b), torch.full_like(base.A_log, -20.0), base.dt_bias, base.state
+    )
+    o, ops = _run_tree([case])
+    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
 def test_refilled_ancestry_tables_serve_a_new_tree() -> None:

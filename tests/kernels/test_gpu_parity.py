@@ -77,6 +77,8 @@ V3_VARIANTS = {
     "v3 cut": lambda *x: gdn_verify_v3(*x, schedule="cut"),
     "tree ieee": lambda *x: gdn_verify_tree(*x, precision="ieee", num_warps=8),
     "tree tf32x3": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8),
+    "tree tf32x3 product": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8, solve="product"),
+    "tree tf32x3 bv64": lambda *x: gdn_verify_tree(*x, block_v=64, precision="tf32x3", num_warps=8),
 }
 
 

@@ -30,8 +30,8 @@ from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.plan import ScanTables, scan_tables
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult, _check_shapes
-from lumotree.verify.gdn.scan import _check_power_of_two, _softplus, empty_operands
+from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.scan import _check_power_of_two, _softplus, check_verify_inputs, empty_operands
 
 V3_SCHEDULES = ("recompute", "cut")
 DEFAULT_BLOCK_V = 8
@@ -48,6 +48,45 @@ def _row(T, rows, i):
 def _entry(x, rows, i):
     """Entry i of a 1-D register vector."""
     return tl.sum(tl.where(rows == i, x, 0), axis=0)
+
+
+@triton.jit
+def _instance_slices(
+    inst,
+    q_ptr,
+    k_ptr,
+    rq_ptr,
+    rk_ptr,
+    v_ptr,
+    o_ptr,
+    rv_ptr,
+    a_ptr,
+    b_ptr,
+    rg_ptr,
+    rb_ptr,
+    alog_ptr,
+    dtb_ptr,
+    stride_qk,
+    stride_v,
+    stride_ab,
+    stride_param,
+):
+    """Operand, output and record pointers moved to GDN instance `inst` (int64)."""
+    return (
+        q_ptr + inst * stride_qk,
+        k_ptr + inst * stride_qk,
+        rq_ptr + inst * stride_qk,
+        rk_ptr + inst * stride_qk,
+        v_ptr + inst * stride_v,
+        o_ptr + inst * stride_v,
+        rv_ptr + inst * stride_v,
+        a_ptr + inst * stride_ab,
+        b_ptr + inst * stride_ab,
+        rg_ptr + inst * stride_ab,
+        rb_ptr + inst * stride_ab,
+        alog_ptr + inst * stride_param,
+        dtb_ptr + inst * stride_param,
+    )
 
 
 @triton.jit
@@ -179,19 +218,12 @@ def gdn_scan_v3_kernel(
     vt = pid % NVT
     h = hv // GROUP
     # This instance's slices (instances share the tables: one tree per cycle).
-    q_ptr += inst * stride_qk
-    k_ptr += inst * stride_qk
-    rq_ptr += inst * stride_qk
-    rk_ptr += inst * stride_qk
-    v_ptr += inst * stride_v
-    o_ptr += inst * stride_v
-    rv_ptr += inst * stride_v
-    a_ptr += inst * stride_ab
-    b_ptr += inst * stride_ab
-    rg_ptr += inst * stride_ab
-    rb_ptr += inst * stride_ab
-    alog_ptr += inst * stride_param
-    dtb_ptr += inst * stride_param
+    q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr, alog_ptr, dtb_ptr = (
+        _instance_slices(
+            inst, q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr,
+            alog_ptr, dtb_ptr, stride_qk, stride_v, stride_ab, stride_param,
+        )
+    )  # fmt: skip
     state_ptr += inst * stride_state
     cut_ptr += inst * stride_cut
 
@@ -291,6 +323,46 @@ def _check_layout(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
         )
 
 
+def check_stacked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    o: Tensor,
+    ops: GdnOperands,
+    block_v: int,
+) -> None:
+    """Shapes and layouts of a stack of N instances (see `gdn_scan_v3_layers_`), as the kernels
+    index them: contiguous, power-of-two K and value tile, V a multiple of the tile."""
+    n, rows, heads, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    _check_power_of_two("K", dk)
+    _check_power_of_two("block_v", block_v)
+    if dv % block_v:
+        raise ValueError(f"V={dv} must be a multiple of block_v={block_v}")
+    for name, t, shape in (
+        ("q", q, (n, rows, heads, dk)),
+        ("k", k, (n, rows, heads, dk)),
+        ("v", v, (n, rows, hv, dv)),
+        ("a", a, (n, rows, hv)),
+        ("b", b, (n, rows, hv)),
+        ("A_log", A_log, (n, hv)),
+        ("dt_bias", dt_bias, (n, hv)),
+        ("state", state, (n, hv, dv, dk)),
+        ("o", o, (n, rows, hv, dv)),
+        ("records q", ops.q, (n, rows, heads, dk)),
+        ("records k", ops.k, (n, rows, heads, dk)),
+        ("records v", ops.v, (n, rows, hv, dv)),
+        ("records g", ops.g, (n, rows, hv)),
+        ("records beta", ops.beta, (n, rows, hv)),
+    ):
+        _check_layout(name, t, shape)
+
+
 def gdn_scan_v3_layers_(
     q: Tensor,
     k: Tensor,
@@ -315,30 +387,11 @@ def gdn_scan_v3_layers_(
     for the "cut" schedule only (C >= the cut states of the tree). "recompute": one launch for all
     instances; "cut": two (spine, then branch paths). No allocation, no host sync.
     """
-    n, rows, heads, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
     if tables.schedule not in V3_SCHEDULES:
         raise ValueError(f"scan v3 runs the {' and '.join(V3_SCHEDULES)} schedules, not {tables.schedule!r}")
-    _check_power_of_two("K", dk)
-    _check_power_of_two("block_v", block_v)
-    if dv % block_v:
-        raise ValueError(f"V={dv} must be a multiple of block_v={block_v}")
-    for name, t, shape in (
-        ("k", k, (n, rows, heads, dk)),
-        ("v", v, (n, rows, hv, dv)),
-        ("a", a, (n, rows, hv)),
-        ("b", b, (n, rows, hv)),
-        ("A_log", A_log, (n, hv)),
-        ("dt_bias", dt_bias, (n, hv)),
-        ("state", state, (n, hv, dv, dk)),
-        ("o", o, (n, rows, hv, dv)),
-        ("records q", ops.q, (n, rows, heads, dk)),
-        ("records k", ops.k, (n, rows, heads, dk)),
-        ("records v", ops.v, (n, rows, hv, dv)),
-        ("records g", ops.g, (n, rows, hv)),
-        ("records beta", ops.beta, (n, rows, hv)),
-    ):
-        _check_layout(name, t, shape)
+    n, rows, heads, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
     if tables.schedule == "cut":
         if cut_bank is None or cut_bank.shape[0] != n or cut_bank.shape[2:] != (hv, dv, dk):
             raise ValueError(f"the cut schedule needs a cut bank [{n}, C, {hv}, {dv}, {dk}]")
@@ -414,17 +467,9 @@ def gdn_verify_v3(
 ) -> GdnVerifyResult:
     """Scan v3 with the reference's signature and result (fp32 compute only). Records cover the
     active rows; padding rows' outputs are zero. cut_states: [C] ("cut") or none ("recompute")."""
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
-    if v.dtype == torch.float64:
-        raise TypeError("the Triton scan computes in fp32; use reference.gdn_verify for float64")
+    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
     rows, heads, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    if rows != tree.rows:
-        raise ValueError(f"operands have {rows} rows, the tree has {tree.rows}")
-    if state.shape != (hv, dv, dk) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be [HV, V, K] = [{hv}, {dv}, {dk}] float32, got {tuple(state.shape)} {state.dtype}"
-        )
     tables = scan_tables(tree, q.device, schedule)
     ops = empty_operands(rows, heads, hv, dk, dv, q.device)
     o = torch.empty_like(v)

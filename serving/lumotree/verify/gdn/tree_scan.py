@@ -11,10 +11,16 @@ the recurrence (decay, predict, rank-1 write) along each node's ancestry gives, 
     O = diag(gamma) Q S0^T + (M o Gamma o Q K^T) U
         M = ancestry (incl. self), Gamma[n, a] = gamma_n / gamma_a
 
-A is nilpotent (A^(depth+1) = 0), so (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: a handful of
-[R, R] products. One program per (value head, value tile, instance) does all of it with a few
-small matmuls (`tl.dot`, fp32; "ieee" or tensor-core "tf32x3"), reads its state tile once and writes
-every row's output and operand records; no path tables, no cut states. Gamma ratios are formed
+A is nilpotent (A^(depth+1) = 0) and only links a row to its ancestors, so two solves are exact:
+- "substitution" (default): U <- RHS - A U, max_depth times; each round fixes one more depth level,
+  with the rounding of fp32 forward substitution (stable);
+- "product": (I + A)^-1 = (I - A)(I + A^2)(I + A^4)... (log2 rounds, measured on the H200). Its
+  intermediate powers of A grow like binomial coefficients when keys are nearly parallel and decay
+  is weak, so fp32 cancellation costs accuracy there (1e-5 of the output scale at key cosine
+  ~0.997 without decay, vs 1e-7 for the sequential scan; equal to it for random keys).
+One program per (value head, value tile, instance) does all of it with small matmuls (`tl.dot`,
+fp32; "ieee" or tensor-core "tf32x3"), reads its state tile once and writes every row's output and
+operand records; no path tables, no cut states. Gamma ratios are formed
 as exp(G_n - G_a) (ancestors only), never as a quotient, so deep decays underflow to 0 cleanly.
 The fp32 rounding differs from the sequential reference (sums of log-decays, matmul order).
 """
@@ -29,11 +35,12 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult, _check_shapes
-from lumotree.verify.gdn.scan import _check_power_of_two, _softplus, empty_operands
-from lumotree.verify.gdn.scan_v3 import _check_layout, _record_rows
+from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.scan import _softplus, check_verify_inputs, empty_operands
+from lumotree.verify.gdn.scan_v3 import _instance_slices, _record_rows, check_stacked
 
 PRECISIONS = ("ieee", "tf32x3")
+SOLVES = ("substitution", "product")
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
 
@@ -41,7 +48,7 @@ DEFAULT_NUM_WARPS = 4
 @dataclass(frozen=True, eq=False)
 class AncestryTables:
     """ancestry [R, R] int32 (1 where column a is row n or one of its ancestors); n_active [1] int32;
-    max_depth: the deepest tree these tables may hold (fixes the number of doubling factors)."""
+    max_depth: the deepest tree these tables may hold (fixes the number of solve rounds)."""
 
     ancestry: Tensor
     n_active: Tensor
@@ -72,9 +79,12 @@ def ancestry_tables(
     return tables.fill_(tree)
 
 
-def doublings(max_depth: int) -> int:
-    """Factors of (I + A)^-1 = (I - A)(I + A^2)...(I + A^(2^(D-1))), exact while 2^D > max_depth."""
-    return max(1, int(max_depth).bit_length())
+def solve_rounds(solve: str, max_depth: int) -> int:
+    """Rounds that make the solve exact for trees of depth <= max_depth: substitution fixes one
+    depth level per round; the product form's D factors cover powers of A up to 2^D - 1."""
+    if solve not in SOLVES:
+        raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
+    return max(1, max_depth) if solve == "substitution" else max(1, int(max_depth).bit_length())
 
 
 @triton.jit
@@ -108,7 +118,8 @@ def gdn_tree_kernel(
     BV: tl.constexpr,
     RP: tl.constexpr,
     BK: tl.constexpr,
-    DOUBLINGS: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    PRODUCT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     NVT: tl.constexpr = V // BV
@@ -118,19 +129,12 @@ def gdn_tree_kernel(
     hv = pid // NVT
     vt = pid % NVT
     h = hv // GROUP
-    q_ptr += inst * stride_qk
-    k_ptr += inst * stride_qk
-    rq_ptr += inst * stride_qk
-    rk_ptr += inst * stride_qk
-    v_ptr += inst * stride_v
-    o_ptr += inst * stride_v
-    rv_ptr += inst * stride_v
-    a_ptr += inst * stride_ab
-    b_ptr += inst * stride_ab
-    rg_ptr += inst * stride_ab
-    rb_ptr += inst * stride_ab
-    alog_ptr += inst * stride_param
-    dtb_ptr += inst * stride_param
+    q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr, alog_ptr, dtb_ptr = (
+        _instance_slices(
+            inst, q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr,
+            alog_ptr, dtb_ptr, stride_qk, stride_v, stride_ab, stride_param,
+        )
+    )  # fmt: skip
     state_ptr += inst * stride_state
 
     offs_v = vt * BV + tl.arange(0, BV)
@@ -197,14 +201,19 @@ def gdn_tree_kernel(
     ratio = tl.where(anc, tl.exp(tl.where(anc, G[:, None] - G[None, :], 0.0)), 0.0)
     gamma = tl.exp(G)
 
-    # (I + A) U = beta (V - gamma K S0^T), solved by the nilpotent product form of (I + A)^-1.
+    # (I + A) U = beta (V - gamma K S0^T); A is nilpotent (see the module docstring).
     A = tl.where(strict, beta[:, None] * ratio * kk, 0.0)
     U = beta[:, None] * (v - gamma[:, None] * ks)
-    U = U - tl.dot(A, U, input_precision=PRECISION)
-    P = A
-    for _ in tl.static_range(DOUBLINGS - 1):
-        P = tl.dot(P, P, input_precision=PRECISION)
-        U = U + tl.dot(P, U, input_precision=PRECISION)
+    if PRODUCT:
+        U = U - tl.dot(A, U, input_precision=PRECISION)
+        P = A
+        for _ in tl.static_range(ROUNDS - 1):
+            P = tl.dot(P, P, input_precision=PRECISION)
+            U = U + tl.dot(P, U, input_precision=PRECISION)
+    else:
+        rhs = U
+        for _ in tl.static_range(ROUNDS):
+            U = rhs - tl.dot(A, U, input_precision=PRECISION)
 
     out = gamma[:, None] * qs + tl.dot(ratio * qk, U, input_precision=PRECISION)
     out = tl.where(valid[:, None], out, 0.0)  # padding rows read as zero
@@ -230,6 +239,7 @@ def gdn_tree_layers_(
     block_v: int = DEFAULT_BLOCK_V,
     num_warps: int = DEFAULT_NUM_WARPS,
     precision: str = "ieee",
+    solve: str = "substitution",
 ) -> None:
     """Verify N independent GDN instances sharing one tree in one launch, into caller-owned buffers.
 
@@ -237,39 +247,22 @@ def gdn_tree_layers_(
     [N, R, H, K]; v [N, R, HV, V]; a, b [N, R, HV]; A_log, dt_bias [N, HV]; state [N, HV, V, K] fp32
     (read only); o [N, R, HV, V]; ops fp32 records. block_v >= 16 on the GPU (matmul tiles).
     precision: "ieee" (CUDA-core fp32) or "tf32x3" (tensor cores, three-pass fp32 emulation).
+    solve: "substitution" (stable) or "product" (fewer rounds; see the module docstring).
     """
     n, rows, heads, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    _check_power_of_two("K", dk)
-    _check_power_of_two("block_v", block_v)
-    if dv % block_v:
-        raise ValueError(f"V={dv} must be a multiple of block_v={block_v}")
     if tables.ancestry.shape != (rows, rows):
         raise ValueError(f"ancestry tables are for {tables.ancestry.shape[0]} rows, operands have {rows}")
-    for name, t, shape in (
-        ("k", k, (n, rows, heads, dk)),
-        ("v", v, (n, rows, hv, dv)),
-        ("a", a, (n, rows, hv)),
-        ("b", b, (n, rows, hv)),
-        ("A_log", A_log, (n, hv)),
-        ("dt_bias", dt_bias, (n, hv)),
-        ("state", state, (n, hv, dv, dk)),
-        ("o", o, (n, rows, hv, dv)),
-        ("records q", ops.q, (n, rows, heads, dk)),
-        ("records k", ops.k, (n, rows, heads, dk)),
-        ("records v", ops.v, (n, rows, hv, dv)),
-        ("records g", ops.g, (n, rows, hv)),
-        ("records beta", ops.beta, (n, rows, hv)),
-    ):
-        _check_layout(name, t, shape)
+    check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
     gdn_tree_kernel[(hv * (dv // block_v), n)](
         q, k, v, a, b, A_log, dt_bias, state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
         tables.ancestry, tables.n_active, rows,
         q.stride(0), v.stride(0), a.stride(0), A_log.stride(0), state.stride(0),
         H=heads, HV=hv, K=dk, V=dv, BV=block_v, RP=max(16, triton.next_power_of_2(rows)), BK=min(32, dk),
-        DOUBLINGS=doublings(tables.max_depth), PRECISION=precision, num_warps=num_warps,
+        ROUNDS=solve_rounds(solve, tables.max_depth), PRODUCT=solve == "product", PRECISION=precision,
+        num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -288,11 +281,12 @@ def gdn_tree_(
     block_v: int = DEFAULT_BLOCK_V,
     num_warps: int = DEFAULT_NUM_WARPS,
     precision: str = "ieee",
+    solve: str = "substitution",
 ) -> None:
     """One layer (shapes of `scan.gdn_scan_` without the instance dim)."""
     ops1 = GdnOperands(*(t[None] for t in (ops.q, ops.k, ops.v, ops.g, ops.beta)))
     inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
-    gdn_tree_layers_(*inputs, tables, o[None], ops1, block_v, num_warps, precision)
+    gdn_tree_layers_(*inputs, tables, o[None], ops1, block_v, num_warps, precision, solve)
 
 
 def gdn_verify_tree(
@@ -308,22 +302,15 @@ def gdn_verify_tree(
     block_v: int | None = None,
     num_warps: int = DEFAULT_NUM_WARPS,
     precision: str = "ieee",
+    solve: str = "substitution",
 ) -> GdnVerifyResult:
     """The tree-parallel kernel with the reference's signature (fp32 compute; no cut states)."""
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
-    if v.dtype == torch.float64:
-        raise TypeError("the Triton kernel computes in fp32; use reference.gdn_verify for float64")
+    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
     rows, heads, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    if rows != tree.rows:
-        raise ValueError(f"operands have {rows} rows, the tree has {tree.rows}")
-    if state.shape != (hv, dv, dk) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be [HV, V, K] = [{hv}, {dv}, {dk}] float32, got {tuple(state.shape)} {state.dtype}"
-        )
     bv = min(DEFAULT_BLOCK_V, dv) if block_v is None else block_v
     ops = empty_operands(rows, heads, hv, dk, dv, q.device)
     o = torch.empty_like(v)
     inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    gdn_tree_(*inputs, ancestry_tables(tree, q.device), o, ops, bv, num_warps, precision)
+    gdn_tree_(*inputs, ancestry_tables(tree, q.device), o, ops, bv, num_warps, precision, solve)
     return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
