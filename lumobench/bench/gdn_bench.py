@@ -4,8 +4,11 @@ All methods share one set of synthetic operands for `layers` GDN layers over the
 active of 32 rows, depth <= 11). Each timed iteration advances the accepted frontier through every
 active node; durable states evolve across iterations, as in the paper. Methods:
 
-- lumotree: Triton path scan ("cut": spine launch + branch launch per layer; or "recompute": one
+- lumotree v2: Triton path scan ("cut": spine launch + branch launch per layer; or "recompute": one
   launch per layer) + replay publication (all layers in one launch, or one launch per layer);
+- lumotree v3 (path scan with preloaded operands) and tree-parallel (chunk form, no step loop): per-layer
+  launches (as a model runs its layers), or all layers as independent instances in one launch (the
+  paper's "48 GDN instances" measurement); replay publication in one launch;
 - native paths: the same path cover storing every node's full state (children reload their
   parent's), publish = copy the selected node's state;
 - torch sequential: PyTorch updates node by node in topological order, publish = copy;
@@ -30,6 +33,8 @@ from lumotree.verify.gdn.plan import ScanTables, scan_tables
 from lumotree.verify.gdn.reference import GdnOperands, gdn_sequential_reference, prepare_operands
 from lumotree.verify.gdn.replay import replay_layers_
 from lumotree.verify.gdn.scan import gdn_scan_
+from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_, gdn_scan_v3_layers_
+from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_, gdn_tree_layers_
 from lumotree.verify.graphs import CapturedStage
 
 MIB = 2**20
@@ -168,13 +173,84 @@ def lumotree_method(
     launches = "1 launch" if one_launch else f"{w.shape.layers} launches"
     variant = f"{schedule} bv{block_v} w{num_warps}{' warm-up' if warm else ''}"
     return Method(
-        name=f"lumotree {variant}, publish {launches}",
+        name=f"lumotree v2 {variant}, publish {launches}",
         verify=verify,
         publish=publish,
         buffers={
             "cut-state bank (shared by layers)": _nbytes(cut_bank) if schedule == "cut" else 0,
             "operand records (all layers)": _nbytes(*vars(w.records).values()),
             "scan tables": _table_bytes(tables),
+        },
+    )
+
+
+def _layout_label(one_launch: bool, layers: int) -> str:
+    return f"{layers} instances, one launch" if one_launch else f"{layers} per-layer launches"
+
+
+def _publish_all(w: GdnWorkload) -> Callable[[], None]:
+    """Replay publication of every layer in one launch (the scan's default tiles)."""
+    return lambda: replay_layers_(w.states, w.records, w.accepted, w.path_len, one_launch=True)
+
+
+Scan = Callable[[tuple[Tensor, ...], Tensor, GdnOperands], object]
+
+
+def _verify_layers(w: GdnWorkload, one_launch: bool, stacked: Scan, per_layer: Scan) -> Callable[[], None]:
+    """Verify every layer: one call over the stacked layers, or one call per layer."""
+    if one_launch:
+        inputs = (w.q, w.k, w.v, w.a, w.b, w.A_log, w.dt_bias, w.states)
+        return lambda: stacked(inputs, w.o, w.records)
+    views = [(w.layer_inputs(layer), w.o[layer], w.layer_records(layer)) for layer in range(w.shape.layers)]
+
+    def verify() -> None:
+        for inputs, o, rec in views:
+            per_layer(inputs, o, rec)
+
+    return verify
+
+
+def v3_method(w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int) -> Method:
+    """Scan v3, recompute schedule, fixed-capacity tables (8 paths, max_depth + 1 steps)."""
+    tables = scan_tables(w.tree, w.device, "recompute", paths=8, steps=w.tree.max_depth + 1)
+    cfg = dict(block_v=block_v, num_warps=num_warps)
+    verify = _verify_layers(
+        w,
+        one_launch,
+        lambda x, o, rec: gdn_scan_v3_layers_(*x, tables, o, rec, None, **cfg),
+        lambda x, o, rec: gdn_scan_v3_(*x, tables, o, rec, None, **cfg),
+    )
+    return Method(
+        name=f"lumotree v3 recompute bv{block_v} w{num_warps}, {_layout_label(one_launch, w.shape.layers)}",
+        verify=verify,
+        publish=_publish_all(w),
+        buffers={
+            "operand records (all layers)": _nbytes(*vars(w.records).values()),
+            "scan tables": _table_bytes(tables),
+        },
+    )
+
+
+def tree_method(
+    w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int, precision: str, solve: str
+) -> Method:
+    """Tree-parallel chunk form (no step loop), fp32 matmuls in `precision`, triangular `solve`."""
+    tables = ancestry_tables(w.tree, w.device)
+    cfg = dict(block_v=block_v, num_warps=num_warps, precision=precision, solve=solve)
+    verify = _verify_layers(
+        w,
+        one_launch,
+        lambda x, o, rec: gdn_tree_layers_(*x, tables, o, rec, **cfg),
+        lambda x, o, rec: gdn_tree_(*x, tables, o, rec, **cfg),
+    )
+    label = _layout_label(one_launch, w.shape.layers)
+    return Method(
+        name=f"lumotree tree-parallel {precision} {solve} bv{block_v} w{num_warps}, {label}",
+        verify=verify,
+        publish=_publish_all(w),
+        buffers={
+            "operand records (all layers)": _nbytes(*vars(w.records).values()),
+            "ancestry tables": _nbytes(tables.ancestry, tables.n_active),
         },
     )
 
@@ -193,6 +269,7 @@ def _table_bytes(tables: ScanTables) -> int:
                 "leaf_hi",
                 "leaves",
                 "n_active",
+                "leaf_table",
             )
         )
     )

@@ -33,44 +33,69 @@ VOCAB = 248320
 
 
 def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
+    """Makers in the order they run: the new kernels first (so a time limit keeps them), then the
+    previous scan (v2) and the baselines."""
     R, HV, V, K = w.tree.rows, w.shape.v_heads, w.shape.dv, w.shape.dk
     cut_bank = torch.empty(R, HV, V, K, device=w.device)
     bank = torch.empty(w.shape.layers, R, HV, V, K, device=w.device)
     staging = torch.empty(w.shape.layers, 1, HV, V, K, device=w.device)
-    configs = [(8, 2)] if tiny else [(8, 2), (8, 4), (4, 1), (16, 4)]
-    bv0, nw0 = configs[0]
-    makers = [
-        (f"lumotree cut bv{bv} w{nw}", partial(gdn_bench.lumotree_method, w, "cut", True, bv, nw, cut_bank))
-        for bv, nw in configs
-    ]
+    # (block_v, num_warps, both layouts?) for v3; (block_v, num_warps, precision, solve, both
+    # layouts?) for tree-parallel. Run 3 (product solve only) measured bv64 w8 fastest.
+    v3 = [(8, 2, True)] if tiny else [(8, 2, True), (4, 1, False)]
+    tree = (
+        [(16, 4, "ieee", "substitution", True)]
+        if tiny
+        else [
+            (64, 8, "tf32x3", "substitution", True),
+            (64, 8, "tf32x3", "product", True),
+            (64, 8, "ieee", "substitution", False),
+            (32, 8, "ieee", "substitution", True),
+        ]
+    )
+    makers = []
+    for bv, nw, both in v3:
+        for one in (False, True) if both else (False,):
+            makers.append((f"lumotree v3 bv{bv} w{nw}", partial(gdn_bench.v3_method, w, one, bv, nw)))
+    for bv, nw, precision, solve, both in tree:
+        for one in (False, True) if both else (False,):
+            label = f"lumotree tree-parallel {precision} {solve} bv{bv} w{nw}"
+            makers.append((label, partial(gdn_bench.tree_method, w, one, bv, nw, precision, solve)))
     makers += [
+        ("lumotree v2 cut bv8 w2", partial(gdn_bench.lumotree_method, w, "cut", True, 8, 2, cut_bank)),
         (
-            "lumotree cut, warm-up",
-            partial(gdn_bench.lumotree_method, w, "cut", True, bv0, nw0, cut_bank, True),
-        ),
-        (
-            "lumotree cut, per-layer publish",
-            partial(gdn_bench.lumotree_method, w, "cut", False, bv0, nw0, cut_bank),
-        ),
-        ("lumotree recompute", partial(gdn_bench.lumotree_method, w, "recompute", True, bv0, nw0, cut_bank)),
-        (
-            "lumotree recompute bv4 w1",
+            "lumotree v2 recompute bv4 w1",
             partial(gdn_bench.lumotree_method, w, "recompute", True, 4, 1, cut_bank),
         ),
-        ("native paths", partial(gdn_bench.native_paths_method, w, bank, staging, bv0, nw0)),
-        ("torch sequential", partial(gdn_bench.torch_sequential_method, w, bank, staging)),
+        ("native paths", partial(gdn_bench.native_paths_method, w, bank, staging, 8, 2)),
     ]
     if with_fla:
         makers.append(("fla chain kernels", partial(gdn_bench.fla_methods, w)))
+    makers.append(("torch sequential", partial(gdn_bench.torch_sequential_method, w, bank, staging)))
     return makers
 
 
 def run_gdn(
-    device: torch.device, timer: Timer, tiny: bool, eager_iters: int, with_fla: bool, progress: Progress
+    device: torch.device,
+    timer: Timer,
+    tiny: bool,
+    eager_iters: int,
+    with_fla: bool,
+    progress: Progress,
+    checkpoint: Callable[[dict], None],
 ) -> dict:
+    """The GDN suite; `checkpoint(partial result)` after every method, so a time limit keeps rows."""
     shape = gdn_bench.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn_bench.GdnShape()
     w = gdn_bench.GdnWorkload(shape, torch.bfloat16, device)
-    rows = []
+    rows: list[dict] = []
+    header = {
+        "shape": vars(shape),
+        "active_rows": w.tree.n_active,
+        "rows": w.tree.rows,
+        "paths": int(w.tree.paths.nodes.shape[0]),
+        "cuts": len(w.tree.paths.cut_nodes),
+        "floor_bytes": w.floor_bytes(),
+        "methods": rows,
+    }
     makers = _gdn_methods(w, tiny, with_fla)
     task = progress.add_task("GDN methods", total=len(makers))
     for label, make in makers:
@@ -88,16 +113,9 @@ def run_gdn(
             except Exception as exc:  # one failing variant must not kill the table
                 row = {"method": method.name, "error": repr(exc)[:300]}
             rows.append(row)
+            checkpoint(header)
         progress.advance(task)
-    return {
-        "shape": vars(shape),
-        "active_rows": w.tree.n_active,
-        "rows": w.tree.rows,
-        "paths": int(w.tree.paths.nodes.shape[0]),
-        "cuts": len(w.tree.paths.cut_nodes),
-        "floor_bytes": w.floor_bytes(),
-        "methods": rows,
-    }
+    return header
 
 
 def _command_line() -> str:
@@ -143,17 +161,24 @@ def run_suites(
         for suite in suites:
             try:
                 if suite == "gdn":
-                    result["gdn"] = run_gdn(device, timer, tiny, eager_iters, with_fla, progress)
+                    result["gdn"] = run_gdn(
+                        device,
+                        timer,
+                        tiny,
+                        eager_iters,
+                        with_fla,
+                        progress,
+                        lambda g: checkpoint({**result, "gdn": g}),
+                    )
                 elif suite == "attention":
                     configs = (
                         [(AttentionConfig(16, 16, None, 1, 1), 2)]
                         if tiny
                         else [
-                            (AttentionConfig(64, 64, None, 8, 2), 11),
                             (AttentionConfig(64, 64, None, 8, 2), 22),
-                            (AttentionConfig(64, 64, None, 8, 3), 22),
+                            (AttentionConfig(64, 32, None, 8, 2), 11),
+                            (AttentionConfig(64, 64, None, 8, 2), 11),
                             (AttentionConfig(64, 32, None, 8, 3), 22),
-                            (AttentionConfig(64, 32, None, 8, 4), 22),
                         ]
                     )
                     result["attention"] = decode_bench.attention_rows(

@@ -107,7 +107,8 @@ def test_refilled_tables_reproduce_fresh_tables() -> None:
     capacity = dict(paths=8, steps=second.tree.max_depth + 1)
     tables = scan_tables(first.tree, "cpu", "cut", **capacity).fill_(second.tree)
     fresh = scan_tables(second.tree, "cpu", "cut", **capacity)
-    for name in ("nodes", "steps", "start", "owner", "cut_slot", "leaf_lo", "leaf_hi", "leaves", "n_active"):
+    names = ("nodes", "steps", "start", "owner", "cut_slot", "leaf_lo", "leaf_hi", "leaves", "n_active")
+    for name in (*names, "leaf_table"):
         assert torch.equal(getattr(tables, name), getattr(fresh, name)), name
     o = poisoned((second.tree.rows, DIMS.HV, DIMS.V), torch.float32)
     ops = empty_operands(second.tree.rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, torch.device("cpu"))

@@ -26,6 +26,8 @@ from lumotree.verify.gdn import reference as gdn_ref
 from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.replay import replay_accepted_
 from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
+from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
+from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
 
@@ -68,6 +70,53 @@ def test_gdn_scan_meets_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, sched
         )
     if schedule == "cut":
         torch.testing.assert_close(got.cut_states.cpu(), native.cut_states, rtol=1e-4, atol=1e-5)
+
+
+V3_VARIANTS = {
+    "v3 recompute": lambda *x: gdn_verify_v3(*x, schedule="recompute"),
+    "v3 cut": lambda *x: gdn_verify_v3(*x, schedule="cut"),
+    "tree ieee": lambda *x: gdn_verify_tree(*x, precision="ieee", num_warps=8),
+    "tree tf32x3": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8),
+    "tree tf32x3 product": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8, solve="product"),
+    "tree tf32x3 bv64": lambda *x: gdn_verify_tree(*x, block_v=64, precision="tf32x3", num_warps=8),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", list(V3_VARIANTS))
+def test_gdn_v3_and_tree_meet_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, variant: str) -> None:
+    case = _gdn_case(11)
+    n = case.tree.n_active
+    got = V3_VARIANTS[variant](*_to(case.inputs(dtype), CUDA), case.tree)
+    native = gdn_ref.gdn_verify(*case.inputs(dtype), case.tree)
+    truth, _ = gdn_ref.gdn_sequential_reference(*case.truth(dtype), case.tree)
+    result = paired_check(got.o[:n].cpu(), native.o[:n], truth[:n], cell_dims=2, storage=dtype)
+    assert result.ok, result
+    assert bool((got.o[n:] == 0).all())
+    for field in ("q", "k", "v", "g", "beta"):
+        torch.testing.assert_close(
+            getattr(got.operands, field)[:n].cpu(), getattr(native.operands, field)[:n], rtol=1e-5, atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("kernel", ["v3", "tree"])
+def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
+    tree = _gdn_case(12).tree
+    layers = [gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(20 + i)) for i in range(3)]
+    columns = zip(*(c.inputs(torch.bfloat16) for c in layers), strict=True)
+    stacked = [torch.stack(col).to(CUDA).contiguous() for col in columns]
+    rows = tree.rows
+    o = poisoned((3, rows, QWEN.HV, QWEN.V), torch.bfloat16, CUDA)
+    one = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
+    ops = gdn_ref.GdnOperands(*(torch.empty((3, *t.shape), device=CUDA) for t in vars(one).values()))
+    if kernel == "v3":
+        gdn_scan_v3_layers_(*stacked, scan_tables(tree, CUDA, "recompute"), o, ops)
+    else:
+        gdn_tree_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, num_warps=8)
+    assert_written(o)
+    for i, case in enumerate(layers):
+        native = gdn_ref.gdn_verify(*case.inputs(torch.bfloat16), case.tree).o
+        torch.testing.assert_close(o[i].cpu().float(), native.float(), rtol=1.6e-2, atol=1e-3)
 
 
 def test_gdn_replay_and_store_all_bank_at_qwen_shapes() -> None:
@@ -126,14 +175,25 @@ def test_tree_conv_and_publication_at_qwen_shapes(dtype: torch.dtype) -> None:
     assert torch.equal(got.cpu(), expected)
 
 
+ATTENTION_CONFIGS = {
+    "default": attn_kernel.AttentionConfig(),
+    "BN64 22 splits": attn_kernel.AttentionConfig(
+        block_m=64, block_n=64, splits=22, num_warps=8, num_stages=2
+    ),
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tree_attention_at_qwen_shapes(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("config", list(ATTENTION_CONFIGS))
+def test_tree_attention_at_qwen_shapes(dtype: torch.dtype, config: str) -> None:
     tree = paper_tree(random.Random(6), 1000, prefix_len=4096)
     gen = torch.Generator().manual_seed(6)
     t_max = tree.prefix_len + tree.rows
     k_cache, v_cache = (torch.randn(t_max, 4, 256, generator=gen).to(dtype) for _ in range(2))
     q = torch.randn(tree.rows, 24, 256, generator=gen).to(dtype)
-    o, lse = attn_kernel.tree_attention(q.to(CUDA), k_cache.to(CUDA), v_cache.to(CUDA), tree)
+    o, lse = attn_kernel.tree_attention(
+        q.to(CUDA), k_cache.to(CUDA), v_cache.to(CUDA), tree, config=ATTENTION_CONFIGS[config]
+    )
     o_ref, lse_ref = attn_ref.tree_attention(q, k_cache, v_cache, tree)
     # bf16: P is rounded to bf16 before P @ V, as flash attention does.
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)

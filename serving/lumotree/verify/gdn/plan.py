@@ -12,6 +12,8 @@ flat int32 tables it can index without host help. Three schedules share one kern
 
 Tables have a fixed capacity (`paths`, `steps`) so a CUDA graph captured for one tree replays for
 any other tree that fits: `fill_` rewrites them in place. Unused paths have zero steps.
+Two leaf encodings sit side by side: the ranges `leaf_lo/leaf_hi` into `leaves` (scan v2 walks them
+in a loop) and the dense `leaf_table` (scan v3 loads a path's leaves at once as a [L, J] tile).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class ScanTables:
     owner [P, L] 1 where the path writes that node's output and records;
     cut_slot [R] slot in the cut bank where a node's post-update state is exported (-1 = none);
     leaf_lo, leaf_hi [P, L] range into `leaves` of the leaf children evaluated after that step;
-    leaves [R] leaf nodes grouped by (path, step); n_active [1].
+    leaves [R] leaf nodes grouped by (path, step); n_active [1];
+    leaf_table [P, L, J] the same leaf children densely, J per step (-1 = none; J = `leaf_slots`).
     cut_rows is the number of cut-bank slots the schedule needs (host int, fixed per capacity).
     """
 
@@ -48,6 +51,7 @@ class ScanTables:
     leaf_hi: Tensor
     leaves: Tensor
     n_active: Tensor
+    leaf_table: Tensor
     schedule: str
 
     @property
@@ -57,6 +61,11 @@ class ScanTables:
     @property
     def max_steps(self) -> int:
         return int(self.nodes.shape[1])
+
+    @property
+    def leaf_slots(self) -> int:
+        """J: leaf children a step can evaluate (the leaf table's last dim)."""
+        return int(self.leaf_table.shape[2])
 
     @property
     def rows(self) -> int:
@@ -69,13 +78,15 @@ class ScanTables:
 
     def fill_(self, tree: TreeDescriptor) -> ScanTables:
         """Rewrite the tables in place for `tree` (same rows, fits the capacity); returns self."""
-        host = _host_tables(tree, self.schedule, self.paths, self.max_steps)
+        host = _host_tables(tree, self.schedule, self.paths, self.max_steps, self.leaf_slots)
         for name, value in host.items():
             getattr(self, name).copy_(value)
         return self
 
 
-def _host_tables(tree: TreeDescriptor, schedule: str, paths: int, steps: int) -> dict[str, Tensor]:
+def _host_tables(
+    tree: TreeDescriptor, schedule: str, paths: int, steps: int, leaf_slots: int | None
+) -> dict[str, Tensor]:
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown scan schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     plan, rows = tree.paths, tree.rows
@@ -126,6 +137,13 @@ def _host_tables(tree: TreeDescriptor, schedule: str, paths: int, steps: int) ->
         plan.leaf_node.tolist(), plan.leaf_path.tolist(), plan.leaf_step.tolist(), strict=True
     ):
         groups.setdefault((p, step + shift[p]), []).append(leaf)
+    widest = max((len(g) for g in groups.values()), default=0)
+    leaf_slots = max(widest, 1) if leaf_slots is None else leaf_slots
+    if widest > leaf_slots:
+        raise ValueError(
+            f"tree has a node with {widest} leaf children; the leaf table holds {leaf_slots} per step"
+        )
+    leaf_table = torch.full((paths, steps, leaf_slots), -1, dtype=torch.int32)
     leaf_lo = torch.zeros((paths, steps), dtype=torch.int32)
     leaf_hi = torch.zeros((paths, steps), dtype=torch.int32)
     leaves = torch.full((rows,), -1, dtype=torch.int32)
@@ -135,6 +153,7 @@ def _host_tables(tree: TreeDescriptor, schedule: str, paths: int, steps: int) ->
         leaves[cursor : cursor + len(group)] = torch.tensor(group, dtype=torch.int32)
         cursor += len(group)
         leaf_hi[p, step] = cursor
+        leaf_table[p, step, : len(group)] = torch.tensor(group, dtype=torch.int32)
     return {
         "nodes": nodes_t,
         "steps": steps_t,
@@ -145,6 +164,7 @@ def _host_tables(tree: TreeDescriptor, schedule: str, paths: int, steps: int) ->
         "leaf_hi": leaf_hi,
         "leaves": leaves,
         "n_active": torch.tensor([tree.n_active], dtype=torch.int32),
+        "leaf_table": leaf_table,
     }
 
 
@@ -154,10 +174,12 @@ def scan_tables(
     schedule: str = "cut",
     paths: int | None = None,
     steps: int | None = None,
+    leaf_slots: int | None = None,
 ) -> ScanTables:
-    """Tables for `tree` on `device`. paths/steps: capacity (default: exactly what this tree needs;
-    give max_depth + 1 steps and a path budget to reuse the tables, e.g. in a CUDA graph)."""
+    """Tables for `tree` on `device`. paths/steps/leaf_slots: capacity (default: exactly what this
+    tree needs; give max_depth + 1 steps, a path budget and leaf slots to reuse the tables, e.g. in a
+    CUDA graph)."""
     paths = int(tree.paths.nodes.shape[0]) if paths is None else paths
     steps = tree.max_depth + 1 if steps is None else steps
-    host = _host_tables(tree, schedule, paths, steps)
+    host = _host_tables(tree, schedule, paths, steps, leaf_slots)
     return ScanTables(**{k: v.to(device) for k, v in host.items()}, schedule=schedule)

@@ -513,6 +513,32 @@ def empty_operands(
     )
 
 
+def check_verify_inputs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    tree: TreeDescriptor,
+) -> None:
+    """The reference's shape rules, plus what the Triton kernels need: fp32 compute (no float64),
+    one operand row per tree row, an fp32 state [HV, V, K]."""
+    _check_shapes(q, k, v, a, b, A_log, dt_bias)
+    if v.dtype == torch.float64:
+        raise TypeError("the Triton kernels compute in fp32; use reference.gdn_verify for float64")
+    rows, _, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if rows != tree.rows:
+        raise ValueError(f"operands have {rows} rows, the tree has {tree.rows}")
+    if state.shape != (hv, dv, dk) or state.dtype != torch.float32:
+        raise ValueError(
+            f"state must be [HV, V, K] = [{hv}, {dv}, {dk}] float32, got {tuple(state.shape)} {state.dtype}"
+        )
+
+
 def gdn_verify(
     q: Tensor,
     k: Tensor,
@@ -531,17 +557,9 @@ def gdn_verify(
     cut_states: [C] cut states ("cut"), none ("recompute"), or every node's state by node index
     ("store_all"; padding rows unwritten).
     """
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
-    if v.dtype == torch.float64:
-        raise TypeError("the Triton scan computes in fp32; use reference.gdn_verify for float64")
+    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
     rows, heads, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    if rows != tree.rows:
-        raise ValueError(f"operands have {rows} rows, the tree has {tree.rows}")
-    if state.shape != (hv, dv, dk) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be [HV, V, K] = [{hv}, {dv}, {dk}] float32, got {tuple(state.shape)} {state.dtype}"
-        )
     tables = scan_tables(tree, q.device, schedule)
     ops = empty_operands(rows, heads, hv, dk, dv, q.device)
     o = torch.empty_like(v)
