@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -18,8 +19,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def lumobench(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a fresh process (as a user would), capturing its output."""
+def lumobench(
+    *args: str | Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a fresh process (as a user would), capturing its output; env adds variables."""
     return subprocess.run(
         [sys.executable, "-m", "lumobench.cli", *map(str, args)],
         capture_output=True,
@@ -27,6 +30,7 @@ def lumobench(*args: str | Path, timeout: float = 120) -> subprocess.CompletedPr
         timeout=timeout,
         cwd=REPO,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
 
 

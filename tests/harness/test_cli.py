@@ -58,7 +58,11 @@ def test_user_mistakes_give_one_line(tmp_path: Path) -> None:
         lumobench("replay", DEMO, "--endpoint", f"http://127.0.0.1:{port}"),
         f"cannot reach endpoint http://127.0.0.1:{port}",
     )
-    _one_clear_line(lumobench("replay", DEMO), "missing arm file(s)")
+    # a checkout without the default arms' files (they come with the engine)
+    no_arms = tmp_path / "arms"
+    no_arms.mkdir()
+    proc = lumobench("replay", DEMO, env={"LUMOBENCH_ARMS_DIR": str(no_arms)})
+    _one_clear_line(proc, "missing arm file(s)")
     _one_clear_line(
         lumobench("replay", tmp_path / "missing.jsonl", "--arm", "vllm-cpu-tiny"), "cannot read corpus"
     )
