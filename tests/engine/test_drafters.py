@@ -10,7 +10,7 @@ from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
 from lumotree.drafting.suffix import SuffixDrafter, SuffixIndex
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
-from lumotree.engine.drafter import rescue_branches
+from lumotree.engine.drafter import bf16_draft_head, rescue_branches
 from lumotree.model import HybridLM
 from lumotree.sampling import SamplingParams
 
@@ -103,3 +103,19 @@ def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[GenerationRequest
     assert all(len(t.spine) >= 6 for t in trees)  # root + 5 MTP spine drafts at least
     assert max(int(t.depth.max()) for t in trees) > 5  # the suffix tail deepened some spines
     assert max(t.n_active for t in trees) >= 22  # 15 MTP candidates + tail + rescues
+
+
+def test_bf16_draft_head_keeps_the_mtp_heads_choices(model: HybridLM) -> None:
+    """Drafting with a bfloat16 copy of the vocabulary projection: logits within bf16 rounding,
+    and nearly always the same spine token (verification, in fp32, decides what is emitted)."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(400, model.config.hidden_size, generator=g)
+    head = bf16_draft_head(model)
+    with torch.inference_mode():
+        exact = model.compute_logits(hidden)
+        approx = torch.stack([head(h) for h in hidden])
+    assert approx.dtype == torch.float32
+    scale = exact.abs().amax(dim=-1, keepdim=True)
+    assert float(((approx - exact).abs() / scale).max()) < 2**-6
+    agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean()
+    assert agree > 0.95

@@ -82,10 +82,6 @@ class MTPDrafter:
         """MTP rows whose inputs are true (positions 0..committed-1)."""
         return self.state.length
 
-    @property
-    def queued(self) -> int:
-        return len(self._queued_tokens)
-
     def reset(self, committed: int = 0) -> None:
         """Start a request whose first `committed` MTP rows are already in the cache (prefix hit)."""
         self.state.length = committed

@@ -50,7 +50,6 @@ class ArmRun:
     tokens: int = 0  # sum(n - 1) over requests with n >= 2
     decode_s: float = 0.0
     decode_cpu_s: float = 0.0  # CPU time of the engine thread over the same spans
-    outputs: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -205,7 +204,6 @@ def main(
             for req in requests:
                 for kind, engine in engines.items():
                     n, seconds, cpu_seconds = timed_request(engine, req)
-                    current[kind].outputs += n
                     if n >= 2:
                         current[kind].tokens += n - 1
                         current[kind].decode_s += seconds

@@ -26,6 +26,8 @@ class EngineConfig:
     paper pads to 32 for GPU tiles, which only costs compute on a CPU).
     max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
     kernels: "cpu-fast" (vectorised variants, tested equal to the references) or "reference".
+    draft_head_dtype: precision of the vocabulary projection in MTP drafting passes (drafts only;
+    bfloat16 halves the bytes each pass streams, measured ~10% faster cycles at equal acceptance).
     threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
     """
 
@@ -41,6 +43,7 @@ class EngineConfig:
     dtype: str = "float32"
     threads: int = 1
     kernels: Literal["cpu-fast", "reference"] = "cpu-fast"
+    draft_head_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     prefill_chunk: int = 512
     prefix_cache: bool = True
     cache_block: int = 64

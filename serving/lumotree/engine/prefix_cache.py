@@ -48,9 +48,6 @@ class PrefixCache:
         self.block, self.capacity_blocks = block, capacity_tokens // block
         self._entries: OrderedDict[bytes, BlockEntry] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def block_keys(self, tokens: Sequence[int]) -> list[bytes]:
         """Hash-chain keys of every full block of `tokens`."""
         keys, prev = [], b""

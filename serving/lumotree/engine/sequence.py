@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 
 from lumotree.sampling import SamplingParams
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
-
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -50,16 +48,6 @@ class SpecStats:
         self.num_accepted_tokens += accepted
         for pos in range(accepted):
             self.accepted_per_pos[pos] += 1
-
-    def add(self, other: SpecStats) -> None:
-        """Sum `other` into self (engine-wide totals)."""
-        self.num_drafts += other.num_drafts
-        self.num_draft_tokens += other.num_draft_tokens
-        self.num_accepted_tokens += other.num_accepted_tokens
-        if len(self.accepted_per_pos) < len(other.accepted_per_pos):
-            self.accepted_per_pos.extend([0] * (len(other.accepted_per_pos) - len(self.accepted_per_pos)))
-        for pos, count in enumerate(other.accepted_per_pos):
-            self.accepted_per_pos[pos] += count
 
     def copy(self) -> SpecStats:
         return SpecStats(

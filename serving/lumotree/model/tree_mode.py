@@ -178,11 +178,17 @@ def _attention_chain(
 
 @torch.inference_mode()
 def mtp_chain_step(
-    model: HybridLM, hidden: Tensor, tokens: Tensor, mtp_state: ModelState, step_idx: int = 0
+    model: HybridLM,
+    hidden: Tensor,
+    tokens: Tensor,
+    mtp_state: ModelState,
+    step_idx: int = 0,
+    lm_head: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """HybridLM.mtp_step for drafting: hidden rows [T, H] and their next tokens [T] at positions
     mtp_state.length.. -> (logits [V] of the last row, MTP hidden rows [T, H]). Writes the MTP KV
-    rows and advances mtp_state.length by T."""
+    rows and advances mtp_state.length by T. lm_head: the vocabulary projection to use (default
+    the model's)."""
     mtp = model.mtp
     if mtp is None:
         raise ValueError("this model has no MTP module")
@@ -199,4 +205,4 @@ def mtp_chain_step(
     )
     out = mtp.norm(h)[0]
     mtp_state.length = start + seq
-    return model.compute_logits(out[-1]), out
+    return (lm_head or model.compute_logits)(out[-1]), out
