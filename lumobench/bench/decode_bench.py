@@ -157,7 +157,7 @@ def walk_rows(vocab: int, device: torch.device, timer: Timer, bandwidth: float) 
     walk = DeviceWalk(tree.rows, vocab, 1, tree.max_depth, child_cap=8, device=device)
     walk.load_tree_(tree)
     seeds = torch.tensor([1234], dtype=torch.int64, device=device)
-    step = torch.tensor([7], dtype=torch.int64, device=device)
+    root_position = torch.tensor([7], dtype=torch.int64, device=device)
     floor = logits.numel() * 4 / bandwidth * 1e3
     base = {"rows": tree.rows, "vocab": vocab, "floor_ms": floor}
     return [
@@ -165,7 +165,7 @@ def walk_rows(vocab: int, device: torch.device, timer: Timer, bandwidth: float) 
         {
             **base,
             "method": "device sampling walk (Philox race)",
-            **_timed(lambda: walk.sample_(probs, seeds, step), timer),
+            **_timed(lambda: walk.sample_(probs, seeds, root_position), timer),
         },
     ]
 

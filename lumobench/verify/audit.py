@@ -40,13 +40,14 @@ MIN_EXPECTED = 5.0
 
 @dataclass(frozen=True, eq=False)
 class AuditStep:
-    """One captured-like step: the tree, raw logits [R, V], the request history, the step counter."""
+    """One captured-like step: the tree, raw logits [R, V], the request history, and the output
+    position the root row samples (the index after the pending root)."""
 
     tree: TreeDescriptor
     logits: Tensor
     prompt: list[int]
     generated: list[int]
-    step: int
+    position: int
 
 
 def make_step(rng: random.Random, gen: torch.Generator, vocab: int, step: int) -> AuditStep:
@@ -63,7 +64,8 @@ def make_step(rng: random.Random, gen: torch.Generator, vocab: int, step: int) -
         children = [int(c) for c in tree.child_nodes[u] if c >= 0]
         for rank, c in enumerate(children):
             logits[u, int(tree.tokens[c])] = top + (0.8 if rank == 0 else -0.4 * rank)
-    return AuditStep(tree, logits, prompt, generated, step)
+    # each audit step stands for a different point of a request: its own output position
+    return AuditStep(tree, logits, prompt, generated, position=1000 * step + len(generated))
 
 
 def expected_rows(s: AuditStep, params: SamplingParams) -> Tensor:
@@ -83,7 +85,7 @@ Sampler = Callable[[AuditStep, Tensor], WalkResult]
 def correct_sampler(s: AuditStep, seeds: Tensor, params: SamplingParams = AUDIT_PARAMS) -> WalkResult:
     """The deployed path: per-path tree processing, then the Philox target-only walk."""
     probs = tree_probabilities(s.logits, s.tree, s.prompt, s.generated, params)
-    return sample_walk(probs, s.tree, seeds, s.step)
+    return sample_walk(probs, s.tree, seeds, s.position)
 
 
 def _child_ignored(s: AuditStep, seeds: Tensor) -> WalkResult:
@@ -93,13 +95,13 @@ def _child_ignored(s: AuditStep, seeds: Tensor) -> WalkResult:
     valid = child_tokens[0] >= 0
     reach = torch.where(valid, probs[0, child_tokens[0].clamp(min=0)], -1.0)
     child_tokens[0, int(reach.argmax())] = -1
-    return sample_walk(probs, replace(s.tree, child_tokens=child_tokens), seeds, s.step)
+    return sample_walk(probs, replace(s.tree, child_tokens=child_tokens), seeds, s.position)
 
 
 def _parent_row(s: AuditStep, seeds: Tensor) -> WalkResult:
     # Every child node is sampled from its parent's row.
     probs = tree_probabilities(s.logits, s.tree, s.prompt, s.generated, AUDIT_PARAMS)
-    return sample_walk(probs[s.tree.parent.clamp(min=0)], s.tree, seeds, s.step)
+    return sample_walk(probs[s.tree.parent.clamp(min=0)], s.tree, seeds, s.position)
 
 
 def _flattened_history(s: AuditStep, seeds: Tensor) -> WalkResult:
@@ -113,18 +115,18 @@ def _flattened_history(s: AuditStep, seeds: Tensor) -> WalkResult:
     )
     prompt_seen = torch.bincount(torch.tensor(s.prompt), minlength=vocab) > 0
     probs = probabilities(apply_penalties(s.logits, prompt_seen, counts, AUDIT_PARAMS), AUDIT_PARAMS)
-    return sample_walk(probs, s.tree, seeds, s.step)
+    return sample_walk(probs, s.tree, seeds, s.position)
 
 
 def _reused_coins(s: AuditStep, seeds: Tensor) -> WalkResult:
-    # The node counter is dropped: every node of a walk reuses the same coins.
+    # The position counter is dropped: every depth of a walk reuses the same coins.
     probs = tree_probabilities(s.logits, s.tree, s.prompt, s.generated, AUDIT_PARAMS)
     return sample_walk(
         probs,
         s.tree,
         seeds,
-        s.step,
-        coins=lambda sd, step, nodes, v: uniform_coins(sd, step, torch.zeros_like(nodes), v),
+        s.position,
+        coins=lambda sd, positions, v: uniform_coins(sd, torch.zeros_like(positions), v),
     )
 
 
@@ -175,7 +177,7 @@ def audit_step(
     s: AuditStep, sampler: Sampler, walks: int, min_visits: int, chunk: int = 32768
 ) -> tuple[int, int]:
     """(node tests, Bonferroni rejections) of one sampler on one step."""
-    seeds = torch.arange(walks, dtype=torch.long) + 1_000_003 * (s.step + 1)
+    seeds = torch.arange(walks, dtype=torch.long) + 1_000_003 * (s.position + 1)
     parts = [sampler(s, seeds[i : i + chunk]) for i in range(0, walks, chunk)]
     merged = WalkResult(
         *(torch.cat([getattr(p, f) for p in parts]) for f in ("accepted", "path_len", "emitted", "final_row"))

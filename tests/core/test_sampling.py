@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -86,22 +87,23 @@ def test_coins_match_triton_philox_and_rand_bit_for_bit() -> None:
         assert np.array_equal(
             philox4x32(seed, np.arange(64)[None], np.arange(3)[:, None], 7, 0)[0], triton_words
         )
-        coins = uniform_coins(torch.full((3,), signed), 7, torch.arange(3), 64)
+        # positions (7 << 32) + i give the counter words (token, i, 7, 0) of the Triton run
+        coins = uniform_coins(torch.full((3,), signed), (7 << 32) + torch.arange(3), 64)
         assert np.array_equal(coins.numpy(), uint_to_uniform_float(triton_words))
         assert np.array_equal(uint_to_uniform_float(philox4x32(seed, np.arange(64), 0, 0, 0)[0]), triton_rand)
 
 
-def test_coins_are_distinct_per_node_step_and_seed_and_lie_in_unit_interval() -> None:
-    base = uniform_coins(torch.tensor([5, 5, 6]), 3, torch.tensor([0, 1, 0]), 1000)
+def test_coins_are_distinct_per_position_and_seed_and_lie_in_unit_interval() -> None:
+    base = uniform_coins(torch.tensor([5, 5, 6]), torch.tensor([3, 4, 3]), 1000)
     assert ((base >= 0) & (base < 1)).all()
     assert not torch.equal(base[0], base[1]) and not torch.equal(base[0], base[2])
-    assert not torch.equal(base[0], uniform_coins(torch.tensor([5]), 4, torch.tensor([0]), 1000)[0])
-    assert torch.equal(base, uniform_coins(torch.tensor([5, 5, 6]), 3, torch.tensor([0, 1, 0]), 1000))
+    assert not torch.equal(base[0], uniform_coins(torch.tensor([5]), torch.tensor([3 + (1 << 32)]), 1000)[0])
+    assert torch.equal(base, uniform_coins(torch.tensor([5, 5, 6]), torch.tensor([3, 4, 3]), 1000))
 
 
 def test_exponential_race_samples_the_supplied_distribution() -> None:
     p = torch.tensor([0.5, 0.0, 0.2, 0.2, 0.1])
-    coins = uniform_coins(torch.arange(40_000), 0, torch.zeros(40_000, dtype=torch.long), 5)
+    coins = uniform_coins(torch.arange(40_000), torch.zeros(40_000, dtype=torch.long), 5)
     x = exponential_race(p.expand(40_000, 5), coins)
     counts = torch.bincount(x, minlength=5).numpy()
     assert counts[1] == 0
@@ -181,7 +183,7 @@ def test_tree_processing_requires_history_ending_with_the_root() -> None:
 def test_walk_outputs_are_fixed_shape_and_describe_one_consistent_path() -> None:
     s = audit.make_step(random.Random(5), torch.Generator().manual_seed(5), 48, 0)
     probs = tree_probabilities(s.logits, s.tree, s.prompt, s.generated, audit.AUDIT_PARAMS)
-    walks = sample_walk(probs, s.tree, torch.arange(500), step=9)
+    walks = sample_walk(probs, s.tree, torch.arange(500), position=9)
     width = s.tree.max_depth + 1
     assert walks.accepted.shape == walks.emitted.shape == (500, width)
     assert int(walks.path_len.max()) > 3
@@ -194,9 +196,25 @@ def test_walk_outputs_are_fixed_shape_and_describe_one_consistent_path() -> None
         assert int(walks.final_row[w]) == nodes[-1]
         last = int(walks.emitted[w, n - 1])
         assert last not in s.tree.child_tokens[nodes[-1]].tolist() and probs[nodes[-1], last] > 0
-    again = sample_walk(probs, s.tree, torch.arange(500), step=9)
+    again = sample_walk(probs, s.tree, torch.arange(500), position=9)
     assert torch.equal(again.emitted, walks.emitted)
-    assert not torch.equal(sample_walk(probs, s.tree, torch.arange(500), step=10).emitted, walks.emitted)
+    assert not torch.equal(sample_walk(probs, s.tree, torch.arange(500), position=10).emitted, walks.emitted)
+
+
+def test_coins_depend_on_the_output_position_not_on_the_tree() -> None:
+    # A chain of one draft and a wide fan: the token after the root is sampled at the same position
+    # with the same coins, so equal root rows give equal first tokens whatever the tree.
+    rng = random.Random(3)
+    chain, fan = random_tree("chain", rng, vocab=32), random_tree("wide_fan", rng, vocab=32)
+    root_row = torch.softmax(torch.randn(32), dim=-1)
+    firsts = []
+    for tree in (chain, fan):
+        probs = torch.softmax(torch.randn(tree.rows, 32), dim=-1)
+        probs[0] = root_row
+        # children never match: point the child table at no token so every walk stops at the root
+        no_children = replace(tree, child_tokens=torch.full_like(tree.child_tokens, -1))
+        firsts.append(sample_walk(probs, no_children, torch.arange(300), position=17).emitted[:, 0])
+    assert torch.equal(firsts[0], firsts[1])
 
 
 def test_greedy_walk_emits_what_stepwise_greedy_decoding_emits() -> None:
@@ -229,5 +247,5 @@ def test_all_shapes_walk_without_error() -> None:
     for shape in SHAPES:
         tree = random_tree(shape, rng, vocab=32)
         probs = torch.softmax(torch.randn(tree.rows, 32), dim=-1)
-        walks = sample_walk(probs, tree, torch.arange(64), step=0)
+        walks = sample_walk(probs, tree, torch.arange(64), position=0)
         assert (walks.path_len >= 1).all() and (walks.path_len <= int(tree.depth.max()) + 1).all()

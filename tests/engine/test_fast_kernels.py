@@ -153,8 +153,8 @@ def test_fast_selection_and_distributions_equal_the_core_bitwise(vocab: int) -> 
 def test_support_coins_are_the_core_coins_at_those_tokens() -> None:
     tokens = torch.tensor([0, 3, 17, 4095, 8191])
     for seed in (0, 7, 2**63 - 1, -5):
-        full = uniform_coins(torch.tensor([seed]), 3, torch.tensor([11]), 8192)[0]
-        assert torch.equal(support_coins(seed, 3, 11, tokens), full[tokens])
+        full = uniform_coins(torch.tensor([seed]), torch.tensor([11 + (3 << 32)]), 8192)[0]
+        assert torch.equal(support_coins(seed, 11 + (3 << 32), tokens), full[tokens])
 
 
 def _walk_case(
@@ -184,13 +184,14 @@ def test_lazy_walk_equals_the_core_walks(shape: str) -> None:
             logits, prompt, generated = _walk_case(tree, case, params)
             seen = history_counts(prompt, logits.shape[1]) > 0
             for seed in range(4):
-                sampler = RowSampler(params, seen, generated, seed, step=case)
+                sampler = RowSampler(params, seen, generated, seed)
                 got = walk(tree, lambda nodes, lg=logits: lg[nodes], sampler)
                 if params.greedy:
                     want = greedy_walk(tree_penalized_logits(logits, tree, prompt, generated, params), tree)
                 else:
                     probs = tree_probabilities(logits, tree, prompt, generated, params)
-                    want = sample_walk(probs, tree, torch.tensor([seed]), case)
+                    # the root row samples the token after the pending root: position len(generated)
+                    want = sample_walk(probs, tree, torch.tensor([seed]), len(generated))
                 n = int(want.path_len[0])
                 assert got.accepted == want.accepted[0, :n].tolist()
                 assert got.emitted == want.emitted[0, :n].tolist()

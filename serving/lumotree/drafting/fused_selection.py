@@ -7,8 +7,8 @@ vocabulary block) ranks its block's k best; stage 2: one program per row ranks t
 candidates and writes spine [N] and top-k [N, k] straight into caller-owned (graph) buffers.
 
 Stage 1 also scores the exponential race of the sampling walk (`SCORE_RACE`): score = p / -log(u)
-with Philox coins u keyed by (seed, step, node, token), -1 where p = 0, exactly as
-`lumotree.sampling.rng` defines it.
+with Philox coins u keyed by (seed, output position, token), -1 where p = 0, exactly as
+`lumotree.sampling.rng` defines it (node u samples position root_position + depth(u)).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def topk_partial_kernel(
     part_idx_ptr,
     NB,
     seeds_ptr,
-    step_ptr,
+    root_pos_ptr,
+    depth_ptr,
     R,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -64,9 +65,11 @@ def topk_partial_kernel(
             tl.float32
         )
         seed = tl.load(seeds_ptr + walk)
-        step = tl.load(step_ptr).to(tl.uint32)
+        pos = tl.load(root_pos_ptr) + tl.load(depth_ptr + node)
         zero = tl.zeros([BLOCK], dtype=tl.uint32)
-        c0, _, _, _ = tl.philox(seed, idx.to(tl.uint32), zero + node.to(tl.uint32), zero + step, zero)
+        lo = (pos & 0xFFFFFFFF).to(tl.uint32)
+        hi = (pos >> 32).to(tl.uint32)
+        c0, _, _, _ = tl.philox(seed, idx.to(tl.uint32), zero + lo, zero + hi, zero)
         coin = tl.random.uint_to_uniform_float(c0)
         x = tl.where(p > 0.0, p / -tl.log(coin), -1.0)
     else:
@@ -117,17 +120,18 @@ def rank_rows_(
     topk: Tensor,
     scratch: tuple[Tensor, Tensor],
     *,
-    race: tuple[Tensor, Tensor] | None = None,
+    race: tuple[Tensor, Tensor, Tensor] | None = None,
     rows: int | None = None,
 ) -> None:
     """Caller-owned form. scores [N, V] (row stride free, last dim contiguous) -> spine [N'] int64
-    and topk [N', k] int64 (k = topk.shape[1]). race = (seeds [W] int64, step [1] int64) scores the
-    exponential race instead, over N' = W * N rows (row w * N + u uses scores[u] and seed w)."""
+    and topk [N', k] int64 (k = topk.shape[1]). race = (seeds [W] int64, root_position [1] int64,
+    depth [N] int64) scores the exponential race instead, over N' = W * N rows (row w * N + u uses
+    scores[u], seed w and output position root_position + depth[u])."""
     n, vocab = scores.shape
     k = topk.shape[1]
     blocks = triton.cdiv(vocab, BLOCK_VOCAB)
     out_rows = n if rows is None else rows
-    seeds, step = race if race is not None else (spine, spine)
+    seeds, root_pos, depth = race if race is not None else (spine, spine, spine)
     topk_partial_kernel[(out_rows, blocks)](
         scores,
         scores.stride(0),
@@ -136,7 +140,8 @@ def rank_rows_(
         scratch[1],
         blocks,
         seeds,
-        step,
+        root_pos,
+        depth,
         n,
         K=k,
         BLOCK=BLOCK_VOCAB,

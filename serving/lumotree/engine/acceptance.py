@@ -2,7 +2,8 @@
 
 Same walk as the core's `greedy_walk` / `sample_walk` over `tree_penalized_logits` /
 `tree_probabilities`: at node u take x from u's row (greedy: argmax of the penalised logits, lowest
-index on ties; sampled: exponential race with Philox coins keyed by (seed, step, u, token)); descend
+index on ties; sampled: exponential race with Philox coins keyed by (seed, output position, token),
+node u sampling position len(output) + depth(u)); descend
 if a child carries x, else emit x and stop. The spine's rows are processed together (the walk
 usually stays on it), other rows only when the walk reaches them, and coins are drawn only for
 tokens of nonzero probability (the race ignores the rest): on a CPU that is most of the cost of
@@ -22,7 +23,7 @@ from lumotree.drafting.selection import argmax_lowest_index
 from lumotree.engine.fast_select import ordered_topk_fast, probabilities_rows
 from lumotree.engine.sequence import TokenLogprob
 from lumotree.sampling.logits import SamplingParams, apply_penalties
-from lumotree.sampling.rng import philox4x32, uint_to_uniform_float
+from lumotree.sampling.rng import philox4x32, position_words, uint_to_uniform_float
 from lumotree.tree import TreeDescriptor
 
 _U64 = (1 << 64) - 1
@@ -34,11 +35,11 @@ def seed_key(seed: int) -> int:
     return key - (1 << 64) if key >= 1 << 63 else key
 
 
-def support_coins(seed: int, step: int, nodes: int | Sequence[int], tokens: Tensor) -> Tensor:
-    """The core's `uniform_coins` at the given tokens only: tokens [k] of one node, or [n, k] of
-    n nodes -> float32 coins of the same shape."""
-    node_ids = np.asarray(nodes, dtype=np.int64)
-    word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), node_ids[..., None], step, 0)
+def support_coins(seed: int, positions: int | Sequence[int], tokens: Tensor) -> Tensor:
+    """The core's `uniform_coins` at the given tokens only: tokens [k] of one output position, or
+    [n, k] of n positions -> float32 coins of the same shape."""
+    lo, hi = position_words(np.asarray(positions, dtype=np.int64)[..., None])
+    word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), lo, hi, 0)
     return torch.from_numpy(uint_to_uniform_float(word).reshape(tokens.shape))
 
 
@@ -52,7 +53,8 @@ def history_counts(tokens: Sequence[int], vocab: int) -> Tensor:
 
 class RowSampler:
     """Chooses the tokens of tree rows with the request's processing: penalties over prompt +
-    `generated` + each row's own path drafts, then greedy argmax or the seeded exponential race."""
+    `generated` + each row's own path drafts, then greedy argmax or the seeded exponential race.
+    A row whose path holds d drafts samples output position len(generated) + d."""
 
     def __init__(
         self,
@@ -60,9 +62,9 @@ class RowSampler:
         prompt_seen: Tensor,
         generated: Sequence[int],
         seed: int,
-        step: int,
     ) -> None:
-        self.params, self.prompt_seen, self.seed, self.step = params, prompt_seen, seed, step
+        self.params, self.prompt_seen, self.seed = params, prompt_seen, seed
+        self.position = len(generated)
         self.vocab = int(prompt_seen.shape[0])
         self._generated = history_counts(generated, self.vocab)
         self._needs_history = (
@@ -84,26 +86,27 @@ class RowSampler:
             )
         return apply_penalties(logits, self.prompt_seen, counts, self.params)
 
-    def choose(self, logits: Tensor, path_drafts: Sequence[Sequence[int]], nodes: Sequence[int]) -> list[int]:
-        """The token each row yields: logits [n, V] of rows `nodes` (their path drafts: root
-        excluded, the node included)."""
+    def choose(self, logits: Tensor, path_drafts: Sequence[Sequence[int]]) -> list[int]:
+        """The token each row yields: logits [n, V] of rows with these path drafts (root excluded,
+        the node included)."""
         x = self.penalised(logits, path_drafts)
         if self.params.greedy:
             return argmax_lowest_index(x).tolist()
         probs, cand = probabilities_rows(x, self.params)
+        positions = [self.position + len(path) for path in path_drafts]
         if cand is None:
             return [
-                self._race(row, row.nonzero()[:, 0], node) for row, node in zip(probs, nodes, strict=True)
+                self._race(row, row.nonzero()[:, 0], pos) for row, pos in zip(probs, positions, strict=True)
             ]
-        coins = support_coins(self.seed, self.step, nodes, cand)
+        coins = support_coins(self.seed, positions, cand)
         pc = probs.gather(-1, cand)
         score = torch.where(pc > 0, pc / -torch.log(coins), torch.tensor(-1.0))
         return cand.gather(-1, score.argmax(dim=-1, keepdim=True))[:, 0].tolist()
 
-    def _race(self, probs: Tensor, support: Tensor, node: int) -> int:
+    def _race(self, probs: Tensor, support: Tensor, position: int) -> int:
         """The exponential race of one row over its support (ascending token ids)."""
         p = probs[support]
-        score = p / -torch.log(support_coins(self.seed, self.step, node, support))
+        score = p / -torch.log(support_coins(self.seed, position, support))
         return int(support[int(score.argmax())])
 
 
@@ -128,12 +131,12 @@ def walk(tree: TreeDescriptor, rows_logits: Callable[[list[int]], Tensor], sampl
     tokens = tree.tokens.tolist()
     spine = tree.spine.tolist()
     spine_paths = [[tokens[s] for s in spine[1 : i + 1]] for i in range(len(spine))]
-    on_spine = dict(zip(spine, sampler.choose(rows_logits(spine), spine_paths, spine), strict=True))
+    on_spine = dict(zip(spine, sampler.choose(rows_logits(spine), spine_paths), strict=True))
     node, accepted, path_drafts, emitted = 0, [0], [], []
     while True:
         x = on_spine.get(node)
         if x is None:
-            x = sampler.choose(rows_logits([node]), [path_drafts], [node])[0]
+            x = sampler.choose(rows_logits([node]), [path_drafts])[0]
         emitted.append(x)
         nxt = next(
             (c for c, t in zip(children[node], child_tokens[node], strict=True) if c >= 0 and t == x), None

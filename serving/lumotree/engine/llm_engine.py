@@ -244,11 +244,10 @@ class LLMEngine:
                 )
         if end < len(prompt):
             return None
-        # the first token comes from the prompt's last row: sampling event 0, node 0
+        # the first token comes from the prompt's last row: output position 0
         logits = self.runner.logits(self._last_hidden)
-        sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed, seq.step)
-        token = sampler.choose(logits, [[]], [0])[0]
-        seq.step += 1
+        sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed)
+        token = sampler.choose(logits, [[]])[0]
         seq.status = SequenceStatus.DECODE
         return self._emit(seq, [token], [0], lambda rows: logits, self._last_hidden)
 
@@ -266,11 +265,8 @@ class LLMEngine:
         return self.runner.verify(tree)
 
     def accept(self, seq: Sequence, forward: TreeForward, row_logits: _RowLogits) -> Acceptance:
-        """The acceptance walk with the request's sampling (coins of sampling event seq.step)."""
-        sampler = RowSampler(
-            seq.request.sampling, self._require_prompt_seen(), seq.output, seq.seed, seq.step
-        )
-        seq.step += 1
+        """The acceptance walk with the request's sampling (coins keyed by output position)."""
+        sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), seq.output, seq.seed)
         return walk(forward.tree, row_logits.rows, sampler)
 
     def publish(self, forward: TreeForward, acc: Acceptance) -> None:

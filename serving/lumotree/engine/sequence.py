@@ -95,8 +95,8 @@ class Sequence:
     """The engine's state of one request (its tensors live in the model runner while it runs).
 
     `output` holds every emitted token; its last entry is the pending token (emitted, its state not
-    yet made) while the sequence decodes. `step` counts sampling events: the coins of event s are
-    keyed by (seed, s, node).
+    yet made) while the sequence decodes. The token at output index i is sampled with the coins of
+    (seed, i), whatever tree the drafter proposed.
     """
 
     request: GenerationRequest
@@ -106,7 +106,6 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens folded into the state so far
     cached_prompt_tokens: int = 0
-    step: int = 0
     spec: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
 

@@ -1,7 +1,7 @@
 """The acceptance walk on the device (Triton), beside `walk.py`, with fixed-shape outputs.
 
 Every row's choice is computed in parallel first (greedy: lowest-index argmax of the row's logits;
-sampling: the exponential race with Philox coins keyed by (seed, step, node, token), one race per
+sampling: the exponential race with Philox coins keyed by (seed, output position, token), one race per
 (walk, row)), then one program per walk descends the tree: at node u take u's choice x; if a child
 of u carries x, descend, else stop. Nothing goes to the host: accepted [W, D+1], path_len [W],
 emitted [W, D+1] and final_row [W] are written into caller-owned buffers, ready for publication.
@@ -73,6 +73,7 @@ class DeviceWalk:
         self.rows, self.walks, self.width, self.child_cap = rows, walks, width, child_cap
         self.child_nodes = torch.full((rows, child_cap), -1, **i64)
         self.child_tokens = torch.full((rows, child_cap), -1, **i64)
+        self.depth = torch.zeros(rows, **i64)
         self.choice = torch.empty(walks * rows, **i64)
         self._topk = torch.empty((walks * rows, 1), **i64)
         self._scratch = selection_scratch(walks * rows, vocab, 1, device)
@@ -97,6 +98,7 @@ class DeviceWalk:
         self.child_tokens.fill_(-1)
         self.child_nodes[:, :cmax].copy_(tree.child_nodes)
         self.child_tokens[:, :cmax].copy_(tree.child_tokens)
+        self.depth.copy_(tree.depth)
 
     def _walk(self, choice_walk_stride: int) -> None:
         r = self.result
@@ -121,10 +123,16 @@ class DeviceWalk:
         rank_rows_(logits, self.choice[: self.rows], self._topk[: self.rows], self._scratch)
         self._walk(0)
 
-    def sample_(self, probs: Tensor, seeds: Tensor, step: Tensor) -> None:
-        """Target-only sampling walks: probs [R, V] fp32, seeds [W] int64, step [1] int64 (device)."""
+    def sample_(self, probs: Tensor, seeds: Tensor, root_position: Tensor) -> None:
+        """Target-only sampling walks: probs [R, V] fp32, seeds [W] int64, root_position [1] int64
+        (device): the output index the root row samples."""
         rank_rows_(
-            probs, self.choice, self._topk, self._scratch, race=(seeds, step), rows=self.walks * self.rows
+            probs,
+            self.choice,
+            self._topk,
+            self._scratch,
+            race=(seeds, root_position, self.depth),
+            rows=self.walks * self.rows,
         )
         self._walk(self.rows)
 
@@ -145,11 +153,13 @@ def greedy_walk(logits: Tensor, tree: TreeDescriptor) -> WalkResult:
     return _clone(walk.result)
 
 
-def sample_walk(probs: Tensor, tree: TreeDescriptor, seeds: Tensor, step: int) -> WalkResult:
+def sample_walk(probs: Tensor, tree: TreeDescriptor, seeds: Tensor, position: int) -> WalkResult:
     """The reference's signature (coins are always the Philox coins): probs [R, V] fp32, seeds [W]."""
     device = probs.device
     walks = int(seeds.shape[0])
     walk = DeviceWalk(tree.rows, probs.shape[-1], walks, tree.max_depth, tree.child_nodes.shape[1], device)
     walk.load_tree_(tree)
-    walk.sample_(probs.contiguous(), seeds.to(device), torch.tensor([step], dtype=torch.int64, device=device))
+    walk.sample_(
+        probs.contiguous(), seeds.to(device), torch.tensor([position], dtype=torch.int64, device=device)
+    )
     return _clone(walk.result)

@@ -2,8 +2,12 @@
 
 Philox4x32-10 exactly as Triton's `tl.philox`: key = the 64-bit request seed split into (lo, hi)
 32-bit words, 10 rounds, first output word converted to a float32 in [0, 1) as Triton's
-`uint_to_uniform_float` does. Counter words (c0, c1, c2, c3) = (token, node, step, 0), so every
-(seed, step, node, token) has its own coin and no coin is ever reused.
+`uint_to_uniform_float` does. Counter words (c0, c1, c2, c3) = (token, position lo, position hi, 0),
+where position is the index in the request's output of the token being sampled. A walk samples one
+token per output position (it visits one node per depth, node u at position root + depth(u)), so no
+coin is reused within a request, and the coins do not depend on which tree the drafter proposed:
+a seeded request samples the same tokens under AR, chain and tree drafting wherever the target
+rows agree, and repeats exactly whatever the drafter's caches hold.
 
 Sampling x ~ p is the exponential race x = argmax_i p_i / E_i with E_i = -log(coin_i) (lowest index
 on ties; tokens with p_i = 0 score -1 and never win), elementwise with no cumulative sum.
@@ -61,11 +65,18 @@ def uint_to_uniform_float(x: np.ndarray) -> np.ndarray:
     return signed.astype(np.float32) * _UNIFORM_SCALE
 
 
-def uniform_coins(seeds: Tensor, step: int, nodes: Tensor, vocab: int) -> Tensor:
-    """Coins [W, V] float32 for walks with seeds [W] (int64 bit patterns of uint64) at nodes [W]."""
+def position_words(positions: object) -> tuple[np.ndarray, np.ndarray]:
+    """Output positions (int64, >= 0) -> the (lo, hi) 32-bit counter words."""
+    pos = _u64(positions)
+    return pos & _MASK32, pos >> np.uint64(32)
+
+
+def uniform_coins(seeds: Tensor, positions: Tensor, vocab: int) -> Tensor:
+    """Coins [W, V] float32 for rows with seeds [W] (int64 bit patterns of uint64) sampling the
+    tokens at output positions [W]."""
     key = seeds.cpu().numpy().astype(np.int64)[:, None]
-    counters = (np.arange(vocab, dtype=np.int64)[None, :], nodes.cpu().numpy()[:, None], step, 0)
-    word, _, _, _ = philox4x32(key, *counters)
+    lo, hi = position_words(positions.cpu().numpy().astype(np.int64)[:, None])
+    word, _, _, _ = philox4x32(key, np.arange(vocab, dtype=np.int64)[None, :], lo, hi, 0)
     return torch.from_numpy(uint_to_uniform_float(word))
 
 

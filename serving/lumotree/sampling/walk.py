@@ -23,7 +23,7 @@ from lumotree.drafting.selection import argmax_lowest_index
 from lumotree.sampling.rng import exponential_race, uniform_coins
 from lumotree.tree import TreeDescriptor
 
-CoinFn = Callable[[Tensor, int, Tensor, int], Tensor]
+CoinFn = Callable[[Tensor, Tensor, int], Tensor]  # (seeds [w], positions [w], vocab) -> coins [w, V]
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,17 +62,18 @@ def _walk(tree: TreeDescriptor, walks: int, choose: Callable[[Tensor, Tensor], T
 
 
 def sample_walk(
-    probs: Tensor, tree: TreeDescriptor, seeds: Tensor, step: int, coins: CoinFn = uniform_coins
+    probs: Tensor, tree: TreeDescriptor, seeds: Tensor, position: int, coins: CoinFn = uniform_coins
 ) -> WalkResult:
-    """Target-only sampling walks. probs [R, V] float32 (processed rows); seeds [W] int64, one per walk.
+    """Target-only sampling walks. probs [R, V] float32 (processed rows); seeds [W] int64, one per walk;
+    position: the output index of the token the root row samples (node u samples position + depth(u)).
 
-    Coins come from `coins(seeds, step, nodes, V)`: by default the Philox coins keyed by
-    (seed, step, node, token).
+    Coins come from `coins(seeds, positions, V)`: by default the Philox coins keyed by
+    (seed, output position, token).
     """
     vocab = probs.shape[-1]
 
     def choose(walk_ids: Tensor, nodes: Tensor) -> Tensor:
-        return exponential_race(probs[nodes], coins(seeds[walk_ids], step, nodes, vocab))
+        return exponential_race(probs[nodes], coins(seeds[walk_ids], position + tree.depth[nodes], vocab))
 
     return _walk(tree, int(seeds.shape[0]), choose)
 
