@@ -4,6 +4,8 @@ validation, logprobs, the prefix cache, metrics, aborts and failure isolation.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import pytest
 import torch
@@ -81,6 +83,46 @@ def test_closing_a_stream_aborts_its_request_and_the_engine_serves_the_next(
     after, aborted = asyncio.run(scenario())
     assert len(output_tokens(after)) == 8 and after[-1].finish_reason == "length"
     assert aborted == 1
+
+
+def test_a_stream_cancelled_while_its_request_is_being_submitted_is_aborted(
+    demo_prompts: list[GenerationRequest],
+) -> None:
+    p = _short(demo_prompts)[0]
+
+    async def scenario() -> tuple[dict[str, int], int]:
+        llm = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
+        add_request = llm.add_request
+
+        def slow_add_request(req: GenerationRequest) -> None:  # widen the submission window
+            time.sleep(0.3)
+            add_request(req)
+
+        llm.add_request = slow_add_request  # type: ignore[method-assign]
+        engine = AsyncEngine(llm)
+        try:
+
+            async def consume() -> None:
+                request = GenerationRequest("gone", p.prompt_token_ids, GREEDY, 2000)
+                async for _ in engine.generate(request):
+                    pass
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.05)  # inside the submission
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for _ in range(200):  # the request must end as an abort, not run 2000 tokens unheard
+                await asyncio.sleep(0.05)
+                m = await asyncio.to_thread(engine.metrics)
+                if m.requests_finished:
+                    break
+            return dict(m.requests_finished), m.generation_tokens
+        finally:
+            engine.shutdown()
+
+    finished, generated = asyncio.run(scenario())
+    assert finished == {"abort": 1} and generated < 2000
 
 
 def test_stop_ids_end_the_output_and_max_tokens_cuts_a_speculative_cycle(

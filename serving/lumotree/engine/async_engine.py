@@ -71,7 +71,15 @@ class AsyncEngine:
         if self._dead is not None:
             raise EngineDeadError(f"the engine thread failed: {self._dead!r}")
         queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
-        await asyncio.to_thread(self._submit, req, (asyncio.get_running_loop(), queue))
+        submit = asyncio.ensure_future(
+            asyncio.to_thread(self._submit, req, (asyncio.get_running_loop(), queue))
+        )
+        try:
+            await asyncio.shield(submit)
+        except asyncio.CancelledError:
+            # The worker thread completes the submit regardless; once the request is in, abort it.
+            submit.add_done_callback(lambda f: self._forget(req.request_id, f))
+            raise
         finished = False
         try:
             while not finished:
@@ -81,9 +89,16 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
-            self._targets.pop(req.request_id, None)
-            if not finished:
-                self.abort(req.request_id)
+            if finished:
+                self._targets.pop(req.request_id, None)
+            else:
+                self._forget(req.request_id, submit)
+
+    def _forget(self, request_id: str, submit: asyncio.Future[None]) -> None:
+        """Nobody listens to `request_id` any more: drop its target and abort it if it was submitted."""
+        self._targets.pop(request_id, None)
+        if not submit.cancelled() and submit.exception() is None:
+            self.abort(request_id)
 
     def _submit(self, req: GenerationRequest, target: _Target) -> None:
         with self._lock:
