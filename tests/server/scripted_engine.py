@@ -35,7 +35,8 @@ class ScriptedEngine:
                 chunk = chunk[: req.max_tokens - out]
                 out += len(chunk)
                 # a chunk of k tokens counts as one speculative event that accepted k - 1 drafts
-                spec.record(draft_tokens=8, accepted=len(chunk) - 1, max_depth=8)
+                for counters in (spec, self.totals.spec):  # per request, and engine-wide as the engine does
+                    counters.record(draft_tokens=8, accepted=len(chunk) - 1, max_depth=8)
                 length = out >= req.max_tokens
                 finished = length or i == len(self.chunks) - 1
                 reason = ("length" if length else self.finish_reason) if finished else None
@@ -60,7 +61,6 @@ class ScriptedEngine:
                     return
         finally:
             self.totals.generation_tokens += out
-            self.totals.spec.add(spec)
             if not finished:
                 self.aborted.append(req.request_id)
                 self.totals.finished("abort")

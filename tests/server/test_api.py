@@ -282,6 +282,9 @@ def test_models_lists_the_served_model(client: TestClient) -> None:
 
 
 def test_metrics_use_vllm_names_that_lumobench_reads(client: TestClient, engine: ScriptedEngine) -> None:
+    # before any request every finish reason is already a zero series, so deltas from a fresh server work
+    fresh = parse_prometheus(client.get("/metrics").text)["vllm:request_success_total"]
+    assert {lab["finished_reason"]: v for lab, v in fresh} == {"stop": 0, "length": 0, "abort": 0, "error": 0}
     client.post("/v1/chat/completions", json={"messages": USER})
     text = client.get("/metrics").text
     spec = spec_counters(text)

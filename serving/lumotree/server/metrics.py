@@ -10,6 +10,8 @@ from __future__ import annotations
 from lumotree.engine.metrics import EngineMetrics
 
 SPEC_PREFIX = "vllm:spec_decode_"
+# The engine's finish reasons (TokenEvent.finish_reason).
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 def _labels(**labels: str) -> str:
@@ -72,7 +74,11 @@ def render_metrics(m: EngineMetrics, model_name: str) -> str:
         "vllm:request_success_total",
         "counter",
         "Finished requests by finish reason.",
-        [({"finished_reason": r}, n) for r, n in sorted(m.requests_finished.items())],
+        # every reason is exported from the start (as vLLM does), so a delta from a fresh server works
+        [
+            ({"finished_reason": r}, m.requests_finished.get(r, 0))
+            for r in sorted({*FINISH_REASONS, *m.requests_finished})
+        ],
     )
     w.one(
         "vllm:prefix_cache_queries_total",
