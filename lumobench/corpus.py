@@ -131,6 +131,11 @@ class CorpusRecord(_Strict):
                 )
         return self
 
+    @property
+    def is_deterministic(self) -> bool:
+        """Greedy or seeded: a lossless server must give the same output under every drafter."""
+        return self.temperature == 0 or self.seed is not None
+
     def sampling(self) -> dict[str, Any]:
         """The sampling fields this record sets (unset ones are left to the server's defaults)."""
         return {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}

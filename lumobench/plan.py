@@ -107,6 +107,7 @@ def _new_meta(
         manifest_sha256=file_sha256(manifest) if manifest else None,
         request_ids=[r.id for r in records],
         record_sha256={r.id: record_sha256(r) for r in records},
+        deterministic_ids=[r.id for r in records if r.is_deterministic],
         runs=runs,
         concurrency=concurrency,
         stream_options=target.stream_options,

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from lumobench.agreement import agreement
 from lumobench.metrics import SpecCounters, phase_totals, spec_delta
 from lumobench.rates import bootstrap_ci, matched_ids, pooled, run_rates
 from lumobench.results import RequestRow, RunDir, RunMeta
@@ -38,6 +39,10 @@ class ArmReport(BaseModel):
     per_position_acceptance: list[float]
     tokens_per_chunk: float | None
     phase_ms: dict[str, float]  # mean ms per span by phase (target/drafter/dispatch), from /metrics
+    # greedy/seeded requests whose output equals the first arm's, of those both completed (None: first)
+    same_output: int | None = None
+    same_output_compared: int | None = None
+    differing_outputs: list[str] = []
 
 
 def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
@@ -82,10 +87,18 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
         {n: (rows, meta.request_ids, meta.runs) for n, (_, meta, rows) in zip(names, loaded, strict=True)}
     )
     reports = []
-    for name, (run, meta, rows) in zip(names, loaded, strict=True):
+    _, base_meta, base_rows = loaded[0]
+    for index, (name, (run, meta, rows)) in enumerate(zip(names, loaded, strict=True)):
         in_set = [r for r in rows if r.request_id in matched]
         total = pooled(in_set)
         spec = _spec_totals(run)
+        agree = (
+            agreement(
+                base_rows, rows, [i for i in base_meta.deterministic_ids if i in set(meta.deterministic_ids)]
+            )
+            if index
+            else None
+        )
         reports.append(
             ArmReport(
                 arm=name,
@@ -103,6 +116,9 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
                 per_position_acceptance=spec.per_position_rates() if spec else [],
                 tokens_per_chunk=_tokens_per_chunk(rows),
                 phase_ms=_phase_ms(run),
+                same_output=agree.same if agree else None,
+                same_output_compared=agree.compared if agree else None,
+                differing_outputs=list(agree.differing) if agree else [],
             )
         )
     return reports
@@ -124,8 +140,11 @@ def _range(rates: Sequence[float | None]) -> str:
 
 
 def render_table(reports: Sequence[ArmReport]) -> Table:
-    """Pooled rate, bootstrap interval, per-run range, counts, acceptance and tokens per chunk."""
-    table = Table(title="Eq. 5 pooled decode rate (tokens/s) over the matched set")
+    """Pooled rate, interval, per-run range, counts, acceptance, tokens per chunk, output agreement."""
+    table = Table(
+        title="Eq. 5 pooled decode rate (tokens/s) over the matched set",
+        caption="same output: greedy or seeded requests whose output equals the first arm's",
+    )
     for col in (
         "arm",
         "runs",
@@ -138,6 +157,7 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
         "vs first",
         "accepted/event",
         "tok/chunk",
+        "same output",
         "spans ms (target/drafter/dispatch)",
     ):
         table.add_column(col, justify="left" if col == "arm" else "right")
@@ -161,11 +181,25 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
             rel,
             _f(rep.accepted_per_event),
             _f(rep.tokens_per_chunk),
+            "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}",
             "/".join(_f(rep.phase_ms.get(p)) for p in ("target", "drafter", "dispatch"))
             if rep.phase_ms
             else "–",
         )
     return table
+
+
+def print_table(reports: Sequence[ArmReport], console: Console) -> None:
+    """The table, then one line per arm whose greedy/seeded outputs differ from the first arm's."""
+    console.print(render_table(reports))
+    for rep in reports:
+        if rep.differing_outputs:
+            ids = ", ".join(rep.differing_outputs)
+            console.print(
+                f"{rep.arm}: output differs from {reports[0].arm} for greedy/seeded requests: {ids}",
+                style="yellow",
+                markup=False,
+            )
 
 
 def render_json(reports: Sequence[ArmReport]) -> str:
@@ -177,7 +211,7 @@ def render_csv(reports: Sequence[ArmReport]) -> str:
     fields = [
         f
         for f in ArmReport.model_fields
-        if f not in ("run_rates", "pooled_ci95", "per_position_acceptance", "phase_ms")
+        if f not in ("run_rates", "pooled_ci95", "per_position_acceptance", "phase_ms", "differing_outputs")
     ]
     writer = csv.writer(buf, lineterminator="\n")
     phases = ("target", "drafter", "dispatch")

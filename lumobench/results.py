@@ -113,6 +113,7 @@ class RunMeta(BaseModel):
     manifest_sha256: str | None = None
     request_ids: list[str]  # replay order
     record_sha256: dict[str, str] = Field(default_factory=dict)  # id -> canonical-JSON sha256
+    deterministic_ids: list[str] = Field(default_factory=list)  # greedy or seeded: outputs must repeat
     runs: int = Field(ge=1)
     concurrency: int = Field(ge=1, default=1)
     stream_options: dict[str, Any] = Field(default_factory=dict)

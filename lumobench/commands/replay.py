@@ -15,7 +15,7 @@ from lumobench.errors import LumobenchError, user_errors
 from lumobench.launch import ArmServer, interrupt_on_signals, launched, log_tail
 from lumobench.plan import Plan, plan_new, plan_resume, probe_endpoint
 from lumobench.replay import ReplayOutcome, execute
-from lumobench.report import build_report, render_table, table_console
+from lumobench.report import build_report, print_table, table_console
 from lumobench.results import RequestRow
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
@@ -185,7 +185,7 @@ def replay(
             f"{plan.meta.arm.name}: {outcome.completed} completed, {outcome.failed} failed -> {plan.run.path}"
         )
     with user_errors():
-        table_console().print(render_table(build_report([p.run.path for p in plans])))
+        print_table(build_report([p.run.path for p in plans]), table_console())
     if failed:
         for plan in plans:
             for row in (r for r in plan.run.read_rows() if r.status == "failed"):

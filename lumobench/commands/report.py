@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from lumobench.errors import user_errors
-from lumobench.report import build_report, render_csv, render_json, render_table, table_console
+from lumobench.report import build_report, print_table, render_csv, render_json, table_console
 
 
 class Format(StrEnum):
@@ -32,4 +32,4 @@ def report(
     elif format is Format.csv:
         typer.echo(render_csv(reports), nl=False)
     else:
-        table_console().print(render_table(reports))
+        print_table(reports, table_console())
