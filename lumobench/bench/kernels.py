@@ -13,7 +13,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -74,6 +74,10 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     return makers
 
 
+def _chosen(label: str, only: Sequence[str]) -> bool:
+    return not only or any(part in label for part in only)
+
+
 def run_gdn(
     device: torch.device,
     timer: Timer,
@@ -82,8 +86,12 @@ def run_gdn(
     with_fla: bool,
     progress: Progress,
     checkpoint: Callable[[dict], None],
+    only: Sequence[str] = (),
 ) -> dict:
-    """The GDN suite; `checkpoint(partial result)` after every method, so a time limit keeps rows."""
+    """The GDN suite; `checkpoint(partial result)` after every method, so a time limit keeps rows.
+
+    `only`: keep the methods whose label contains one of these substrings (all when empty).
+    """
     shape = gdn_bench.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn_bench.GdnShape()
     w = gdn_bench.GdnWorkload(shape, torch.bfloat16, device)
     rows: list[dict] = []
@@ -96,7 +104,9 @@ def run_gdn(
         "floor_bytes": w.floor_bytes(),
         "methods": rows,
     }
-    makers = _gdn_methods(w, tiny, with_fla)
+    makers = [(label, make) for label, make in _gdn_methods(w, tiny, with_fla) if _chosen(label, only)]
+    if not makers:
+        raise ValueError(f"no GDN method label contains any of {list(only)}")
     task = progress.add_task("GDN methods", total=len(makers))
     for label, make in makers:
         try:
@@ -136,6 +146,7 @@ def run_suites(
     tiny: bool,
     with_fla: bool,
     checkpoint: Callable[[dict], None],
+    gdn_only: Sequence[str] = (),
 ) -> dict:
     """Every chosen suite in order; `checkpoint(result)` after each, so a crash keeps the rest."""
     timer = Timer(device, iters, warmup)
@@ -169,6 +180,7 @@ def run_suites(
                         with_fla,
                         progress,
                         lambda g: checkpoint({**result, "gdn": g}),
+                        gdn_only,
                     )
                 elif suite == "attention":
                     configs = (
@@ -225,6 +237,13 @@ def kernels_command(
     tiny: Annotated[
         bool, typer.Option(help="Small shapes (smoke test; on CPU needs TRITON_INTERPRET=1).")
     ] = False,
+    methods: Annotated[
+        str,
+        typer.Option(
+            help="GDN suite: comma-separated substrings; run only the methods whose label contains one "
+            "(e.g. 'tree-parallel tf32x3,native'). Default: all."
+        ),
+    ] = "",
 ) -> None:
     """Benchmark the LumoTree Triton kernels (needs a CUDA GPU unless --tiny)."""
     chosen = [s.strip() for s in suites.split(",") if s.strip()]
@@ -248,7 +267,8 @@ def kernels_command(
         (out / "kernels.json").write_text(json.dumps(result, indent=1))
         (out / "kernels.md").write_text(render_markdown(result))
 
-    result = run_suites(chosen, device, iters, warmup, eager_iters, context_list, tiny, fla, checkpoint)
+    only = [m.strip() for m in methods.split(",") if m.strip()]
+    result = run_suites(chosen, device, iters, warmup, eager_iters, context_list, tiny, fla, checkpoint, only)
     typer.echo(render_markdown(result))
 
 

@@ -34,3 +34,20 @@ def test_full_run_without_a_gpu_exits_with_one_clear_line(tmp_path: Path) -> Non
 def test_unknown_suite_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "kernels", "--suites", "gdn,bogus", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "bogus" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU paths")
+def test_methods_filter_keeps_only_matching_gdn_methods(tmp_path: Path) -> None:
+    args = ["bench", "kernels", "--tiny", "--no-fla", "--suites", "gdn", "--iters", "1", "--warmup", "0"]
+    result = CliRunner().invoke(
+        app, [*args, "--eager-iters", "1", "--methods", "native", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "kernels.json").read_text())["gdn"]["methods"]
+    assert rows and all("native" in row["method"] for row in rows)
+    missing = CliRunner().invoke(app, [*args, "--methods", "no-such-method", "--out", str(tmp_path / "none")])
+    assert missing.exit_code == 0  # the suite's error is reported in the table, the run goes on
+    assert (
+        "no GDN method label contains"
+        in json.loads((tmp_path / "none" / "kernels.json").read_text())["gdn"]["error"]
+    )
