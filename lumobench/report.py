@@ -92,13 +92,9 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
         in_set = [r for r in rows if r.request_id in matched]
         total = pooled(in_set)
         spec = _spec_totals(run)
-        agree = (
-            agreement(
-                base_rows, rows, [i for i in base_meta.deterministic_ids if i in set(meta.deterministic_ids)]
-            )
-            if index
-            else None
-        )
+        also = set(meta.deterministic_ids)
+        shared = [i for i in base_meta.deterministic_ids if i in also]
+        agree = agreement(base_rows, rows, shared) if index else None
         reports.append(
             ArmReport(
                 arm=name,
