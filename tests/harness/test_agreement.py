@@ -58,8 +58,11 @@ def test_report_counts_same_outputs_and_names_the_differing_requests(
 ) -> None:
     corpus = small_corpus(tmp_path, 3)
     records = [json.loads(x) for x in corpus.read_text().splitlines()]
+    for record in records:
+        record.pop("seed", None)
     records[0] |= {"temperature": 0.0}
-    records[1] |= {"seed": 5}  # records[2] stays unseeded sampled
+    records[1] |= {"temperature": 0.6, "seed": 5}
+    records[2] |= {"temperature": 0.6}  # unseeded sampled: not compared
     corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
     arms = [
         scripted_arm("plain", tokens=12),
