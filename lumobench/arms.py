@@ -66,6 +66,10 @@ class ArmConfig(_Strict):
     request: RequestSettings = Field(default_factory=RequestSettings)
     speculative: dict[str, Any] | None = None
     requires_gpu: bool = False
+    #: start a fresh server for every repetition (the paper boots the tree arm per run): an engine that
+    #: learns from earlier outputs (LumoTree's suffix cache) would otherwise draft the repetition's
+    #: answers from the previous one's
+    boot_per_run: bool = False
     #: shown when the command's program or the model path does not exist (how to build them)
     setup_hint: str | None = None
 

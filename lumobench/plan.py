@@ -157,8 +157,12 @@ def plan_new(
     port: int | None,
     model: str | None,
     timeout: float,
+    boot_per_run: bool | None = None,
 ) -> list[Plan]:
-    """Validate everything up front (corpus, manifest, arms, endpoint) before any server starts."""
+    """Validate everything up front (corpus, manifest, arms, endpoint) before any server starts.
+
+    boot_per_run: start each launched arm afresh per repetition; None takes the arm file's setting.
+    """
     if len(arms) > 1 and endpoint:
         raise LumobenchError("--endpoint takes at most one --arm (the arm that is already running there)")
     if not arms and not endpoint:
@@ -174,6 +178,8 @@ def plan_new(
         _require_input_ids(records)
     plans = []
     if endpoint:
+        if boot_per_run:
+            raise LumobenchError("--boot-per-run needs arms that lumobench launches, not --endpoint")
         base = _normalise_endpoint(endpoint)
         served, engine = probe_endpoint(base)
         target = Target(base_url=base, api=api or "chat", model=model or served, request_timeout_s=timeout)  # type: ignore[arg-type]
@@ -203,6 +209,7 @@ def plan_new(
         meta = _new_meta(
             run_id, _arm_info(arm), arm.base_url, target, corpus, manifest, records, runs, concurrency
         )
+        meta.boot_per_run = arm.config.boot_per_run if boot_per_run is None else boot_per_run
         plans.append(Plan(RunDir.create(out / run_id, meta), meta, records, target, arm))
     return plans
 

@@ -9,7 +9,7 @@ refused, or the launched process exited) aborts the run, keeping every row writt
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -95,11 +95,14 @@ async def execute(
     concurrency: int = 1,
     server_alive: Callable[[], bool] | None = None,
     progress: ReplayProgress | None = None,
+    run_indices: Collection[int] | None = None,
 ) -> ReplayOutcome:
     """Replay every (repetition, request) of `meta` that has no row in `run` yet.
 
-    `records` must contain every id of `meta.request_ids`. On Ctrl-C (task cancellation) the current
-    segment is marked interrupted and the cancellation propagates; rows already written stay.
+    `run_indices` restricts this call to those repetitions (one server boot per repetition); the run
+    is marked finished once no row is missing. `records` must contain every id of `meta.request_ids`.
+    On Ctrl-C (task cancellation) the current segment is marked interrupted and the cancellation
+    propagates; rows already written stay.
     """
     by_id = {r.id: r for r in records}
     seq_of = {rid: i for i, rid in enumerate(meta.request_ids)}
@@ -109,7 +112,7 @@ async def execute(
     failed = sum(r.status == "failed" for r in rows)
     meta.status = "running"
     async with httpx.AsyncClient() as metrics_client:
-        for run_index in range(meta.runs):
+        for run_index in range(meta.runs) if run_indices is None else sorted(run_indices):
             keys = [k for k in todo if k[0] == run_index]
             if not keys:
                 continue
@@ -145,6 +148,7 @@ async def execute(
                 run.write_metrics(run_index, segment.segment, "after", text)
             segment.outcome, segment.finished_at = "finished", now_iso()
             run.write_meta(meta)
-    meta.status = "finished"
+    if not missing_keys(meta, run.read_rows()):
+        meta.status = "finished"
     run.write_meta(meta)
     return ReplayOutcome("finished", completed, failed)

@@ -116,6 +116,7 @@ class RunMeta(BaseModel):
     deterministic_ids: list[str] = Field(default_factory=list)  # greedy or seeded: outputs must repeat
     runs: int = Field(ge=1)
     concurrency: int = Field(ge=1, default=1)
+    boot_per_run: bool = False  # a launched arm was started afresh for every repetition
     stream_options: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     host: dict[str, Any] = Field(default_factory=dict)

@@ -16,7 +16,7 @@ from lumobench.launch import ArmServer, interrupt_on_signals, launched, log_tail
 from lumobench.plan import Plan, plan_new, plan_resume, probe_endpoint
 from lumobench.replay import ReplayOutcome, execute
 from lumobench.report import build_report, print_table, table_console
-from lumobench.results import RequestRow
+from lumobench.results import RequestRow, missing_keys
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
 
@@ -43,7 +43,9 @@ class RichProgress:
         self.progress.update(self.task, advance=1, last=last)
 
 
-def _execute(plan: Plan, concurrency: int, server: ArmServer | None) -> ReplayOutcome:
+def _execute(
+    plan: Plan, concurrency: int, server: ArmServer | None, run_indices: list[int] | None = None
+) -> ReplayOutcome:
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -63,17 +65,14 @@ def _execute(plan: Plan, concurrency: int, server: ArmServer | None) -> ReplayOu
                 concurrency=concurrency,
                 server_alive=alive,
                 progress=ui,
+                run_indices=run_indices,
             )
         )
 
 
-def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
-    """Launch the arm if there is one, replay, stop the arm; Ctrl-C propagates as KeyboardInterrupt."""
-    kept = plan.run.prepare_resume()
-    if kept:
-        console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
-    if plan.arm is None:
-        return _execute(plan, concurrency, None)
+def _launch_and_execute(plan: Plan, concurrency: int, run_indices: list[int] | None) -> ReplayOutcome:
+    """Start the plan's arm, replay `run_indices` (None: all), stop the arm."""
+    assert plan.arm is not None
     arm, log = plan.arm, plan.run.server_log
     status = console.status(f"starting arm {arm.name} (log: {log})")
     status.start()
@@ -88,9 +87,29 @@ def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
             plan.meta.model = plan.target.model or server.served_model
             plan.target = replace(plan.target, model=plan.meta.model)
             plan.run.write_meta(plan.meta)
-            return _execute(plan, concurrency, server)
+            return _execute(plan, concurrency, server, run_indices)
     finally:
         status.stop()
+
+
+def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
+    """Launch the arm if there is one (once, or afresh per repetition), replay, stop the arm.
+
+    Ctrl-C propagates as KeyboardInterrupt."""
+    kept = plan.run.prepare_resume()
+    if kept:
+        console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
+    if plan.arm is None:
+        return _execute(plan, concurrency, None)
+    if not plan.meta.boot_per_run:
+        return _launch_and_execute(plan, concurrency, None)
+    pending = sorted({run_index for run_index, _ in missing_keys(plan.meta, plan.run.read_rows())})
+    outcome = ReplayOutcome("finished", len(kept), 0)
+    for run_index in pending:
+        outcome = _launch_and_execute(plan, concurrency, [run_index])
+        if outcome.status != "finished":
+            break
+    return outcome
 
 
 def replay(
@@ -131,6 +150,14 @@ def replay(
         str | None, typer.Option(help="Arms: model path instead of the arm's. Endpoint: model name to send.")
     ] = None,
     request_timeout: Annotated[float, typer.Option(help="Longest silence within one response (s).")] = 900.0,
+    boot_per_run: Annotated[
+        bool | None,
+        typer.Option(
+            "--boot-per-run/--one-boot",
+            help="Start launched arms afresh for every repetition, or once for all; default: the arm "
+            "file's boot_per_run (true for the lumotree arms, whose suffix cache learns earlier outputs).",
+        ),
+    ] = None,
 ) -> None:
     """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
     interrupt_on_signals()
@@ -156,6 +183,7 @@ def replay(
                 port=port,
                 model=model,
                 timeout=request_timeout,
+                boot_per_run=boot_per_run,
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")

@@ -13,6 +13,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from lumobench.metrics import spec_counters
 from lumobench.results import RunDir
 
 from .helpers import DEMO, REPO, free_port, lumobench, small_corpus
@@ -260,3 +263,37 @@ def test_two_arms_compare_on_the_matched_set(tmp_path: Path, scripted_arm: Calla
         csv_out[0].startswith("arm,run_dir,runs,completed,failed,matched,pooled_tokens_per_s")
         and len(csv_out) == 3
     )
+
+
+@pytest.mark.parametrize("flag", ["--boot-per-run", "--one-boot"])
+def test_boot_per_run_starts_a_fresh_server_for_every_repetition(
+    tmp_path: Path, scripted_arm: Callable[..., Path], flag: str
+) -> None:
+    arm = scripted_arm(tokens=6, tokens_per_event=3)
+    proc = lumobench(
+        "replay", small_corpus(tmp_path, 2), "--arm", arm, "--runs", "3", flag, "--out", tmp_path / "r"
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = RunDir(_run_dir(tmp_path / "r"))
+    assert run.read_meta().boot_per_run is (flag == "--boot-per-run") and run.read_meta().status == "finished"
+    assert len(run.read_rows()) == 6
+    # the scripted server's counters start at zero in every process: a fresh boot shows none before a run
+    drafts_before = [
+        spec_counters(run.metrics_path(i, 0, "before").read_text()).drafts  # type: ignore[union-attr]
+        for i in range(3)
+    ]
+    if flag == "--boot-per-run":
+        assert drafts_before == [0, 0, 0]
+    else:
+        assert drafts_before[0] == 0 < drafts_before[1] < drafts_before[2]
+    stops = run.server_log.read_text().count("=== lumobench: arm")
+    assert stops == (3 if flag == "--boot-per-run" else 1)
+    report = json.loads(lumobench("report", run.path, "--format", "json").stdout)["arms"][0]
+    assert report["accepted_per_event"] == 2.0 and report["completed"] == 6
+
+
+def test_boot_per_run_with_an_endpoint_is_one_clear_line(tmp_path: Path) -> None:
+    proc = lumobench(
+        "replay", small_corpus(tmp_path, 1), "--endpoint", "http://127.0.0.1:9", "--boot-per-run"
+    )
+    _one_clear_line(proc, "--boot-per-run needs arms that lumobench launches")
