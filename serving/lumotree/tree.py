@@ -192,18 +192,19 @@ def build_tree(
     slot_map = torch.empty(rows, dtype=torch.long)
     slot_map[torch.tensor(physical_order, dtype=torch.long)] = torch.arange(rows)
 
-    anc_at = torch.full((rows, max_depth + 1), -1, dtype=torch.long)
-    ancestry = torch.eye(rows, dtype=torch.bool)
+    # Built as Python lists and converted once: per-element tensor writes cost ~1 us each.
+    anc_rows = [[-1] * (max_depth + 1) for _ in range(rows)]
+    ancestry_rows = [[i == j for j in range(rows)] for i in range(rows)]
     for i in range(n):
         j = i
         while j != -1:
-            anc_at[i, depth[j]] = j
-            ancestry[i, j] = True
+            anc_rows[i][depth[j]] = j
+            ancestry_rows[i][j] = True
             j = parents[j]
+    anc_at = torch.tensor(anc_rows, dtype=torch.long)
+    ancestry = torch.tensor(ancestry_rows, dtype=torch.bool)
     cmax = max(1, max(len(c) for c in children))
-    child_nodes = torch.full((rows, cmax), -1, dtype=torch.long)
-    for i, cs in enumerate(children):
-        child_nodes[i, : len(cs)] = torch.tensor(cs, dtype=torch.long)
+    child_nodes = torch.tensor([cs + [-1] * (cmax - len(cs)) for cs in children], dtype=torch.long)
     child_tokens = torch.where(child_nodes >= 0, tok[child_nodes.clamp(min=0)], -1)
 
     return TreeDescriptor(
@@ -219,7 +220,7 @@ def build_tree(
         child_tokens=child_tokens,
         spine=torch.tensor(spine, dtype=torch.long),
         paths=_plan_paths(children, spine, n),
-        conv_gather=_conv_gather(anc_at, depth, rows, conv_width),
+        conv_gather=_conv_gather(anc_rows, depth, rows, conv_width),
         n_active=n,
         prefix_len=prefix_len,
         max_depth=max_depth,
@@ -365,11 +366,8 @@ def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan
         owner.append(flags)
 
     length = max(len(p) for p in paths)
-    nodes_t = torch.full((len(paths), length), -1, dtype=torch.long)
-    owner_t = torch.zeros((len(paths), length), dtype=torch.bool)
-    for p, path in enumerate(paths):
-        nodes_t[p, : len(path)] = torch.tensor(path, dtype=torch.long)
-        owner_t[p, : len(path)] = torch.tensor(owner[p])
+    nodes_t = torch.tensor([path + [-1] * (length - len(path)) for path in paths], dtype=torch.long)
+    owner_t = torch.tensor([flags + [False] * (length - len(flags)) for flags in owner], dtype=torch.bool)
     return PathPlan(
         nodes=nodes_t,
         start_cut=torch.tensor(
@@ -383,12 +381,14 @@ def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan
     )
 
 
-def _conv_gather(anc_at: Tensor, depth: list[int], rows: int, width: int) -> Tensor:
-    gather = torch.empty((rows, width), dtype=torch.long)
+def _conv_gather(anc_at: list[list[int]], depth: list[int], rows: int, width: int) -> Tensor:
+    gather = []
     for i in range(rows):
         d = depth[i] if i < len(depth) else 0
         src = i if i < len(depth) else 0
+        taps = []
         for t in range(width):
             rel = d - (width - 1) + t  # depth of the token under tap t, relative to the root
-            gather[i, t] = width - 1 + rel if rel < 0 else width - 1 + int(anc_at[src, rel])
-    return gather
+            taps.append(width - 1 + rel if rel < 0 else width - 1 + anc_at[src][rel])
+        gather.append(taps)
+    return torch.tensor(gather, dtype=torch.long)
