@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lumobench.arms import ResolvedArm
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.launch import ArmServer, interrupt_on_signals, launched, log_tail
 from lumobench.plan import Plan, plan_new, plan_resume, probe_endpoint
@@ -70,10 +71,11 @@ def _execute(
         )
 
 
-def _launch_and_execute(plan: Plan, concurrency: int, run_indices: list[int] | None) -> ReplayOutcome:
+def _launch_and_execute(
+    plan: Plan, arm: ResolvedArm, concurrency: int, run_indices: list[int] | None
+) -> ReplayOutcome:
     """Start the plan's arm, replay `run_indices` (None: all), stop the arm."""
-    assert plan.arm is not None
-    arm, log = plan.arm, plan.run.server_log
+    log = plan.run.server_log
     status = console.status(f"starting arm {arm.name} (log: {log})")
     status.start()
     try:
@@ -102,11 +104,11 @@ def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
     if plan.arm is None:
         return _execute(plan, concurrency, None)
     if not plan.meta.boot_per_run:
-        return _launch_and_execute(plan, concurrency, None)
+        return _launch_and_execute(plan, plan.arm, concurrency, None)
     pending = sorted({run_index for run_index, _ in missing_keys(plan.meta, plan.run.read_rows())})
     outcome = ReplayOutcome("finished", len(kept), 0)
     for run_index in pending:
-        outcome = _launch_and_execute(plan, concurrency, [run_index])
+        outcome = _launch_and_execute(plan, plan.arm, concurrency, [run_index])
         if outcome.status != "finished":
             break
     return outcome
