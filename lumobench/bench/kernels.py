@@ -32,6 +32,23 @@ SUITES = ("gdn", "attention", "selection", "walk", "commit")
 VOCAB = 248320
 
 
+# Tree-parallel value-major configurations, fastest expected first (sm_90 compile: 255 registers each; r128
+# caps them so two 8-warp programs fit on an SM, at the cost of spills).
+VALUE_MAJOR_CONFIGS = [
+    dict(precision="tf32x3", solve=solve, block_v=bv, num_warps=nw, block_k=bk, max_registers=regs)
+    for solve, bv, nw, bk, regs in (
+        ("inverse", 128, 8, 32, None),
+        ("substitution", 128, 8, 32, None),
+        ("inverse", 64, 4, 32, None),
+        ("substitution", 64, 4, 32, None),
+        ("inverse", 64, 8, 32, None),
+        ("inverse", 128, 8, 64, None),
+        ("inverse", 128, 8, 32, 128),
+        ("substitution", 128, 8, 32, 128),
+    )
+]
+
+
 def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     """Makers in the order they run: the new kernels first (so a time limit keeps them), then the
     previous scan (v2) and the baselines."""
@@ -53,6 +70,16 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
         ]
     )
     makers = []
+    value_major = [dict(VALUE_MAJOR_CONFIGS[0], block_v=16, num_warps=4)] if tiny else VALUE_MAJOR_CONFIGS
+    for i, config in enumerate(value_major):
+        # every configuration in one launch over the layers; the first also with per-layer launches
+        for one in (True, False) if i == 0 else (True,):
+            label = f"lumotree tree-parallel value-major {gdn_bench.value_major_label(**config)}"
+            makers.append((label, partial(gdn_bench.value_major_method, w, one, **config)))
+        if i == 0:  # the same verify with the path-upfront replay
+            makers.append(
+                (label + " upfront", partial(gdn_bench.value_major_method, w, True, True, **config))
+            )
     for bv, nw, both in v3:
         for one in (False, True) if both else (False,):
             makers.append((f"lumotree v3 bv{bv} w{nw}", partial(gdn_bench.v3_method, w, one, bv, nw)))

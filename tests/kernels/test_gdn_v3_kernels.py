@@ -15,6 +15,7 @@ from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.reference import GdnOperands
 from lumotree.verify.gdn.scan import empty_operands
 from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
+from lumotree.verify.gdn.tree_inverse import gdn_tree_inverse_layers_, gdn_verify_tree_inverse
 from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.paired import paired_check
 
@@ -56,6 +57,9 @@ def _assert_matches_reference(o: torch.Tensor, ops: GdnOperands, case: gdn_check
         torch.testing.assert_close(got, getattr(expected.operands, field)[:n], rtol=1e-5, atol=1e-5)
 
 
+TREE_SOLVES = ["substitution", "product", "vm inverse", "vm substitution"]
+
+
 def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
     tree, rows, n = cases[0].tree, cases[0].tree.rows, len(cases)
     o = poisoned((n, rows, DIMS.HV, DIMS.V), torch.float32)
@@ -67,11 +71,17 @@ def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
 
 
 def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "substitution"):
+    """The tree-parallel kernel (solve "substitution" or "product"), or tree-parallel value-major (solve
+    "vm inverse" or "vm substitution", value-major; 8-key chunks so the K loop runs twice)."""
     rows, n = cases[0].tree.rows, len(cases)
     o = poisoned((n, rows, DIMS.HV, DIMS.V), torch.float32)
     ops = _poisoned_records(n, rows)
     tables = ancestry_tables(cases[0].tree, "cpu")
-    gdn_tree_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=solve)
+    if solve.startswith("vm "):
+        vm_solve = solve.removeprefix("vm ")
+        gdn_tree_inverse_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=vm_solve, block_k=8)
+    else:
+        gdn_tree_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=solve)
     return o, ops
 
 
@@ -91,25 +101,28 @@ def test_v3_outputs_and_records_match_reference(shape: str, schedule: str) -> No
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("solve", ["substitution", "product"])
+@pytest.mark.parametrize("solve", TREE_SOLVES)
 def test_tree_parallel_outputs_and_records_match_reference(shape: str, solve: str) -> None:
     case = _case(shape, seed=300 + SHAPES.index(shape))
     o, ops = _run_tree([case], solve=solve)
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
-@pytest.mark.parametrize("kernel", ["v3", "tree"])
+@pytest.mark.parametrize("kernel", ["v3", "tree", "tree vm"])
 def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> None:
     # Instances share the tree (one cycle) but have their own operands, parameters and states.
     tree = _case("paper", seed=400).tree
     cases = [gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(410 + i)) for i in range(3)]
-    o, ops = _run_v3(cases, "recompute")[:2] if kernel == "v3" else _run_tree(cases)
+    if kernel == "v3":
+        o, ops = _run_v3(cases, "recompute")[:2]
+    else:
+        o, ops = _run_tree(cases, solve="vm inverse" if kernel == "tree vm" else "substitution")
     for i, case in enumerate(cases):
         _assert_matches_reference(o[i], GdnOperands(*(t[i] for t in vars(ops).values())), case)
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "wide_fan", "chain"])
-@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product"])
+@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product", "vm inverse", "vm substitution"])
 def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     # The leaf read (v3) and the chunk form (tree) round differently from the reference: the
     # kernel's error against float64 must stay within the paired rule's bound of the reference's.
@@ -118,6 +131,8 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     inputs = case.inputs(torch.float32)
     if kernel == "v3":
         o = gdn_verify_v3(*inputs, case.tree, block_v=16).o
+    elif kernel.startswith("vm "):
+        o = gdn_verify_tree_inverse(*inputs, case.tree, block_v=16, solve=kernel.removeprefix("vm ")).o
     else:
         o = gdn_verify_tree(*inputs, case.tree, solve=kernel.removeprefix("tree").strip() or "substitution").o
     native = ref.gdn_verify(*inputs, case.tree).o
@@ -126,20 +141,14 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     assert result.ok, result
 
 
-def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_no_decay() -> None:
+@pytest.mark.parametrize("solve", ["substitution", "vm inverse", "vm substitution"])
+def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_no_decay(solve: str) -> None:
     # No decay, beta ~ 1 and nearly parallel keys make every power of A matter along a depth-11
     # chain: a missing round shows up here, and the product form loses fp32 accuracy here (its
     # powers of A grow like binomial coefficients), which is why substitution is the default.
-    base = _case("chain", seed=800)
-    gen = torch.Generator().manual_seed(801)
-    q, k, v, a, _ = base.raw
-    key = torch.randn(1, DIMS.H, DIMS.K, generator=gen, dtype=torch.float64)
-    k = key + 0.05 * torch.randn(k.shape, generator=gen, dtype=torch.float64)
-    b = torch.full_like(a, 8.0)
-    case = gdn_checks.GdnCase(
-        base.tree, (q, k, v, a, b), torch.full_like(base.A_log, -20.0), base.dt_bias, base.state
-    )
-    o, ops = _run_tree([case])
+    chain = _case("chain", seed=800).tree
+    case = gdn_checks.parallel_keys_case(chain, DIMS, torch.Generator().manual_seed(801))
+    o, ops = _run_tree([case], solve=solve)
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
@@ -151,6 +160,20 @@ def test_refilled_ancestry_tables_serve_a_new_tree() -> None:
     ops = _poisoned_records(1, second.tree.rows)
     gdn_tree_layers_(*_stack([second]), tables, o, ops, block_v=16)
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), second)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"solve": "product"}, "solve must be one of"),
+        ({"block_k": 12}, "must divide K"),
+        ({"precision": "tf32"}, "precision"),
+    ],
+)
+def test_tree_value_major_rejects_bad_configurations(config: dict, message: str) -> None:
+    case = _case("chain", seed=720)
+    with pytest.raises(ValueError, match=message):
+        gdn_verify_tree_inverse(*case.inputs(torch.float32), case.tree, block_v=16, **config)
 
 
 def test_leaf_table_rejects_a_node_with_more_leaves_than_its_slots() -> None:

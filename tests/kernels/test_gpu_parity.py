@@ -27,6 +27,7 @@ from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.replay import replay_accepted_
 from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
 from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
+from lumotree.verify.gdn.tree_inverse import gdn_tree_inverse_layers_, gdn_verify_tree_inverse
 from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
@@ -79,6 +80,15 @@ V3_VARIANTS = {
     "tree tf32x3": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8),
     "tree tf32x3 product": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8, solve="product"),
     "tree tf32x3 bv64": lambda *x: gdn_verify_tree(*x, block_v=64, precision="tf32x3", num_warps=8),
+    "value-major inverse bv128 w8": lambda *x: gdn_verify_tree_inverse(*x, block_v=128, num_warps=8),
+    "value-major substitution bv128 w8": lambda *x: gdn_verify_tree_inverse(
+        *x, block_v=128, num_warps=8, solve="substitution"
+    ),
+    "value-major inverse bv64 w4 bk64": lambda *x: gdn_verify_tree_inverse(*x, block_v=64, block_k=64),
+    "value-major inverse bv128 w8 r128": lambda *x: gdn_verify_tree_inverse(
+        *x, block_v=128, num_warps=8, max_registers=128
+    ),
+    "value-major ieee bv64 w4": lambda *x: gdn_verify_tree_inverse(*x, block_v=64, precision="ieee"),
 }
 
 
@@ -99,7 +109,22 @@ def test_gdn_v3_and_tree_meet_the_paired_rule_at_qwen_shapes(dtype: torch.dtype,
         )
 
 
-@pytest.mark.parametrize("kernel", ["v3", "tree"])
+@pytest.mark.parametrize(
+    "variant", ["tree tf32x3 bv64", *(v for v in V3_VARIANTS if v.startswith("value-major"))]
+)
+def test_tree_parallel_solves_meet_the_paired_rule_with_parallel_keys(variant: str) -> None:
+    # tf32x3 products on the GPU, and the hardest operands for the solve (see parallel_keys_case).
+    tree = random_tree("chain", random.Random(13))
+    case = gdn_checks.parallel_keys_case(tree, QWEN, torch.Generator().manual_seed(13))
+    n = tree.n_active
+    got = V3_VARIANTS[variant](*_to(case.inputs(torch.float32), CUDA), tree)
+    native = gdn_ref.gdn_verify(*case.inputs(torch.float32), tree)
+    truth, _ = gdn_ref.gdn_sequential_reference(*case.truth(torch.float32), tree)
+    result = paired_check(got.o[:n].cpu(), native.o[:n], truth[:n], cell_dims=2, storage=torch.float32)
+    assert result.ok, result
+
+
+@pytest.mark.parametrize("kernel", ["v3", "tree", "value-major"])
 def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
     tree = _gdn_case(12).tree
     layers = [gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(20 + i)) for i in range(3)]
@@ -111,8 +136,10 @@ def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
     ops = gdn_ref.GdnOperands(*(torch.empty((3, *t.shape), device=CUDA) for t in vars(one).values()))
     if kernel == "v3":
         gdn_scan_v3_layers_(*stacked, scan_tables(tree, CUDA, "recompute"), o, ops)
-    else:
+    elif kernel == "tree":
         gdn_tree_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, num_warps=8)
+    else:
+        gdn_tree_inverse_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, block_v=128, num_warps=8)
     assert_written(o)
     for i, case in enumerate(layers):
         native = gdn_ref.gdn_verify(*case.inputs(torch.bfloat16), case.tree).o
