@@ -34,8 +34,8 @@ from lumotree.verify.gdn.reference import GdnOperands, gdn_sequential_reference,
 from lumotree.verify.gdn.replay import replay_layers_
 from lumotree.verify.gdn.scan import gdn_scan_
 from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_, gdn_scan_v3_layers_
-from lumotree.verify.gdn.tree_inverse import gdn_tree_inverse_, gdn_tree_inverse_layers_
 from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_, gdn_tree_layers_
+from lumotree.verify.gdn.tree_value_major import gdn_value_major_, gdn_value_major_layers_
 from lumotree.verify.graphs import CapturedStage
 
 MIB = 2**20
@@ -189,11 +189,9 @@ def _layout_label(one_launch: bool, layers: int) -> str:
     return f"{layers} instances, one launch" if one_launch else f"{layers} per-layer launches"
 
 
-def _publish_all(w: GdnWorkload, path_upfront: bool = False) -> Callable[[], None]:
+def _publish_all(w: GdnWorkload) -> Callable[[], None]:
     """Replay publication of every layer in one launch (the scan's default tiles)."""
-    return lambda: replay_layers_(
-        w.states, w.records, w.accepted, w.path_len, one_launch=True, path_upfront=path_upfront
-    )
+    return lambda: replay_layers_(w.states, w.records, w.accepted, w.path_len, one_launch=True)
 
 
 Scan = Callable[[tuple[Tensor, ...], Tensor, GdnOperands], object]
@@ -258,24 +256,20 @@ def tree_method(
     )
 
 
-def value_major_method(
-    w: GdnWorkload, one_launch: bool, publish_upfront: bool = False, **config: object
-) -> Method:
-    """Tree-parallel value-major (`tree_inverse`); config: its keyword arguments;
-    publish_upfront: the replay loads the accepted path once per program."""
+def value_major_method(w: GdnWorkload, one_launch: bool, **config: object) -> Method:
+    """Tree-parallel value-major (`tree_value_major`); config: its keyword arguments."""
     tables = ancestry_tables(w.tree, w.device)
     verify = _verify_layers(
         w,
         one_launch,
-        lambda x, o, rec: gdn_tree_inverse_layers_(*x, tables, o, rec, **config),
-        lambda x, o, rec: gdn_tree_inverse_(*x, tables, o, rec, **config),
+        lambda x, o, rec: gdn_value_major_layers_(*x, tables, o, rec, **config),
+        lambda x, o, rec: gdn_value_major_(*x, tables, o, rec, **config),
     )
     layout = _layout_label(one_launch, w.shape.layers)
     return Method(
-        name=f"lumotree tree-parallel value-major {value_major_label(**config)}, {layout}"
-        + (", publish path upfront" if publish_upfront else ""),
+        name=f"lumotree tree-parallel value-major {value_major_label(**config)}, {layout}",
         verify=verify,
-        publish=_publish_all(w, publish_upfront),
+        publish=_publish_all(w),
         buffers={
             "operand records (all layers)": _nbytes(*vars(w.records).values()),
             "ancestry tables": _nbytes(tables.ancestry, tables.n_active),
@@ -284,7 +278,7 @@ def value_major_method(
 
 
 def value_major_label(**config: object) -> str:
-    """e.g. "tf32x3 inverse bv64 w4 bk32" (+ " r128" with a register cap)."""
+    """e.g. "tf32x3 split bv64 w4 bk32" (+ " r128" with a register cap)."""
     c = config
     label = f"{c['precision']} {c['solve']} bv{c['block_v']} w{c['num_warps']} bk{c['block_k']}"
     return label + (f" r{c['max_registers']}" if c.get("max_registers") else "")

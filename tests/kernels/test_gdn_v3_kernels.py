@@ -10,13 +10,14 @@ import torch
 
 from lumobench.verify import gdn_checks
 from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.tree import build_tree
 from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.reference import GdnOperands
 from lumotree.verify.gdn.scan import empty_operands
 from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
-from lumotree.verify.gdn.tree_inverse import gdn_tree_inverse_layers_, gdn_verify_tree_inverse
 from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
+from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
 from lumotree.verify.paired import paired_check
 
 from .helpers import assert_written, poisoned
@@ -57,7 +58,7 @@ def _assert_matches_reference(o: torch.Tensor, ops: GdnOperands, case: gdn_check
         torch.testing.assert_close(got, getattr(expected.operands, field)[:n], rtol=1e-5, atol=1e-5)
 
 
-TREE_SOLVES = ["substitution", "product", "vm inverse", "vm substitution"]
+TREE_SOLVES = ["substitution", "product", "vm split", "vm substitution"]
 
 
 def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
@@ -72,14 +73,14 @@ def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
 
 def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "substitution"):
     """The tree-parallel kernel (solve "substitution" or "product"), or tree-parallel value-major (solve
-    "vm inverse" or "vm substitution", value-major; 8-key chunks so the K loop runs twice)."""
+    "vm split" or "vm substitution", value-major; 8-key chunks so the K loop runs twice)."""
     rows, n = cases[0].tree.rows, len(cases)
     o = poisoned((n, rows, DIMS.HV, DIMS.V), torch.float32)
     ops = _poisoned_records(n, rows)
     tables = ancestry_tables(cases[0].tree, "cpu")
     if solve.startswith("vm "):
         vm_solve = solve.removeprefix("vm ")
-        gdn_tree_inverse_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=vm_solve, block_k=8)
+        gdn_value_major_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=vm_solve, block_k=8)
     else:
         gdn_tree_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=solve)
     return o, ops
@@ -116,13 +117,13 @@ def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> N
     if kernel == "v3":
         o, ops = _run_v3(cases, "recompute")[:2]
     else:
-        o, ops = _run_tree(cases, solve="vm inverse" if kernel == "tree vm" else "substitution")
+        o, ops = _run_tree(cases, solve="vm split" if kernel == "tree vm" else "substitution")
     for i, case in enumerate(cases):
         _assert_matches_reference(o[i], GdnOperands(*(t[i] for t in vars(ops).values())), case)
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "wide_fan", "chain"])
-@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product", "vm inverse", "vm substitution"])
+@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product", "vm split", "vm substitution"])
 def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     # The leaf read (v3) and the chunk form (tree) round differently from the reference: the
     # kernel's error against float64 must stay within the paired rule's bound of the reference's.
@@ -132,7 +133,7 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     if kernel == "v3":
         o = gdn_verify_v3(*inputs, case.tree, block_v=16).o
     elif kernel.startswith("vm "):
-        o = gdn_verify_tree_inverse(*inputs, case.tree, block_v=16, solve=kernel.removeprefix("vm ")).o
+        o = gdn_verify_value_major(*inputs, case.tree, block_v=16, solve=kernel.removeprefix("vm ")).o
     else:
         o = gdn_verify_tree(*inputs, case.tree, solve=kernel.removeprefix("tree").strip() or "substitution").o
     native = ref.gdn_verify(*inputs, case.tree).o
@@ -141,7 +142,7 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     assert result.ok, result
 
 
-@pytest.mark.parametrize("solve", ["substitution", "vm inverse", "vm substitution"])
+@pytest.mark.parametrize("solve", ["substitution", "vm split", "vm substitution"])
 def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_no_decay(solve: str) -> None:
     # No decay, beta ~ 1 and nearly parallel keys make every power of A matter along a depth-11
     # chain: a missing round shows up here, and the product form loses fp32 accuracy here (its
@@ -173,7 +174,20 @@ def test_refilled_ancestry_tables_serve_a_new_tree() -> None:
 def test_tree_value_major_rejects_bad_configurations(config: dict, message: str) -> None:
     case = _case("chain", seed=720)
     with pytest.raises(ValueError, match=message):
-        gdn_verify_tree_inverse(*case.inputs(torch.float32), case.tree, block_v=16, **config)
+        gdn_verify_value_major(*case.inputs(torch.float32), case.tree, block_v=16, **config)
+
+
+@pytest.mark.parametrize(("depth", "cap"), [(2, 2), (5, 5), (11, 11), (5, 23), (23, 23)])
+def test_split_solve_merges_enough_blocks_for_the_tables_depth(depth: int, cap: int) -> None:
+    # The blocked inverse merges blocks until they span cap + 1 depth levels: a chain as deep as
+    # the cap must be exact, and a shallower tree under a deeper cap (extra merges) too.
+    tree = build_tree(list(range(depth + 1)), [-1, *range(depth)], prefix_len=8, rows=32, max_depth=cap)
+    case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(731))
+    o = poisoned((1, tree.rows, DIMS.HV, DIMS.V), torch.float32)
+    ops = _poisoned_records(1, tree.rows)
+    tables = ancestry_tables(tree, "cpu", max_depth=cap)
+    gdn_value_major_layers_(*_stack([case]), tables, o, ops, block_v=16, block_k=8)
+    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
 def test_leaf_table_rejects_a_node_with_more_leaves_than_its_slots() -> None:

@@ -27,8 +27,8 @@ from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.replay import replay_accepted_
 from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
 from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
-from lumotree.verify.gdn.tree_inverse import gdn_tree_inverse_layers_, gdn_verify_tree_inverse
 from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
+from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
 
@@ -80,15 +80,15 @@ V3_VARIANTS = {
     "tree tf32x3": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8),
     "tree tf32x3 product": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8, solve="product"),
     "tree tf32x3 bv64": lambda *x: gdn_verify_tree(*x, block_v=64, precision="tf32x3", num_warps=8),
-    "value-major inverse bv128 w8": lambda *x: gdn_verify_tree_inverse(*x, block_v=128, num_warps=8),
-    "value-major substitution bv128 w8": lambda *x: gdn_verify_tree_inverse(
+    "value-major split bv128 w8": lambda *x: gdn_verify_value_major(*x, block_v=128, num_warps=8),
+    "value-major substitution bv128 w8": lambda *x: gdn_verify_value_major(
         *x, block_v=128, num_warps=8, solve="substitution"
     ),
-    "value-major inverse bv64 w4 bk64": lambda *x: gdn_verify_tree_inverse(*x, block_v=64, block_k=64),
-    "value-major inverse bv128 w8 r128": lambda *x: gdn_verify_tree_inverse(
+    "value-major split bv64 w4 bk64": lambda *x: gdn_verify_value_major(*x, block_v=64, block_k=64),
+    "value-major split bv128 w8 r128": lambda *x: gdn_verify_value_major(
         *x, block_v=128, num_warps=8, max_registers=128
     ),
-    "value-major ieee bv64 w4": lambda *x: gdn_verify_tree_inverse(*x, block_v=64, precision="ieee"),
+    "value-major ieee bv64 w4": lambda *x: gdn_verify_value_major(*x, block_v=64, precision="ieee"),
 }
 
 
@@ -139,7 +139,7 @@ def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
     elif kernel == "tree":
         gdn_tree_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, num_warps=8)
     else:
-        gdn_tree_inverse_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, block_v=128, num_warps=8)
+        gdn_value_major_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, block_v=128, num_warps=8)
     assert_written(o)
     for i, case in enumerate(layers):
         native = gdn_ref.gdn_verify(*case.inputs(torch.bfloat16), case.tree).o

@@ -39,8 +39,6 @@ def gdn_replay_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
-    PATH_UPFRONT: tl.constexpr,
-    DP: tl.constexpr,
 ):
     NVT: tl.constexpr = V // BV
     GROUP: tl.constexpr = HV // H
@@ -58,14 +56,8 @@ def gdn_replay_kernel(
     rb = rb_ptr + layer * rg_layer_stride
     S = tl.load(ptrs)
     n = tl.load(len_ptr)
-    slots = tl.arange(0, DP)
-    if PATH_UPFRONT:  # the whole path in one load; each step picks its node from registers
-        path = tl.load(accepted_ptr + slots, mask=slots < n, other=0)
     for i in range(0, n):
-        if PATH_UPFRONT:
-            node = tl.sum(tl.where(slots == i, path, 0), axis=0).to(tl.int64)
-        else:
-            node = tl.load(accepted_ptr + i).to(tl.int64)
+        node = tl.load(accepted_ptr + i).to(tl.int64)
         k = tl.load(rk + (node * H + h) * K + offs_k)
         v = tl.load(rv + (node * HV + hv) * V + offs_v)
         g = tl.load(rg + node * HV + hv)
@@ -84,19 +76,16 @@ def replay_layers_(
     one_launch: bool = True,
     block_v: int | None = None,
     num_warps: int = DEFAULT_NUM_WARPS,
-    path_upfront: bool = False,
 ) -> None:
     """Publish a stack of layers in place. states [Lyr, HV, V, K] fp32; ops fields with a leading
     layer dim ([Lyr, R, H, K], ...; fp32, contiguous); accepted [D+1] int64 device (-1 padded);
-    path_len [1] int64 device. one_launch: all layers in one launch, else one launch per layer.
-    path_upfront: load the accepted path once per program instead of one node per step."""
+    path_len [1] int64 device. one_launch: all layers in one launch, else one launch per layer."""
     layers, hv, dv, dk = states.shape
     heads = ops.k.shape[2]
     bv = default_block_v(dv) if block_v is None else block_v
     programs = hv * (dv // bv)
     strides = (states.stride(0), ops.k.stride(0), ops.v.stride(0), ops.g.stride(0))
     meta = dict(H=heads, HV=hv, K=dk, V=dv, BV=bv, num_warps=num_warps)
-    meta |= dict(PATH_UPFRONT=path_upfront, DP=triton.next_power_of_2(accepted.numel()))
     # The update never reads q: publication needs k, v, g and beta only.
     args = (states, ops.k, ops.v, ops.g, ops.beta, accepted, path_len)
     if one_launch:

@@ -1,0 +1,477 @@
+"""GDN tree verification, value-major with an explicit triangular inverse (tree-parallel, value-major).
+
+The same algebra as `tree_scan` (read its docstring for the derivation), arranged for Hopper's
+tensor cores and for fewer dependent steps per program:
+
+- Value-major products. The products with the state run as S0 [BV, K] x k^T [K, R], so the value
+  tile (64 or 128 rows) is the matmul's M dimension, as wgmma wants it (M >= 64 per warp group);
+  `tree_scan` put the 32 tree rows there. Everything per value column is kept transposed:
+  KS^T, QS^T, U^T, O^T [BV, R].
+- One inverse per program instead of one solve per value column. T = (I + A)^-1 [R, R] is formed by
+  substitution (T <- I - A T, max_depth rounds: forward substitution on the identity's columns,
+  the stable solve) on [R, R] only, then U^T = RHS^T T^T is one product. `tree_scan` ran its
+  max_depth rounds on [R, BV]; here they cost R/BV as much, and the per-column work is 1 product.
+- One load round trip for q and k. The whole [R, K] tiles are loaded once; their norms, records and
+  k k^T, q k^T come from those registers. Only the state is streamed, in BK-column chunks.
+
+One program per (value head, value tile, instance); block_v = V (one program per value head)
+forms T once per head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from lumotree.tree import TreeDescriptor
+from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.scan import _softplus, check_verify_inputs, empty_operands
+from lumotree.verify.gdn.scan_v3 import _instance_slices, _record_rows, check_stacked
+from lumotree.verify.gdn.tree_scan import PRECISIONS, AncestryTables, ancestry_tables, solve_rounds
+
+DEFAULT_BLOCK_V = 64
+DEFAULT_NUM_WARPS = 4
+DEFAULT_BLOCK_K = 32
+
+
+@triton.jit
+def gdn_tree_value_major_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    alog_ptr,
+    dtb_ptr,
+    state_ptr,
+    o_ptr,
+    rq_ptr,
+    rk_ptr,
+    rv_ptr,
+    rg_ptr,
+    rb_ptr,
+    anc_ptr,
+    nactive_ptr,
+    R,
+    stride_qk,
+    stride_v,
+    stride_ab,
+    stride_param,
+    stride_state,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    RP: tl.constexpr,
+    BK: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    NVT: tl.constexpr = V // BV
+    GROUP: tl.constexpr = HV // H
+    pid = tl.program_id(0)
+    inst = tl.program_id(1).to(tl.int64)
+    hv = pid // NVT
+    vt = pid % NVT
+    h = hv // GROUP
+    q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr, alog_ptr, dtb_ptr = (
+        _instance_slices(
+            inst, q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr,
+            alog_ptr, dtb_ptr, stride_qk, stride_v, stride_ab, stride_param,
+        )
+    )  # fmt: skip
+    state_ptr += inst * stride_state + hv * V * K
+
+    offs_v = vt * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, K)
+    rows = tl.arange(0, RP)
+    in_range = rows < R
+    valid = rows < tl.load(nactive_ptr)
+    in_square = in_range[:, None] & in_range[None, :]
+    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
+    anc = (anc != 0) & valid[:, None]
+    strict = anc & (rows[:, None] != rows[None, :])
+
+    neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+    dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
+    n = rows.to(tl.int64)
+    row_qk = (n * H + h) * K
+    mrow = valid[:, None]
+    v = tl.load(v_ptr + (n * HV + hv)[:, None] * V + offs_v[None, :], mask=mrow, other=0.0).to(tl.float32)
+    g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
+    beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
+    _record_rows(
+        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, rows, valid, h, hv, vt == 0, False,
+        offs_v, offs_k, 0.0, 0.0, v, g, beta, H, HV, K, V, False,  # q/k: below
+    )  # fmt: skip
+
+    # One pass over K in BK-key chunks on the raw q/k (input dtype): the row norms, k k^T, q k^T
+    # and, value-major, S0 k^T and S0 q^T. Normalisation is a row scaling, applied to the products
+    # afterwards (for bf16 q/k the q/k products are exact in fp32 before accumulation).
+    ssq = tl.zeros([RP], dtype=tl.float32)
+    ssk = tl.zeros([RP], dtype=tl.float32)
+    kk = tl.zeros([RP, RP], dtype=tl.float32)
+    qk = tl.zeros([RP, RP], dtype=tl.float32)
+    ksT = tl.zeros([BV, RP], dtype=tl.float32)
+    qsT = tl.zeros([BV, RP], dtype=tl.float32)
+    offs_c = tl.arange(0, BK)
+    for c in range(K // BK):
+        cols = c * BK + offs_c
+        qc = tl.load(q_ptr + row_qk[:, None] + cols[None, :], mask=mrow, other=0.0)
+        kc = tl.load(k_ptr + row_qk[:, None] + cols[None, :], mask=mrow, other=0.0)
+        sc = tl.load(state_ptr + offs_v[:, None] * K + cols[None, :])
+        kk = tl.dot(kc, tl.trans(kc), kk, input_precision=PRECISION)
+        qk = tl.dot(qc, tl.trans(kc), qk, input_precision=PRECISION)
+        qc = qc.to(tl.float32)
+        kc = kc.to(tl.float32)
+        ssq += tl.sum(qc * qc, axis=1)
+        ssk += tl.sum(kc * kc, axis=1)
+        ksT = tl.dot(sc, tl.trans(kc), ksT, input_precision=PRECISION)
+        qsT = tl.dot(sc, tl.trans(qc), qsT, input_precision=PRECISION)
+    scale_k = tl.rsqrt(ssk + 1e-6)
+    scale_q = tl.rsqrt(ssq + 1e-6) * (K**-0.5)
+    kk = kk * scale_k[:, None] * scale_k[None, :]
+    qk = qk * scale_q[:, None] * scale_k[None, :]
+    ksT = ksT * scale_k[None, :]
+    qsT = qsT * scale_q[None, :]
+    if tl.where(vt == 0, hv % GROUP == 0, False):
+        # The key head's records, by one program: normalised q/k (chunks reloaded, cache hits).
+        for c in range(K // BK):
+            cols = c * BK + offs_c
+            at = row_qk[:, None] + cols[None, :]
+            qc = tl.load(q_ptr + at, mask=mrow, other=0.0).to(tl.float32)
+            kc = tl.load(k_ptr + at, mask=mrow, other=0.0).to(tl.float32)
+            tl.store(rq_ptr + at, qc * tl.rsqrt(ssq + 1e-6)[:, None] * (K**-0.5), mask=mrow)
+            tl.store(rk_ptr + at, kc * scale_k[:, None], mask=mrow)
+
+    # Cumulative log-decay along each row's ancestry, and the decay ratios to its ancestors.
+    G = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)
+    ratio = tl.where(anc, tl.exp(tl.where(anc, G[:, None] - G[None, :], 0.0)), 0.0)
+    gamma = tl.exp(G)
+
+    # U^T <- RHS^T - U^T A^T, max_depth rounds (A is nilpotent: A^(depth+1) = 0).
+    A = tl.where(strict, beta[:, None] * ratio * kk, 0.0)
+    rhsT = (tl.trans(v) - ksT * gamma[None, :]) * beta[None, :]
+    At = tl.trans(A)
+    uT = rhsT
+    for _ in tl.static_range(ROUNDS):
+        uT = rhsT - tl.dot(uT, At, input_precision=PRECISION)
+    outT = qsT * gamma[None, :] + tl.dot(uT, tl.trans(ratio * qk), input_precision=PRECISION)
+    outT = tl.where(valid[None, :], outT, 0.0)  # padding rows read as zero
+    tl.store(
+        o_ptr + (n * HV + hv)[None, :] * V + offs_v[:, None],
+        outT.to(o_ptr.dtype.element_ty),
+        mask=in_range[None, :] & (offs_v[:, None] < V),
+    )
+
+
+@triton.jit
+def gdn_tree_prepare_kernel(
+    q_ptr,
+    k_ptr,
+    a_ptr,
+    b_ptr,
+    alog_ptr,
+    dtb_ptr,
+    rq_ptr,
+    rk_ptr,
+    rg_ptr,
+    rb_ptr,
+    p_ptr,
+    gamma_ptr,
+    anc_ptr,
+    nactive_ptr,
+    R,
+    stride_qk,
+    stride_ab,
+    stride_param,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    RP: tl.constexpr,
+    LEVELS: tl.constexpr,
+    MERGES: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Split solve, launch 1, one program per (key head, instance): for each of its value heads the
+    [R, R] part of the tree, P = (Gamma o M o Q K^T) (I + A)^-1 and gamma; q/k/g/beta records."""
+    GROUP: tl.constexpr = HV // H
+    h = tl.program_id(0)
+    inst = tl.program_id(1).to(tl.int64)
+    q_ptr += inst * stride_qk
+    k_ptr += inst * stride_qk
+    rq_ptr += inst * stride_qk
+    rk_ptr += inst * stride_qk
+    a_ptr += inst * stride_ab
+    b_ptr += inst * stride_ab
+    rg_ptr += inst * stride_ab
+    rb_ptr += inst * stride_ab
+    alog_ptr += inst * stride_param
+    dtb_ptr += inst * stride_param
+    p_ptr += inst * HV * RP * RP
+    gamma_ptr += inst * HV * RP
+
+    offs_k = tl.arange(0, K)
+    rows = tl.arange(0, RP)
+    in_range = rows < R
+    valid = rows < tl.load(nactive_ptr)
+    in_square = in_range[:, None] & in_range[None, :]
+    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
+    anc = (anc != 0) & valid[:, None]
+    strict = anc & (rows[:, None] != rows[None, :])
+
+    n = rows.to(tl.int64)
+    at = ((n * H + h) * K)[:, None] + offs_k[None, :]
+    q_in = tl.load(q_ptr + at, mask=valid[:, None], other=0.0)
+    k_in = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+    # k k^T and q k^T on the raw operands (bf16 products are exact in fp32), then the row scales.
+    kk = tl.dot(k_in, tl.trans(k_in), input_precision=PRECISION)
+    qk = tl.dot(q_in, tl.trans(k_in), input_precision=PRECISION)
+    q = q_in.to(tl.float32)
+    k = k_in.to(tl.float32)
+    scale_q = tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)
+    scale_k = tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)
+    kk = kk * scale_k[:, None] * scale_k[None, :]
+    qk = qk * (scale_q * (K**-0.5))[:, None] * scale_k[None, :]
+    tl.store(rq_ptr + at, q * scale_q[:, None] * (K**-0.5), mask=valid[:, None])
+    tl.store(rk_ptr + at, k * scale_k[:, None], mask=valid[:, None])
+
+    # T = (I + A)^-1 by blocks of depth levels. Inside a block of LEVELS levels, substitution
+    # (T <- I - A T, forward substitution on the identity's columns) is exact after LEVELS - 1
+    # terms. Then pairs of neighbouring blocks merge, exactly and without powers of A:
+    # (I + A_in + A_across)^-1 = T - T A_across T, as A_across T A_across = 0 (ancestors are
+    # shallower). MERGES rounds cover LEVELS * 2^MERGES >= max_depth + 1 levels.
+    depth = tl.sum(strict.to(tl.int32), axis=1)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    for j in range(GROUP):
+        hv = h * GROUP + j
+        neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
+        g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
+        beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
+        tl.store(rg_ptr + n * HV + hv, g, mask=valid)
+        tl.store(rb_ptr + n * HV + hv, beta, mask=valid)
+        G = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)
+        ratio = tl.where(anc, tl.exp(tl.where(anc, G[:, None] - G[None, :], 0.0)), 0.0)
+        A = tl.where(strict, beta[:, None] * ratio * kk, 0.0)
+        block = depth // LEVELS
+        inside = block[:, None] == block[None, :]
+        A_in = tl.where(inside, A, 0.0)
+        T = eye - A_in
+        for _ in tl.static_range(LEVELS - 2):
+            T = eye - tl.dot(A_in, T, input_precision=PRECISION)
+        for m in tl.static_range(MERGES):
+            block = depth // (LEVELS * 2 ** (m + 1))
+            merged = block[:, None] == block[None, :]
+            across = tl.where(merged & ~inside, A, 0.0)
+            T = T - tl.dot(T, tl.dot(across, T, input_precision=PRECISION), input_precision=PRECISION)
+            inside = merged
+        P = tl.dot(ratio * qk, T, input_precision=PRECISION)
+        tl.store(p_ptr + hv * RP * RP + rows[:, None] * RP + rows[None, :], P)
+        tl.store(gamma_ptr + hv * RP + rows, tl.exp(G))
+
+
+@triton.jit
+def gdn_tree_apply_kernel(
+    v_ptr,
+    state_ptr,
+    o_ptr,
+    rq_ptr,
+    rk_ptr,
+    rv_ptr,
+    rb_ptr,
+    p_ptr,
+    gamma_ptr,
+    nactive_ptr,
+    R,
+    stride_qk,
+    stride_v,
+    stride_ab,
+    stride_state,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    RP: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Split solve, launch 2, one program per (value head, value tile, instance), value-major:
+    O^T = gamma o (S0 Q^T) + (beta o (V^T - gamma o S0 K^T)) P^T, q/k read from the records."""
+    NVT: tl.constexpr = V // BV
+    GROUP: tl.constexpr = HV // H
+    pid = tl.program_id(0)
+    inst = tl.program_id(1).to(tl.int64)
+    hv = pid // NVT
+    vt = pid % NVT
+    h = hv // GROUP
+    v_ptr += inst * stride_v
+    o_ptr += inst * stride_v
+    rv_ptr += inst * stride_v
+    rq_ptr += inst * stride_qk
+    rk_ptr += inst * stride_qk
+    rb_ptr += inst * stride_ab
+    state_ptr += inst * stride_state + hv * V * K
+    p_ptr += (inst * HV + hv) * RP * RP
+    gamma_ptr += (inst * HV + hv) * RP
+
+    offs_v = vt * BV + tl.arange(0, BV)
+    rows = tl.arange(0, RP)
+    valid = rows < tl.load(nactive_ptr)
+    n = rows.to(tl.int64)
+    at_v = (n * HV + hv)[None, :] * V + offs_v[:, None]
+    vT = tl.load(v_ptr + at_v, mask=valid[None, :], other=0.0).to(tl.float32)
+    tl.store(rv_ptr + at_v, vT, mask=valid[None, :])
+    beta = tl.load(rb_ptr + n * HV + hv, mask=valid, other=0.0)
+    gamma = tl.load(gamma_ptr + rows)
+    P = tl.load(p_ptr + rows[:, None] * RP + rows[None, :])
+
+    row_qk = (n * H + h) * K
+    offs_c = tl.arange(0, BK)
+    ksT = tl.zeros([BV, RP], dtype=tl.float32)
+    qsT = tl.zeros([BV, RP], dtype=tl.float32)
+    for c in range(K // BK):
+        cols = c * BK + offs_c
+        sc = tl.load(state_ptr + offs_v[:, None] * K + cols[None, :])
+        kc = tl.load(rk_ptr + row_qk[:, None] + cols[None, :], mask=valid[:, None], other=0.0)
+        qc = tl.load(rq_ptr + row_qk[:, None] + cols[None, :], mask=valid[:, None], other=0.0)
+        ksT = tl.dot(sc, tl.trans(kc), ksT, input_precision=PRECISION)
+        qsT = tl.dot(sc, tl.trans(qc), qsT, input_precision=PRECISION)
+    rhsT = (vT - ksT * gamma[None, :]) * beta[None, :]
+    outT = qsT * gamma[None, :] + tl.dot(rhsT, tl.trans(P), input_precision=PRECISION)
+    outT = tl.where(valid[None, :], outT, 0.0)  # padding rows read as zero
+    tl.store(o_ptr + at_v, outT.to(o_ptr.dtype.element_ty), mask=(rows < R)[None, :])
+
+
+SOLVES = ("split", "substitution")
+BLOCK_LEVELS = 3  # depth levels per diagonal block of the split solve's inverse (1 product each)
+
+
+def block_merges(max_depth: int) -> int:
+    """Merge rounds that grow BLOCK_LEVELS-level blocks to cover max_depth + 1 levels."""
+    return max(0, math.ceil(math.log2(math.ceil((max_depth + 1) / BLOCK_LEVELS))))
+
+
+def gdn_value_major_layers_(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    tables: AncestryTables,
+    o: Tensor,
+    ops: GdnOperands,
+    block_v: int = DEFAULT_BLOCK_V,
+    num_warps: int = DEFAULT_NUM_WARPS,
+    precision: str = "tf32x3",
+    solve: str = "split",
+    block_k: int = DEFAULT_BLOCK_K,
+    max_registers: int | None = None,
+    prepare_warps: int = 4,
+    only: str | None = None,
+) -> None:
+    """Verify N independent GDN instances sharing one tree in one launch, into caller-owned buffers.
+
+    Shapes as `tree_scan.gdn_tree_layers_`: q, k [N, R, H, K]; v [N, R, HV, V]; a, b [N, R, HV];
+    A_log, dt_bias [N, HV]; state [N, HV, V, K] fp32 (read only); o [N, R, HV, V]; ops fp32
+    records. block_v >= 16 on the GPU (64 or more for wgmma); block_k divides K.
+    precision: "ieee" (CUDA-core fp32) or "tf32x3" (tensor cores, three-pass fp32 emulation).
+    solve: "split" (two launches: the [R, R] part per value head, then the value-major products) or
+    "substitution" (one launch, max_depth rounds on U^T [BV, R]); both round like forward
+    substitution. max_registers: the compiler's per-thread register cap (None: its choice);
+    prepare_warps: warps of the split solve's first launch (one program per key head).
+    only: "prepare" or "apply" runs that launch of the split solve alone (to time it; the outputs
+    are then incomplete).
+    """
+    n, rows, heads, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if solve not in SOLVES:
+        raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
+    if only not in (None, "prepare", "apply"):
+        raise ValueError(f"only must be None, 'prepare' or 'apply', got {only!r}")
+    if tables.ancestry.shape != (rows, rows):
+        raise ValueError(f"ancestry tables are for {tables.ancestry.shape[0]} rows, operands have {rows}")
+    bk = min(block_k, dk)
+    if dk % bk:
+        raise ValueError(f"block_k={block_k} must divide K={dk}")
+    check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
+    meta = dict(H=heads, HV=hv, K=dk, V=dv, BV=block_v, RP=max(16, triton.next_power_of_2(rows)), BK=bk)
+    meta |= dict(PRECISION=precision, num_warps=num_warps, maxnreg=max_registers)
+    rounds = solve_rounds("substitution", tables.max_depth)
+    if solve == "substitution":
+        gdn_tree_value_major_kernel[(hv * (dv // block_v), n)](
+            q, k, v, a, b, A_log, dt_bias, state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
+            tables.ancestry, tables.n_active, rows,
+            q.stride(0), v.stride(0), a.stride(0), A_log.stride(0), state.stride(0), ROUNDS=rounds, **meta,
+        )  # fmt: skip
+        return
+    p = torch.empty((n, hv, meta["RP"], meta["RP"]), dtype=torch.float32, device=q.device)
+    gamma = torch.empty((n, hv, meta["RP"]), dtype=torch.float32, device=q.device)
+    if only != "apply":
+        gdn_tree_prepare_kernel[(heads, n)](
+            q, k, a, b, A_log, dt_bias, ops.q, ops.k, ops.g, ops.beta, p, gamma, tables.ancestry,
+            tables.n_active, rows, q.stride(0), a.stride(0), A_log.stride(0),
+            H=heads, HV=hv, K=dk, RP=meta["RP"], LEVELS=BLOCK_LEVELS, MERGES=block_merges(tables.max_depth),
+            PRECISION=precision, num_warps=prepare_warps,
+        )  # fmt: skip
+    if only != "prepare":
+        gdn_tree_apply_kernel[(hv * (dv // block_v), n)](
+            v, state, o, ops.q, ops.k, ops.v, ops.beta, p, gamma, tables.n_active, rows,
+            q.stride(0), v.stride(0), a.stride(0), state.stride(0), **meta,
+        )  # fmt: skip
+
+
+def gdn_value_major_(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    tables: AncestryTables,
+    o: Tensor,
+    ops: GdnOperands,
+    **config: object,
+) -> None:
+    """One layer (shapes of `scan.gdn_scan_` without the instance dim); config as the stacked form."""
+    ops1 = GdnOperands(*(t[None] for t in (ops.q, ops.k, ops.v, ops.g, ops.beta)))
+    inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
+    gdn_value_major_layers_(*inputs, tables, o[None], ops1, **config)
+
+
+def gdn_verify_value_major(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    tree: TreeDescriptor,
+    block_v: int | None = None,
+    **config: object,
+) -> GdnVerifyResult:
+    """One layer with the reference's signature (fp32 compute; no cut states)."""
+    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
+    rows, heads, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    bv = min(DEFAULT_BLOCK_V, dv) if block_v is None else block_v
+    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
+    o = torch.empty_like(v)
+    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
+    gdn_value_major_(*inputs, ancestry_tables(tree, q.device), o, ops, block_v=bv, **config)
+    return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
