@@ -278,10 +278,13 @@ def value_major_method(w: GdnWorkload, one_launch: bool, **config: object) -> Me
 
 
 def value_major_label(**config: object) -> str:
-    """e.g. "tf32x3 split bv64 w4 bk32" (+ " r128" with a register cap)."""
+    """e.g. "tf32x3 split bv128 w4 bk32 p2" (+ " r128" with a register cap, " s4" with 4 stages)."""
     c = config
     label = f"{c['precision']} {c['solve']} bv{c['block_v']} w{c['num_warps']} bk{c['block_k']}"
-    return label + (f" r{c['max_registers']}" if c.get("max_registers") else "")
+    if c["solve"] == "split":
+        label += f" p{c['prepare_warps']}"
+    label += f" r{c['max_registers']}" if c.get("max_registers") else ""
+    return label + (f" s{c['num_stages']}" if c.get("num_stages") else "")
 
 
 def _table_bytes(tables: ScanTables) -> int:

@@ -32,18 +32,28 @@ SUITES = ("gdn", "attention", "selection", "walk", "commit")
 VOCAB = 248320
 
 
-# Tree-parallel value-major configurations, fastest expected first. Run 5 measured the one-launch
-# substitution solve at bv128 w8 with 128 registers (r128: two 8-warp programs per SM) fastest.
+# Tree-parallel value-major configurations, fastest expected first. Run 6 measured the split
+# solve's launches apart (results/h200/run6/ablate_gdn.md): prepare fastest with 2 warps, apply
+# with 128-row value tiles on 4 warps or with a 128-register cap.
 VALUE_MAJOR_CONFIGS = [
-    dict(precision="tf32x3", solve=solve, block_v=bv, num_warps=nw, block_k=bk, max_registers=regs)
-    for solve, bv, nw, bk, regs in (
-        ("split", 128, 8, 32, None),
-        ("split", 128, 4, 32, None),
-        ("split", 64, 4, 32, None),
-        ("split", 128, 8, 32, 128),
-        ("split", 64, 4, 64, None),
-        ("substitution", 128, 8, 32, 128),
-        ("substitution", 64, 4, 32, None),
+    dict(
+        precision="tf32x3",
+        solve=solve,
+        block_v=bv,
+        num_warps=nw,
+        block_k=32,
+        max_registers=regs,
+        prepare_warps=pw,
+        num_stages=stages,
+    )
+    for solve, bv, nw, regs, pw, stages in (
+        ("split", 128, 4, None, 2, None),
+        ("split", 128, 4, 128, 2, None),
+        ("split", 64, 4, 128, 2, None),
+        ("split", 128, 8, 128, 2, None),
+        ("split", 128, 4, None, 1, None),
+        ("split", 128, 4, None, 2, 4),
+        ("substitution", 128, 8, 128, 2, None),
     )
 ]
 
@@ -75,10 +85,6 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
         for one in (True, False) if i == 0 else (True,):
             label = f"lumotree tree-parallel value-major {gdn_bench.value_major_label(**config)}"
             makers.append((label, partial(gdn_bench.value_major_method, w, one, **config)))
-        if i == 0:  # the same verify with the path-upfront replay
-            makers.append(
-                (label + " upfront", partial(gdn_bench.value_major_method, w, True, True, **config))
-            )
     for bv, nw, both in v3:
         for one in (False, True) if both else (False,):
             makers.append((f"lumotree v3 bv{bv} w{nw}", partial(gdn_bench.v3_method, w, one, bv, nw)))

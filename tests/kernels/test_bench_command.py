@@ -45,6 +45,13 @@ def test_methods_filter_keeps_only_matching_gdn_methods(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "kernels.json").read_text())["gdn"]["methods"]
     assert rows and all("native" in row["method"] for row in rows)
+    value_major = CliRunner().invoke(
+        app, [*args, "--eager-iters", "1", "--methods", "value-major", "--out", str(tmp_path / "vm")]
+    )
+    assert value_major.exit_code == 0, value_major.output
+    rows = json.loads((tmp_path / "vm" / "kernels.json").read_text())["gdn"]["methods"]
+    assert len(rows) == 2 and all("value-major" in row["method"] for row in rows)  # one launch, per layer
+    assert not [row for row in rows if "error" in row], rows
     missing = CliRunner().invoke(app, [*args, "--methods", "no-such-method", "--out", str(tmp_path / "none")])
     assert missing.exit_code == 0  # the suite's error is reported in the table, the run goes on
     assert (

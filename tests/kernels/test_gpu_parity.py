@@ -80,6 +80,8 @@ V3_VARIANTS = {
     "tree tf32x3": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8),
     "tree tf32x3 product": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8, solve="product"),
     "tree tf32x3 bv64": lambda *x: gdn_verify_tree(*x, block_v=64, precision="tf32x3", num_warps=8),
+    "value-major split (defaults)": lambda *x: gdn_verify_value_major(*x),
+    "value-major split p1 s4": lambda *x: gdn_verify_value_major(*x, prepare_warps=1, num_stages=4),
     "value-major split bv128 w8": lambda *x: gdn_verify_value_major(*x, block_v=128, num_warps=8),
     "value-major substitution bv128 w8": lambda *x: gdn_verify_value_major(
         *x, block_v=128, num_warps=8, solve="substitution"
@@ -139,7 +141,7 @@ def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
     elif kernel == "tree":
         gdn_tree_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, num_warps=8)
     else:
-        gdn_value_major_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, block_v=128, num_warps=8)
+        gdn_value_major_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops)
     assert_written(o)
     for i, case in enumerate(layers):
         native = gdn_ref.gdn_verify(*case.inputs(torch.bfloat16), case.tree).o
