@@ -4,9 +4,10 @@ Times one step alone (48 instances, one launch; CUDA graph replay; L2 flushed be
 iteration; median of --iters). --set run6: the one-launch substitution solve with its 11 rounds and
 with 1 round (wrong outputs: the difference is the rounds' cost), the split solve whole and each of
 its two launches alone, apply-launch tile configurations. --set run7: prepare-launch warps,
-apply-launch registers / pipelining / key chunks, and replay-publication tiles. Prints a markdown
+apply-launch registers / pipelining / key chunks, and replay-publication tiles. --set run8: the
+new defaults (4-stage apply) and the replay on one warp against two, repeated. Prints a markdown
 table and writes it to --out. Usage (repository root, on a CUDA machine):
-python3 results/h200/ablate_gdn.py --set run7 --out OUT_DIR
+python3 results/h200/ablate_gdn.py --set run8 --out OUT_DIR
 """
 
 from __future__ import annotations
@@ -62,12 +63,24 @@ RUN7: list[Variant] = [
     ),
 ]
 PUBLISH7 = [(8, 2), (4, 1), (8, 1), (16, 2), (16, 4), (32, 4)]  # replay (block_v, num_warps)
+SPLIT8 = dict(SPLIT7, num_stages=4)
+RUN8: list[Variant] = [
+    ("split bv128 w4 p2 s4, both launches", SPLIT8, None),
+    ("split, apply launch alone, bv128 w4 s4", dict(SPLIT8, only="apply"), None),
+    ("split, apply launch alone, bv128 w4 s5", dict(SPLIT8, only="apply", num_stages=5), None),
+    (
+        "split, apply launch alone, bv128 w8 r128 s4",
+        dict(SPLIT8, only="apply", num_warps=8, max_registers=128),
+        None,
+    ),
+]
+PUBLISH8 = [(8, 1), (8, 2), (4, 1), (16, 1)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--set", choices=("run6", "run7"), default="run7")
+    parser.add_argument("--set", choices=("run6", "run7", "run8"), default="run8")
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -76,7 +89,7 @@ def main() -> None:
     inputs = (w.q, w.k, w.v, w.a, w.b, w.A_log, w.dt_bias, w.states)
     full = ancestry_tables(w.tree, device)
     steps: list[tuple[str, Callable[[], object]]] = []
-    for label, config, depth in RUN6 if args.set == "run6" else RUN7:
+    for label, config, depth in {"run6": RUN6, "run7": RUN7, "run8": RUN8}[args.set]:
         tables = full if depth is None else AncestryTables(full.ancestry, full.n_active, max_depth=depth)
         steps.append(
             (
@@ -84,9 +97,9 @@ def main() -> None:
                 lambda t=tables, c=config: gdn_value_major_layers_(*inputs, t, w.o, w.records, **c),
             )
         )
-    if args.set == "run7":
+    if args.set != "run6":
         gdn_value_major_layers_(*inputs, full, w.o, w.records)  # records for the replay
-        for bv, nw in PUBLISH7:
+        for bv, nw in PUBLISH7 if args.set == "run7" else PUBLISH8:
             steps.append(
                 (
                     f"publish: replay bv{bv} w{nw}, one launch",

@@ -28,7 +28,11 @@ from lumotree.verify.gdn.replay import replay_accepted_
 from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
 from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
 from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
-from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
+from lumotree.verify.gdn.tree_value_major import (
+    gdn_value_major_,
+    gdn_value_major_layers_,
+    gdn_verify_value_major,
+)
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
 
@@ -175,6 +179,27 @@ def test_captured_verify_and_publish_replays_for_a_new_tree() -> None:
     ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
     bank = torch.empty(rows, QWEN.HV, QWEN.V, QWEN.K, device=CUDA)
     stage = CapturedStage(lambda: gdn_scan_(*bufs, tables, o, ops, bank))
+    for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
+        buf.copy_(new)
+    tables.fill_(second.tree)
+    o.fill_(float("nan"))
+    stage.replay()
+    torch.cuda.synchronize()
+    assert_written(o)
+    expected = gdn_ref.gdn_verify(*second.inputs(torch.float32), second.tree).o
+    torch.testing.assert_close(o.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_captured_value_major_split_verify_replays_for_a_new_tree() -> None:
+    # The split solve allocates its [R, R] scratch inside the captured region (the graph's pool):
+    # a replay after refilling inputs and ancestry tables must compute the new tree.
+    first, second = _gdn_case(5, "paper"), _gdn_case(6, "deep_and_wide")
+    rows = first.tree.rows
+    bufs = [x.to(CUDA).clone() for x in first.inputs(torch.float32)]
+    tables = ancestry_tables(first.tree, CUDA)
+    o = poisoned((rows, QWEN.HV, QWEN.V), torch.float32, CUDA)
+    ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
+    stage = CapturedStage(lambda: gdn_value_major_(*bufs, tables, o, ops))
     for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
         buf.copy_(new)
     tables.fill_(second.tree)
