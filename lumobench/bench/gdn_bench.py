@@ -273,16 +273,21 @@ def value_major_method(w: GdnWorkload, one_launch: bool, **config: object) -> Me
         buffers={
             "operand records (all layers)": _nbytes(*vars(w.records).values()),
             "ancestry tables": _nbytes(tables.ancestry, tables.n_active),
+            "split-solve scratch P, gamma (all layers)": _split_scratch_bytes(w),
         },
     )
 
 
+def _split_scratch_bytes(w: GdnWorkload) -> int:
+    """P [R, R] and gamma [R] per value head and layer, fp32, allocated in the graph's pool."""
+    rows = max(16, 1 << (w.tree.rows - 1).bit_length())
+    return 4 * w.shape.layers * w.shape.v_heads * rows * (rows + 1)
+
+
 def value_major_label(**config: object) -> str:
-    """e.g. "tf32x3 split bv128 w4 bk32 p2" (+ " r128" with a register cap, " s4" with 4 stages)."""
+    """e.g. "bv128 w4 p2" (+ " r128" with a register cap, " s4" with a 4-stage state loop)."""
     c = config
-    label = f"{c['precision']} {c['solve']} bv{c['block_v']} w{c['num_warps']} bk{c['block_k']}"
-    if c["solve"] == "split":
-        label += f" p{c['prepare_warps']}"
+    label = f"bv{c['block_v']} w{c['num_warps']} p{c['prepare_warps']}"
     label += f" r{c['max_registers']}" if c.get("max_registers") else ""
     return label + (f" s{c['num_stages']}" if c.get("num_stages") else "")
 

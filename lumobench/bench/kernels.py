@@ -36,23 +36,8 @@ VOCAB = 248320
 # solve's launches apart (results/h200/run{6,7}/ablate_gdn.md): prepare fastest with 2 warps, apply
 # with 128-row value tiles on 4 warps and a 4-stage state loop (or 8 warps with 128 registers).
 VALUE_MAJOR_CONFIGS = [
-    dict(
-        precision="tf32x3",
-        solve=solve,
-        block_v=bv,
-        num_warps=nw,
-        block_k=32,
-        max_registers=regs,
-        prepare_warps=pw,
-        num_stages=stages,
-    )
-    for solve, bv, nw, regs, pw, stages in (
-        ("split", 128, 4, None, 2, 4),
-        ("split", 128, 8, 128, 2, 4),
-        ("split", 64, 4, 128, 2, 4),
-        ("split", 128, 4, None, 2, 5),
-        ("split", 128, 4, None, 2, 3),
-    )
+    dict(block_v=bv, num_warps=nw, max_registers=regs, prepare_warps=2, num_stages=stages)
+    for bv, nw, regs, stages in ((128, 4, None, 4), (128, 8, 128, 4), (64, 4, 128, 4), (128, 4, None, 3))
 ]
 
 

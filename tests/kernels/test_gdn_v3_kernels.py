@@ -58,7 +58,7 @@ def _assert_matches_reference(o: torch.Tensor, ops: GdnOperands, case: gdn_check
         torch.testing.assert_close(got, getattr(expected.operands, field)[:n], rtol=1e-5, atol=1e-5)
 
 
-TREE_SOLVES = ["substitution", "product", "vm split", "vm substitution"]
+TREE_SOLVES = ["substitution", "product", "value-major"]
 
 
 def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
@@ -72,15 +72,14 @@ def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
 
 
 def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "substitution"):
-    """The tree-parallel kernel (solve "substitution" or "product"), or tree-parallel value-major (solve
-    "vm split" or "vm substitution", value-major; 8-key chunks so the K loop runs twice)."""
+    """The tree-parallel kernel (solve "substitution" or "product"), or the value-major split solve
+    (solve "value-major"; 8-key chunks so its state loop runs twice)."""
     rows, n = cases[0].tree.rows, len(cases)
     o = poisoned((n, rows, DIMS.HV, DIMS.V), torch.float32)
     ops = _poisoned_records(n, rows)
     tables = ancestry_tables(cases[0].tree, "cpu")
-    if solve.startswith("vm "):
-        vm_solve = solve.removeprefix("vm ")
-        gdn_value_major_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=vm_solve, block_k=8)
+    if solve == "value-major":
+        gdn_value_major_layers_(*_stack(cases), tables, o, ops, block_v=block_v, block_k=8)
     else:
         gdn_tree_layers_(*_stack(cases), tables, o, ops, block_v=block_v, solve=solve)
     return o, ops
@@ -109,7 +108,7 @@ def test_tree_parallel_outputs_and_records_match_reference(shape: str, solve: st
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
-@pytest.mark.parametrize("kernel", ["v3", "tree", "tree vm"])
+@pytest.mark.parametrize("kernel", ["v3", "tree", "value-major"])
 def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> None:
     # Instances share the tree (one cycle) but have their own operands, parameters and states.
     tree = _case("paper", seed=400).tree
@@ -117,13 +116,13 @@ def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> N
     if kernel == "v3":
         o, ops = _run_v3(cases, "recompute")[:2]
     else:
-        o, ops = _run_tree(cases, solve="vm split" if kernel == "tree vm" else "substitution")
+        o, ops = _run_tree(cases, solve="value-major" if kernel == "value-major" else "substitution")
     for i, case in enumerate(cases):
         _assert_matches_reference(o[i], GdnOperands(*(t[i] for t in vars(ops).values())), case)
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "wide_fan", "chain"])
-@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product", "vm split", "vm substitution"])
+@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product", "value-major"])
 def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     # The leaf read (v3) and the chunk form (tree) round differently from the reference: the
     # kernel's error against float64 must stay within the paired rule's bound of the reference's.
@@ -132,8 +131,8 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     inputs = case.inputs(torch.float32)
     if kernel == "v3":
         o = gdn_verify_v3(*inputs, case.tree, block_v=16).o
-    elif kernel.startswith("vm "):
-        o = gdn_verify_value_major(*inputs, case.tree, block_v=16, solve=kernel.removeprefix("vm ")).o
+    elif kernel == "value-major":
+        o = gdn_verify_value_major(*inputs, case.tree, block_v=16).o
     else:
         o = gdn_verify_tree(*inputs, case.tree, solve=kernel.removeprefix("tree").strip() or "substitution").o
     native = ref.gdn_verify(*inputs, case.tree).o
@@ -142,7 +141,7 @@ def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
     assert result.ok, result
 
 
-@pytest.mark.parametrize("solve", ["substitution", "vm split", "vm substitution"])
+@pytest.mark.parametrize("solve", ["substitution", "value-major"])
 def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_no_decay(solve: str) -> None:
     # No decay, beta ~ 1 and nearly parallel keys make every power of A matter along a depth-11
     # chain: a missing round shows up here, and the product form loses fp32 accuracy here (its
@@ -166,7 +165,6 @@ def test_refilled_ancestry_tables_serve_a_new_tree() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"solve": "product"}, "solve must be one of"),
         ({"block_k": 12}, "must divide K"),
         ({"precision": "tf32"}, "precision"),
     ],

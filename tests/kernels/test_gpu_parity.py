@@ -87,9 +87,6 @@ V3_VARIANTS = {
     "value-major split (defaults)": lambda *x: gdn_verify_value_major(*x),
     "value-major split p1 s4": lambda *x: gdn_verify_value_major(*x, prepare_warps=1, num_stages=4),
     "value-major split bv128 w8": lambda *x: gdn_verify_value_major(*x, block_v=128, num_warps=8),
-    "value-major substitution bv128 w8": lambda *x: gdn_verify_value_major(
-        *x, block_v=128, num_warps=8, solve="substitution"
-    ),
     "value-major split bv64 w4 bk64": lambda *x: gdn_verify_value_major(*x, block_v=64, block_k=64),
     "value-major split bv128 w8 r128": lambda *x: gdn_verify_value_major(
         *x, block_v=128, num_warps=8, max_registers=128

@@ -1,21 +1,26 @@
-"""GDN tree verification, value-major with an explicit triangular inverse (tree-parallel, value-major).
+"""GDN tree verification, value-major, in two launches (the split solve).
 
-The same algebra as `tree_scan` (read its docstring for the derivation), arranged for Hopper's
-tensor cores and for fewer dependent steps per program:
+The algebra of `tree_scan` (its docstring derives it), rearranged after the H200 measurements of
+results/h200 (runs 5-8) showed `tree_scan` bound by its chain of small dependent products:
 
-- Value-major products. The products with the state run as S0 [BV, K] x k^T [K, R], so the value
+- Value-major products. The products with the state run as S0 [BV, K] x k^T [K, R]: the value
   tile (64 or 128 rows) is the matmul's M dimension, as wgmma wants it (M >= 64 per warp group);
-  `tree_scan` put the 32 tree rows there. Everything per value column is kept transposed:
+  `tree_scan` put the 32 tree rows there. Quantities per value column are kept transposed:
   KS^T, QS^T, U^T, O^T [BV, R].
-- One inverse per program instead of one solve per value column. T = (I + A)^-1 [R, R] is formed by
-  substitution (T <- I - A T, max_depth rounds: forward substitution on the identity's columns,
-  the stable solve) on [R, R] only, then U^T = RHS^T T^T is one product. `tree_scan` ran its
-  max_depth rounds on [R, BV]; here they cost R/BV as much, and the per-column work is 1 product.
-- One load round trip for q and k. The whole [R, K] tiles are loaded once; their norms, records and
-  k k^T, q k^T come from those registers. Only the state is streamed, in BK-column chunks.
+- Two launches. The prepare launch, one program per (key head, instance), loads q and k once,
+  forms k k^T and q k^T from the raw operands (bf16 products are exact in fp32), writes the
+  q/k/g/beta records and, for each of the key head's value heads,
+  P = (Gamma o M o Q K^T) (I + A)^-1 [R, R] and gamma. The inverse is built by depth blocks: plain
+  substitution inside blocks of 3 levels, then exact merges T <- T - T A_across T, so a depth-11
+  tree costs 5 small products instead of 11 substitution rounds, with no powers of A (the product
+  form's cancellation). The apply launch, one program per (value head, value tile, instance),
+  streams the state and computes O^T = gamma o (S0 Q^T) + (beta o (V^T - gamma o S0 K^T)) P^T.
+  A one-launch variant that ran max_depth rounds U^T <- RHS^T - U^T A^T after the same products
+  measured 0.47 ms against 0.29 (runs 5-7; removed): its 11 dependent wgmma rounds per program
+  were the cost.
 
-One program per (value head, value tile, instance); block_v = V (one program per value head)
-forms T once per head.
+Each launch covers N independent instances (e.g. the 48 GDN layers of a model sharing one tree);
+`gdn_value_major_` is the one-layer form, `gdn_verify_value_major` the reference's signature.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from torch import Tensor
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.scan import _softplus, check_verify_inputs, empty_operands
-from lumotree.verify.gdn.scan_v3 import _instance_slices, _record_rows, check_stacked
-from lumotree.verify.gdn.tree_scan import PRECISIONS, AncestryTables, ancestry_tables, solve_rounds
+from lumotree.verify.gdn.scan_v3 import check_stacked
+from lumotree.verify.gdn.tree_scan import PRECISIONS, AncestryTables, ancestry_tables
 
 # The fastest measured on the H200 (runs 6-7, 48 instances in one launch): apply bv128 w4 with a
 # 4-stage state loop, prepare on 2 warps.
@@ -40,138 +45,6 @@ DEFAULT_NUM_WARPS = 4
 DEFAULT_BLOCK_K = 32
 DEFAULT_PREPARE_WARPS = 2
 DEFAULT_NUM_STAGES = 4
-
-
-@triton.jit
-def gdn_tree_value_major_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    a_ptr,
-    b_ptr,
-    alog_ptr,
-    dtb_ptr,
-    state_ptr,
-    o_ptr,
-    rq_ptr,
-    rk_ptr,
-    rv_ptr,
-    rg_ptr,
-    rb_ptr,
-    anc_ptr,
-    nactive_ptr,
-    R,
-    stride_qk,
-    stride_v,
-    stride_ab,
-    stride_param,
-    stride_state,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BV: tl.constexpr,
-    RP: tl.constexpr,
-    BK: tl.constexpr,
-    ROUNDS: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    NVT: tl.constexpr = V // BV
-    GROUP: tl.constexpr = HV // H
-    pid = tl.program_id(0)
-    inst = tl.program_id(1).to(tl.int64)
-    hv = pid // NVT
-    vt = pid % NVT
-    h = hv // GROUP
-    q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr, alog_ptr, dtb_ptr = (
-        _instance_slices(
-            inst, q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr,
-            alog_ptr, dtb_ptr, stride_qk, stride_v, stride_ab, stride_param,
-        )
-    )  # fmt: skip
-    state_ptr += inst * stride_state + hv * V * K
-
-    offs_v = vt * BV + tl.arange(0, BV)
-    offs_k = tl.arange(0, K)
-    rows = tl.arange(0, RP)
-    in_range = rows < R
-    valid = rows < tl.load(nactive_ptr)
-    in_square = in_range[:, None] & in_range[None, :]
-    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
-    anc = (anc != 0) & valid[:, None]
-    strict = anc & (rows[:, None] != rows[None, :])
-
-    neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
-    dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-    n = rows.to(tl.int64)
-    row_qk = (n * H + h) * K
-    mrow = valid[:, None]
-    v = tl.load(v_ptr + (n * HV + hv)[:, None] * V + offs_v[None, :], mask=mrow, other=0.0).to(tl.float32)
-    g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
-    beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
-    _record_rows(
-        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, rows, valid, h, hv, vt == 0, False,
-        offs_v, offs_k, 0.0, 0.0, v, g, beta, H, HV, K, V, False,  # q/k: below
-    )  # fmt: skip
-
-    # One pass over K in BK-key chunks on the raw q/k (input dtype): the row norms, k k^T, q k^T
-    # and, value-major, S0 k^T and S0 q^T. Normalisation is a row scaling, applied to the products
-    # afterwards (for bf16 q/k the q/k products are exact in fp32 before accumulation).
-    ssq = tl.zeros([RP], dtype=tl.float32)
-    ssk = tl.zeros([RP], dtype=tl.float32)
-    kk = tl.zeros([RP, RP], dtype=tl.float32)
-    qk = tl.zeros([RP, RP], dtype=tl.float32)
-    ksT = tl.zeros([BV, RP], dtype=tl.float32)
-    qsT = tl.zeros([BV, RP], dtype=tl.float32)
-    offs_c = tl.arange(0, BK)
-    for c in range(K // BK):
-        cols = c * BK + offs_c
-        qc = tl.load(q_ptr + row_qk[:, None] + cols[None, :], mask=mrow, other=0.0)
-        kc = tl.load(k_ptr + row_qk[:, None] + cols[None, :], mask=mrow, other=0.0)
-        sc = tl.load(state_ptr + offs_v[:, None] * K + cols[None, :])
-        kk = tl.dot(kc, tl.trans(kc), kk, input_precision=PRECISION)
-        qk = tl.dot(qc, tl.trans(kc), qk, input_precision=PRECISION)
-        qc = qc.to(tl.float32)
-        kc = kc.to(tl.float32)
-        ssq += tl.sum(qc * qc, axis=1)
-        ssk += tl.sum(kc * kc, axis=1)
-        ksT = tl.dot(sc, tl.trans(kc), ksT, input_precision=PRECISION)
-        qsT = tl.dot(sc, tl.trans(qc), qsT, input_precision=PRECISION)
-    scale_k = tl.rsqrt(ssk + 1e-6)
-    scale_q = tl.rsqrt(ssq + 1e-6) * (K**-0.5)
-    kk = kk * scale_k[:, None] * scale_k[None, :]
-    qk = qk * scale_q[:, None] * scale_k[None, :]
-    ksT = ksT * scale_k[None, :]
-    qsT = qsT * scale_q[None, :]
-    if tl.where(vt == 0, hv % GROUP == 0, False):
-        # The key head's records, by one program: normalised q/k (chunks reloaded, cache hits).
-        for c in range(K // BK):
-            cols = c * BK + offs_c
-            at = row_qk[:, None] + cols[None, :]
-            qc = tl.load(q_ptr + at, mask=mrow, other=0.0).to(tl.float32)
-            kc = tl.load(k_ptr + at, mask=mrow, other=0.0).to(tl.float32)
-            tl.store(rq_ptr + at, qc * tl.rsqrt(ssq + 1e-6)[:, None] * (K**-0.5), mask=mrow)
-            tl.store(rk_ptr + at, kc * scale_k[:, None], mask=mrow)
-
-    # Cumulative log-decay along each row's ancestry, and the decay ratios to its ancestors.
-    G = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)
-    ratio = tl.where(anc, tl.exp(tl.where(anc, G[:, None] - G[None, :], 0.0)), 0.0)
-    gamma = tl.exp(G)
-
-    # U^T <- RHS^T - U^T A^T, max_depth rounds (A is nilpotent: A^(depth+1) = 0).
-    A = tl.where(strict, beta[:, None] * ratio * kk, 0.0)
-    rhsT = (tl.trans(v) - ksT * gamma[None, :]) * beta[None, :]
-    At = tl.trans(A)
-    uT = rhsT
-    for _ in tl.static_range(ROUNDS):
-        uT = rhsT - tl.dot(uT, At, input_precision=PRECISION)
-    outT = qsT * gamma[None, :] + tl.dot(uT, tl.trans(ratio * qk), input_precision=PRECISION)
-    outT = tl.where(valid[None, :], outT, 0.0)  # padding rows read as zero
-    tl.store(
-        o_ptr + (n * HV + hv)[None, :] * V + offs_v[:, None],
-        outT.to(o_ptr.dtype.element_ty),
-        mask=in_range[None, :] & (offs_v[:, None] < V),
-    )
 
 
 @triton.jit
@@ -353,7 +226,6 @@ def gdn_tree_apply_kernel(
     tl.store(o_ptr + at_v, outT.to(o_ptr.dtype.element_ty), mask=(rows < R)[None, :])
 
 
-SOLVES = ("split", "substitution")
 BLOCK_LEVELS = 3  # depth levels per diagonal block of the split solve's inverse (1 product each)
 
 
@@ -377,7 +249,6 @@ def gdn_value_major_layers_(
     block_v: int = DEFAULT_BLOCK_V,
     num_warps: int = DEFAULT_NUM_WARPS,
     precision: str = "tf32x3",
-    solve: str = "split",
     block_k: int = DEFAULT_BLOCK_K,
     max_registers: int | None = None,
     prepare_warps: int = DEFAULT_PREPARE_WARPS,
@@ -390,20 +261,15 @@ def gdn_value_major_layers_(
     A_log, dt_bias [N, HV]; state [N, HV, V, K] fp32 (read only); o [N, R, HV, V]; ops fp32
     records. block_v >= 16 on the GPU (64 or more for wgmma); block_k divides K.
     precision: "ieee" (CUDA-core fp32) or "tf32x3" (tensor cores, three-pass fp32 emulation).
-    solve: "split" (two launches: the [R, R] part per value head, then the value-major products) or
-    "substitution" (one launch, max_depth rounds on U^T [BV, R]); both round like forward
-    substitution. max_registers: the compiler's per-thread register cap (None: its choice);
-    prepare_warps: warps of the split solve's first launch (one program per key head);
-    num_stages: software-pipelining depth of the state loop (None: the compiler's default).
-    only: "prepare" or "apply" runs that launch of the split solve alone (to time it; the outputs
-    are then incomplete).
+    block_v, num_warps, block_k, max_registers (the compiler's per-thread register cap; None: its
+    choice) and num_stages (pipelining depth of the state loop) tune the apply launch;
+    prepare_warps the prepare launch. only: "prepare" or "apply" runs that launch alone (to time
+    it; the outputs are then incomplete).
     """
     n, rows, heads, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if solve not in SOLVES:
-        raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
     if only not in (None, "prepare", "apply"):
         raise ValueError(f"only must be None, 'prepare' or 'apply', got {only!r}")
     if tables.ancestry.shape != (rows, rows):
@@ -414,14 +280,6 @@ def gdn_value_major_layers_(
     check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
     meta = dict(H=heads, HV=hv, K=dk, V=dv, BV=block_v, RP=max(16, triton.next_power_of_2(rows)), BK=bk)
     meta |= dict(PRECISION=precision, num_warps=num_warps, maxnreg=max_registers, num_stages=num_stages)
-    rounds = solve_rounds("substitution", tables.max_depth)
-    if solve == "substitution":
-        gdn_tree_value_major_kernel[(hv * (dv // block_v), n)](
-            q, k, v, a, b, A_log, dt_bias, state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
-            tables.ancestry, tables.n_active, rows,
-            q.stride(0), v.stride(0), a.stride(0), A_log.stride(0), state.stride(0), ROUNDS=rounds, **meta,
-        )  # fmt: skip
-        return
     p = torch.empty((n, hv, meta["RP"], meta["RP"]), dtype=torch.float32, device=q.device)
     gamma = torch.empty((n, hv, meta["RP"]), dtype=torch.float32, device=q.device)
     if only != "apply":
