@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# H200 run 5: the value-major tree-parallel GDN kernel (tree_value_major.py). GPU parity of its
+# H200 run 5: the value-major tree-parallel GDN kernel (tree_inverse.py at commit b1b63f8; since
+# renamed tree_value_major.py and reduced to the split solve, so this script runs at that commit). GPU parity of its
 # configurations (fp32 and bf16 at Qwen shapes, the parallel-keys case, one launch over layers),
 # then the GDN suite side by side with run 4's best (tree-parallel tf32x3 product bv64 w8), native
 # paths and fla's chain kernels, all in one benchmark process. From the repository root, with OUT
