@@ -232,49 +232,52 @@ def v3_method(w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int) ->
     )
 
 
-def tree_method(
-    w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int, precision: str, solve: str
+def _ancestry_method(
+    w: GdnWorkload, one_launch: bool, stacked: Callable, per_layer: Callable, name: str, **buffers: int
 ) -> Method:
-    """Tree-parallel chunk form (no step loop), fp32 matmuls in `precision`, triangular `solve`."""
+    """A tree-parallel method: its kernels take ancestry tables; replay publication in one launch."""
     tables = ancestry_tables(w.tree, w.device)
-    cfg = dict(block_v=block_v, num_warps=num_warps, precision=precision, solve=solve)
     verify = _verify_layers(
         w,
         one_launch,
-        lambda x, o, rec: gdn_tree_layers_(*x, tables, o, rec, **cfg),
-        lambda x, o, rec: gdn_tree_(*x, tables, o, rec, **cfg),
+        lambda x, o, rec: stacked(*x, tables, o, rec),
+        lambda x, o, rec: per_layer(*x, tables, o, rec),
     )
-    label = _layout_label(one_launch, w.shape.layers)
     return Method(
-        name=f"lumotree tree-parallel {precision} {solve} bv{block_v} w{num_warps}, {label}",
+        name=f"{name}, {_layout_label(one_launch, w.shape.layers)}",
         verify=verify,
         publish=_publish_all(w),
         buffers={
             "operand records (all layers)": _nbytes(*vars(w.records).values()),
             "ancestry tables": _nbytes(tables.ancestry, tables.n_active),
+            **buffers,
         },
+    )
+
+
+def tree_method(
+    w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int, precision: str, solve: str
+) -> Method:
+    """Tree-parallel chunk form (no step loop), fp32 matmuls in `precision`, triangular `solve`."""
+    cfg = dict(block_v=block_v, num_warps=num_warps, precision=precision, solve=solve)
+    return _ancestry_method(
+        w,
+        one_launch,
+        functools.partial(gdn_tree_layers_, **cfg),
+        functools.partial(gdn_tree_, **cfg),
+        f"lumotree tree-parallel {precision} {solve} bv{block_v} w{num_warps}",
     )
 
 
 def value_major_method(w: GdnWorkload, one_launch: bool, **config: object) -> Method:
     """Tree-parallel value-major (`tree_value_major`); config: its keyword arguments."""
-    tables = ancestry_tables(w.tree, w.device)
-    verify = _verify_layers(
+    return _ancestry_method(
         w,
         one_launch,
-        lambda x, o, rec: gdn_value_major_layers_(*x, tables, o, rec, **config),
-        lambda x, o, rec: gdn_value_major_(*x, tables, o, rec, **config),
-    )
-    layout = _layout_label(one_launch, w.shape.layers)
-    return Method(
-        name=f"lumotree tree-parallel value-major {value_major_label(**config)}, {layout}",
-        verify=verify,
-        publish=_publish_all(w),
-        buffers={
-            "operand records (all layers)": _nbytes(*vars(w.records).values()),
-            "ancestry tables": _nbytes(tables.ancestry, tables.n_active),
-            "split-solve scratch P, gamma (all layers)": _split_scratch_bytes(w),
-        },
+        functools.partial(gdn_value_major_layers_, **config),
+        functools.partial(gdn_value_major_, **config),
+        f"lumotree tree-parallel value-major {value_major_label(**config)}",
+        **{"split-solve scratch P, gamma (all layers)": _split_scratch_bytes(w)},
     )
 
 

@@ -167,36 +167,25 @@ def test_gdn_replay_and_store_all_bank_at_qwen_shapes() -> None:
     torch.testing.assert_close(bank[:n].cpu(), states[:n], rtol=1e-4, atol=1e-5)
 
 
-def test_captured_verify_and_publish_replays_for_a_new_tree() -> None:
+def _captured_verify(kernel: str, tree, bufs: list[torch.Tensor], o: torch.Tensor, ops) -> tuple:
+    """(tables, captured stage) of one verify kernel over static buffers."""
+    if kernel == "scan v2 cut":
+        tables = scan_tables(tree, CUDA, "cut", paths=8, steps=tree.max_depth + 1)
+        bank = torch.empty(tree.rows, QWEN.HV, QWEN.V, QWEN.K, device=CUDA)
+        return tables, CapturedStage(lambda: gdn_scan_(*bufs, tables, o, ops, bank))
+    tables = ancestry_tables(tree, CUDA)  # the split solve allocates its scratch in the graph's pool
+    return tables, CapturedStage(lambda: gdn_value_major_(*bufs, tables, o, ops))
+
+
+@pytest.mark.parametrize("kernel", ["scan v2 cut", "value-major split"])
+def test_captured_verify_replays_for_a_new_tree(kernel: str) -> None:
+    # A replay after refilling the inputs and the tables in place must compute the new tree.
     first, second = _gdn_case(3, "paper"), _gdn_case(4, "deep_and_wide")
     rows = first.tree.rows
     bufs = [x.to(CUDA).clone() for x in first.inputs(torch.float32)]
-    tables = scan_tables(first.tree, CUDA, "cut", paths=8, steps=first.tree.max_depth + 1)
     o = poisoned((rows, QWEN.HV, QWEN.V), torch.float32, CUDA)
     ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
-    bank = torch.empty(rows, QWEN.HV, QWEN.V, QWEN.K, device=CUDA)
-    stage = CapturedStage(lambda: gdn_scan_(*bufs, tables, o, ops, bank))
-    for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
-        buf.copy_(new)
-    tables.fill_(second.tree)
-    o.fill_(float("nan"))
-    stage.replay()
-    torch.cuda.synchronize()
-    assert_written(o)
-    expected = gdn_ref.gdn_verify(*second.inputs(torch.float32), second.tree).o
-    torch.testing.assert_close(o.cpu(), expected, rtol=1e-4, atol=1e-5)
-
-
-def test_captured_value_major_split_verify_replays_for_a_new_tree() -> None:
-    # The split solve allocates its [R, R] scratch inside the captured region (the graph's pool):
-    # a replay after refilling inputs and ancestry tables must compute the new tree.
-    first, second = _gdn_case(5, "paper"), _gdn_case(6, "deep_and_wide")
-    rows = first.tree.rows
-    bufs = [x.to(CUDA).clone() for x in first.inputs(torch.float32)]
-    tables = ancestry_tables(first.tree, CUDA)
-    o = poisoned((rows, QWEN.HV, QWEN.V), torch.float32, CUDA)
-    ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
-    stage = CapturedStage(lambda: gdn_value_major_(*bufs, tables, o, ops))
+    tables, stage = _captured_verify(kernel, first.tree, bufs, o, ops)
     for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
         buf.copy_(new)
     tables.fill_(second.tree)

@@ -88,6 +88,19 @@ def solve_rounds(solve: str, max_depth: int) -> int:
 
 
 @triton.jit
+def ancestry_masks(anc_ptr, nactive_ptr, R, RP: tl.constexpr):
+    """rows [RP]; in_range, valid (active) [RP]; anc (ancestor-or-self of an active row) and
+    strict (proper ancestor) [RP, RP], from the tables' ancestry matrix."""
+    rows = tl.arange(0, RP)
+    in_range = rows < R
+    valid = rows < tl.load(nactive_ptr)
+    in_square = in_range[:, None] & in_range[None, :]
+    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
+    anc = (anc != 0) & valid[:, None]
+    return rows, in_range, valid, anc, anc & (rows[:, None] != rows[None, :])
+
+
+@triton.jit
 def gdn_tree_kernel(
     q_ptr,
     k_ptr,
@@ -139,13 +152,7 @@ def gdn_tree_kernel(
 
     offs_v = vt * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, K)
-    rows = tl.arange(0, RP)
-    in_range = rows < R
-    valid = rows < tl.load(nactive_ptr)
-    in_square = in_range[:, None] & in_range[None, :]
-    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
-    anc = (anc != 0) & valid[:, None]
-    strict = anc & (rows[:, None] != rows[None, :])
+    rows, in_range, valid, anc, strict = ancestry_masks(anc_ptr, nactive_ptr, R, RP)
 
     neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)

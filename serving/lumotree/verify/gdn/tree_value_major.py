@@ -36,7 +36,7 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.scan import _softplus, check_verify_inputs, empty_operands
 from lumotree.verify.gdn.scan_v3 import check_stacked
-from lumotree.verify.gdn.tree_scan import PRECISIONS, AncestryTables, ancestry_tables
+from lumotree.verify.gdn.tree_scan import PRECISIONS, AncestryTables, ancestry_masks, ancestry_tables
 
 # The fastest measured on the H200 (runs 6-7, 48 instances in one launch): apply bv128 w4 with a
 # 4-stage state loop, prepare on 2 warps.
@@ -94,13 +94,7 @@ def gdn_tree_prepare_kernel(
     gamma_ptr += inst * HV * RP
 
     offs_k = tl.arange(0, K)
-    rows = tl.arange(0, RP)
-    in_range = rows < R
-    valid = rows < tl.load(nactive_ptr)
-    in_square = in_range[:, None] & in_range[None, :]
-    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
-    anc = (anc != 0) & valid[:, None]
-    strict = anc & (rows[:, None] != rows[None, :])
+    rows, _, valid, anc, strict = ancestry_masks(anc_ptr, nactive_ptr, R, RP)
 
     n = rows.to(tl.int64)
     at = ((n * H + h) * K)[:, None] + offs_k[None, :]
