@@ -94,7 +94,7 @@ def gdn_tree_prepare_kernel(
     gamma_ptr += inst * HV * RP
 
     offs_k = tl.arange(0, K)
-    rows, _, valid, anc, strict = ancestry_masks(anc_ptr, nactive_ptr, R, RP)
+    rows, _in_range, valid, anc, strict = ancestry_masks(anc_ptr, nactive_ptr, R, RP)
 
     n = rows.to(tl.int64)
     at = ((n * H + h) * K)[:, None] + offs_k[None, :]
