@@ -27,6 +27,7 @@ The fp32 rounding differs from the sequential reference (sums of log-decays, mat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -273,6 +274,55 @@ def gdn_tree_layers_(
     )  # fmt: skip
 
 
+def one_instance_(
+    layers_fn: Callable[..., None],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    tables: AncestryTables,
+    o: Tensor,
+    ops: GdnOperands,
+    **config: object,
+) -> None:
+    """Run a stacked tree kernel (`*_layers_`) on one layer: every tensor gets the instance dim."""
+    ops1 = GdnOperands(*(t[None] for t in vars(ops).values()))
+    inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
+    layers_fn(*inputs, tables, o[None], ops1, **config)
+
+
+def verify_one_layer(
+    layers_fn: Callable[..., None],
+    default_block_v: int,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    tree: TreeDescriptor,
+    block_v: int | None = None,
+    **config: object,
+) -> GdnVerifyResult:
+    """A stacked tree kernel with the reference's signature: allocates outputs and records, fp32
+    compute, no cut states; block_v defaults to min(default_block_v, V)."""
+    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
+    rows, heads, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    bv = min(default_block_v, dv) if block_v is None else block_v
+    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
+    o = torch.empty_like(v)
+    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
+    one_instance_(layers_fn, *inputs, ancestry_tables(tree, q.device), o, ops, block_v=bv, **config)
+    return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
+
+
 def gdn_tree_(
     q: Tensor,
     k: Tensor,
@@ -285,15 +335,10 @@ def gdn_tree_(
     tables: AncestryTables,
     o: Tensor,
     ops: GdnOperands,
-    block_v: int = DEFAULT_BLOCK_V,
-    num_warps: int = DEFAULT_NUM_WARPS,
-    precision: str = "ieee",
-    solve: str = "substitution",
+    **config: object,
 ) -> None:
-    """One layer (shapes of `scan.gdn_scan_` without the instance dim)."""
-    ops1 = GdnOperands(*(t[None] for t in (ops.q, ops.k, ops.v, ops.g, ops.beta)))
-    inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
-    gdn_tree_layers_(*inputs, tables, o[None], ops1, block_v, num_warps, precision, solve)
+    """One layer (shapes of `scan.gdn_scan_` without the instance dim); config as `gdn_tree_layers_`."""
+    one_instance_(gdn_tree_layers_, q, k, v, a, b, A_log, dt_bias, state, tables, o, ops, **config)
 
 
 def gdn_verify_tree(
@@ -312,12 +357,6 @@ def gdn_verify_tree(
     solve: str = "substitution",
 ) -> GdnVerifyResult:
     """The tree-parallel kernel with the reference's signature (fp32 compute; no cut states)."""
-    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    bv = min(DEFAULT_BLOCK_V, dv) if block_v is None else block_v
-    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
-    o = torch.empty_like(v)
-    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    gdn_tree_(*inputs, ancestry_tables(tree, q.device), o, ops, bv, num_warps, precision, solve)
-    return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
+    inputs = (q, k, v, a, b, A_log, dt_bias, state)
+    config = dict(num_warps=num_warps, precision=precision, solve=solve)
+    return verify_one_layer(gdn_tree_layers_, DEFAULT_BLOCK_V, *inputs, tree, block_v, **config)

@@ -34,9 +34,15 @@ from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
-from lumotree.verify.gdn.scan import _softplus, check_verify_inputs, empty_operands
+from lumotree.verify.gdn.scan import _softplus
 from lumotree.verify.gdn.scan_v3 import check_stacked
-from lumotree.verify.gdn.tree_scan import PRECISIONS, AncestryTables, ancestry_masks, ancestry_tables
+from lumotree.verify.gdn.tree_scan import (
+    PRECISIONS,
+    AncestryTables,
+    ancestry_masks,
+    one_instance_,
+    verify_one_layer,
+)
 
 # The fastest measured on the H200 (runs 6-7, 48 instances in one launch): apply bv128 w4 with a
 # 4-stage state loop, prepare on 2 warps.
@@ -305,9 +311,7 @@ def gdn_value_major_(
     **config: object,
 ) -> None:
     """One layer (shapes of `scan.gdn_scan_` without the instance dim); config as the stacked form."""
-    ops1 = GdnOperands(*(t[None] for t in (ops.q, ops.k, ops.v, ops.g, ops.beta)))
-    inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
-    gdn_value_major_layers_(*inputs, tables, o[None], ops1, **config)
+    one_instance_(gdn_value_major_layers_, q, k, v, a, b, A_log, dt_bias, state, tables, o, ops, **config)
 
 
 def gdn_verify_value_major(
@@ -324,12 +328,5 @@ def gdn_verify_value_major(
     **config: object,
 ) -> GdnVerifyResult:
     """One layer with the reference's signature (fp32 compute; no cut states)."""
-    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    bv = min(DEFAULT_BLOCK_V, dv) if block_v is None else block_v
-    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
-    o = torch.empty_like(v)
-    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    gdn_value_major_(*inputs, ancestry_tables(tree, q.device), o, ops, block_v=bv, **config)
-    return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
+    inputs = (q, k, v, a, b, A_log, dt_bias, state)
+    return verify_one_layer(gdn_value_major_layers_, DEFAULT_BLOCK_V, *inputs, tree, block_v, **config)
