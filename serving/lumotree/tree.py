@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -181,46 +182,44 @@ def build_tree(
     while children[spine[-1]]:
         spine.append(children[spine[-1]][0])
 
+    # Built with Python lists and numpy, converted once (torch.from_numpy shares the memory):
+    # per-element tensor writes and nested-list torch.tensor calls cost microseconds each.
     pad = rows - n
-    tok = torch.tensor(tokens + [PAD_TOKEN] * pad, dtype=torch.long)
-    par = torch.tensor(parents + [-1] * pad, dtype=torch.long)
-    dep = torch.tensor(depth + [0] * pad, dtype=torch.long)
-    active = torch.arange(rows) < n
-
+    tok_np = np.array(tokens + [PAD_TOKEN] * pad, dtype=np.int64)
+    dep_np = np.array(depth + [0] * pad, dtype=np.int64)
     on_spine = set(spine)
     physical_order = spine + [i for i in range(n) if i not in on_spine] + list(range(n, rows))
-    slot_map = torch.empty(rows, dtype=torch.long)
-    slot_map[torch.tensor(physical_order, dtype=torch.long)] = torch.arange(rows)
+    slot_np = np.empty(rows, dtype=np.int64)
+    slot_np[physical_order] = np.arange(rows)
 
-    # Built as Python lists and converted once: per-element tensor writes cost ~1 us each.
     anc_rows = [[-1] * (max_depth + 1) for _ in range(rows)]
-    ancestry_rows = [[i == j for j in range(rows)] for i in range(rows)]
-    for i in range(n):
-        j = i
-        while j != -1:
-            anc_rows[i][depth[j]] = j
-            ancestry_rows[i][j] = True
-            j = parents[j]
-    anc_at = torch.tensor(anc_rows, dtype=torch.long)
-    ancestry = torch.tensor(ancestry_rows, dtype=torch.bool)
+    for i in range(n):  # parents come first: a node's ancestors are its parent's, then itself
+        if i:
+            anc_rows[i][: depth[i]] = anc_rows[parents[i]][: depth[i]]
+        anc_rows[i][depth[i]] = i
+    anc_np = np.array(anc_rows, dtype=np.int64)
+    ancestry_np = np.eye(rows, dtype=bool)
+    held, at_depth = np.nonzero(anc_np[:n] >= 0)
+    ancestry_np[held, anc_np[held, at_depth]] = True
     cmax = max(1, max(len(c) for c in children))
-    child_nodes = torch.tensor([cs + [-1] * (cmax - len(cs)) for cs in children], dtype=torch.long)
-    child_tokens = torch.where(child_nodes >= 0, tok[child_nodes.clamp(min=0)], -1)
+    child_np = np.array([cs + [-1] * (cmax - len(cs)) for cs in children], dtype=np.int64)
+    child_tok_np = np.where(child_np >= 0, tok_np[np.maximum(child_np, 0)], -1)
+    tok, dep = torch.from_numpy(tok_np), torch.from_numpy(dep_np)
 
     return TreeDescriptor(
         tokens=tok,
-        parent=par,
+        parent=torch.from_numpy(np.array(parents + [-1] * pad, dtype=np.int64)),
         depth=dep,
         position=prefix_len + dep,
-        active=active,
-        slot_map=slot_map,
-        ancestry=ancestry,
-        ancestor_at_depth=anc_at,
-        child_nodes=child_nodes,
-        child_tokens=child_tokens,
-        spine=torch.tensor(spine, dtype=torch.long),
+        active=torch.from_numpy(np.arange(rows) < n),
+        slot_map=torch.from_numpy(slot_np),
+        ancestry=torch.from_numpy(ancestry_np),
+        ancestor_at_depth=torch.from_numpy(anc_np),
+        child_nodes=torch.from_numpy(child_np),
+        child_tokens=torch.from_numpy(child_tok_np),
+        spine=torch.from_numpy(np.array(spine, dtype=np.int64)),
         paths=_plan_paths(children, spine, n),
-        conv_gather=_conv_gather(anc_rows, depth, rows, conv_width),
+        conv_gather=_conv_gather(anc_np, dep_np, n, conv_width),
         n_active=n,
         prefix_len=prefix_len,
         max_depth=max_depth,
@@ -366,29 +365,29 @@ def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan
         owner.append(flags)
 
     length = max(len(p) for p in paths)
-    nodes_t = torch.tensor([path + [-1] * (length - len(path)) for path in paths], dtype=torch.long)
-    owner_t = torch.tensor([flags + [False] * (length - len(flags)) for flags in owner], dtype=torch.bool)
+
+    def long(values: list[int] | list[list[int]]) -> Tensor:
+        return torch.from_numpy(np.array(values, dtype=np.int64))
+
     return PathPlan(
-        nodes=nodes_t,
-        start_cut=torch.tensor(
-            [-1 if s == -1 else cut_nodes.index(s) for s in start_cut_node], dtype=torch.long
+        nodes=long([path + [-1] * (length - len(path)) for path in paths]),
+        start_cut=long([-1 if s == -1 else cut_nodes.index(s) for s in start_cut_node]),
+        cut_nodes=long(cut_nodes),
+        owner=torch.from_numpy(
+            np.array([flags + [False] * (length - len(flags)) for flags in owner], dtype=bool)
         ),
-        cut_nodes=torch.tensor(cut_nodes, dtype=torch.long),
-        owner=owner_t,
-        leaf_node=torch.tensor(leaf_node, dtype=torch.long),
-        leaf_path=torch.tensor(leaf_path, dtype=torch.long),
-        leaf_step=torch.tensor(leaf_step, dtype=torch.long),
+        leaf_node=long(leaf_node),
+        leaf_path=long(leaf_path),
+        leaf_step=long(leaf_step),
     )
 
 
-def _conv_gather(anc_at: list[list[int]], depth: list[int], rows: int, width: int) -> Tensor:
-    gather = []
-    for i in range(rows):
-        d = depth[i] if i < len(depth) else 0
-        src = i if i < len(depth) else 0
-        taps = []
-        for t in range(width):
-            rel = d - (width - 1) + t  # depth of the token under tap t, relative to the root
-            taps.append(width - 1 + rel if rel < 0 else width - 1 + anc_at[src][rel])
-        gather.append(taps)
-    return torch.tensor(gather, dtype=torch.long)
+def _conv_gather(anc_at: np.ndarray, depth: np.ndarray, n: int, width: int) -> Tensor:
+    rows = len(depth)
+    src = np.where(np.arange(rows) < n, np.arange(rows), 0)  # padding rows reuse the root's window
+    d = depth[src]
+    gather = np.empty((rows, width), dtype=np.int64)
+    for t in range(width):
+        rel = d - (width - 1) + t  # depth of the token under tap t, relative to the root
+        gather[:, t] = np.where(rel < 0, width - 1 + rel, width - 1 + anc_at[src, np.maximum(rel, 0)])
+    return torch.from_numpy(gather)
