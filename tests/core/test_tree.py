@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
 from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree, tree_from_paths
+from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree, root_tree, tree_from_paths
 from lumotree.verify.attention.reference import tree_attention_mask
 
 
@@ -176,3 +177,16 @@ def test_tree_from_paths_merges_shared_prefixes() -> None:
 def test_descriptor_check_rejects_every_invalid_tree() -> None:
     result = check_descriptor(1, seed=3)
     assert result.ok and result.faults_planted == len(INVALID_TREES)
+
+
+@pytest.mark.parametrize("prefix_len", [0, 7, 4000])
+def test_root_tree_equals_the_built_root_only_chain(prefix_len: int) -> None:
+    fast, built = root_tree(4321, prefix_len=prefix_len), chain_tree([4321], prefix_len=prefix_len)
+    for f in dataclasses.fields(built):
+        a, b = getattr(fast, f.name), getattr(built, f.name)
+        if f.name == "paths":
+            assert all(torch.equal(getattr(a, g.name), getattr(b, g.name)) for g in dataclasses.fields(b))
+        elif isinstance(b, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        else:
+            assert a == b, f.name
