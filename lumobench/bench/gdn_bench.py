@@ -6,7 +6,7 @@ active node; durable states evolve across iterations, as in the paper. Methods:
 
 - lumotree v2: Triton path scan ("cut": spine launch + branch launch per layer; or "recompute": one
   launch per layer) + replay publication (all layers in one launch, or one launch per layer);
-- lumotree v3 (path scan with preloaded operands) and tree-parallel (chunk form, no step loop): per-layer
+- lumotree tree-parallel (tree WY form, no step loop; and its value-major split): per-layer
   launches (as a model runs its layers), or all layers as independent instances in one launch (the
   paper's "48 GDN instances" measurement); replay publication in one launch;
 - native paths: the same path cover storing every node's full state (children reload their
@@ -29,12 +29,11 @@ from torch import Tensor
 
 from lumobench.bench.timing import Timer
 from lumobench.verify.trees import paper_tree
-from lumotree.verify.gdn.plan import ScanTables, scan_tables
+from lumotree.verify.gdn.plan import ScanTables, ancestry_tables, scan_tables
 from lumotree.verify.gdn.reference import GdnOperands, gdn_sequential_reference, prepare_operands
 from lumotree.verify.gdn.replay import replay_layers_
 from lumotree.verify.gdn.scan import gdn_scan_
-from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_, gdn_scan_v3_layers_
-from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_, gdn_tree_layers_
+from lumotree.verify.gdn.tree_scan import gdn_tree_, gdn_tree_layers_
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_, gdn_value_major_layers_
 from lumotree.verify.graphs import CapturedStage
 
@@ -211,27 +210,6 @@ def _verify_layers(w: GdnWorkload, one_launch: bool, stacked: Scan, per_layer: S
     return verify
 
 
-def v3_method(w: GdnWorkload, one_launch: bool, block_v: int, num_warps: int) -> Method:
-    """Scan v3, recompute schedule, fixed-capacity tables (8 paths, max_depth + 1 steps)."""
-    tables = scan_tables(w.tree, w.device, "recompute", paths=8, steps=w.tree.max_depth + 1)
-    cfg = dict(block_v=block_v, num_warps=num_warps)
-    verify = _verify_layers(
-        w,
-        one_launch,
-        lambda x, o, rec: gdn_scan_v3_layers_(*x, tables, o, rec, None, **cfg),
-        lambda x, o, rec: gdn_scan_v3_(*x, tables, o, rec, None, **cfg),
-    )
-    return Method(
-        name=f"lumotree v3 recompute bv{block_v} w{num_warps}, {_layout_label(one_launch, w.shape.layers)}",
-        verify=verify,
-        publish=_publish_all(w),
-        buffers={
-            "operand records (all layers)": _nbytes(*vars(w.records).values()),
-            "scan tables": _table_bytes(tables),
-        },
-    )
-
-
 def _ancestry_method(
     w: GdnWorkload, one_launch: bool, stacked: Callable, per_layer: Callable, name: str, **buffers: int
 ) -> Method:
@@ -309,7 +287,6 @@ def _table_bytes(tables: ScanTables) -> int:
                 "leaf_hi",
                 "leaves",
                 "n_active",
-                "leaf_table",
             )
         )
     )

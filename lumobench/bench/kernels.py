@@ -48,9 +48,8 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     cut_bank = torch.empty(R, HV, V, K, device=w.device)
     bank = torch.empty(w.shape.layers, R, HV, V, K, device=w.device)
     staging = torch.empty(w.shape.layers, 1, HV, V, K, device=w.device)
-    # (block_v, num_warps, both layouts?) for v3; (block_v, num_warps, precision, solve, both
-    # layouts?) for tree-parallel. Run 3 (product solve only) measured bv64 w8 fastest.
-    v3 = [(8, 2, True)] if tiny else [(8, 2, True), (4, 1, False)]
+    # (block_v, num_warps, precision, solve, both layouts?) for tree-parallel. Run 3 (product solve
+    # only) measured bv64 w8 fastest.
     tree = (
         [(16, 4, "ieee", "substitution", True)]
         if tiny
@@ -68,9 +67,6 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
         for one in (True, False) if i == 0 else (True,):
             label = f"lumotree tree-parallel value-major {gdn_bench.value_major_label(**config)}"
             makers.append((label, partial(gdn_bench.value_major_method, w, one, **config)))
-    for bv, nw, both in v3:
-        for one in (False, True) if both else (False,):
-            makers.append((f"lumotree v3 bv{bv} w{nw}", partial(gdn_bench.v3_method, w, one, bv, nw)))
     for bv, nw, precision, solve, both in tree:
         for one in (False, True) if both else (False,):
             label = f"lumotree tree-parallel {precision} {solve} bv{bv} w{nw}"

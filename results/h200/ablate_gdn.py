@@ -20,8 +20,8 @@ import torch
 
 from lumobench.bench.gdn_bench import GdnShape, GdnWorkload
 from lumobench.bench.timing import Timer
+from lumotree.verify.gdn.plan import ancestry_tables
 from lumotree.verify.gdn.replay import replay_layers_
-from lumotree.verify.gdn.tree_scan import ancestry_tables
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_
 from lumotree.verify.graphs import CapturedStage
 

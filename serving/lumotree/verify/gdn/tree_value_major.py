@@ -33,16 +33,16 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
-from lumotree.verify.gdn.scan import _softplus
-from lumotree.verify.gdn.scan_v3 import check_stacked
-from lumotree.verify.gdn.tree_scan import (
+from lumotree.verify.gdn.common import (
     PRECISIONS,
-    AncestryTables,
     ancestry_masks,
+    check_stacked,
     one_instance_,
+    softplus,
     verify_one_layer,
 )
+from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
 
 # The fastest measured on the H200 (runs 6-7, 48 instances in one launch): apply bv128 w4 with a
 # 4-stage state loop, prepare on 2 warps.
@@ -129,7 +129,7 @@ def gdn_tree_prepare_kernel(
         hv = h * GROUP + j
         neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-        g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
+        g = neg_a * softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
         beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
         tl.store(rg_ptr + n * HV + hv, g, mask=valid)
         tl.store(rb_ptr + n * HV + hv, beta, mask=valid)

@@ -1,5 +1,5 @@
-"""GDN scan v3 (preloaded operands, unrolled step loop) and the tree-parallel kernel vs the
-PyTorch reference (interpreter, fp32, small heads, NaN-poisoned outputs)."""
+"""The tree-parallel GDN kernels (tree WY form and its value-major split) vs the PyTorch reference
+(interpreter, fp32, small heads, NaN-poisoned outputs)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from lumobench.verify import gdn_checks
 from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.tree import build_tree
 from lumotree.verify.gdn import reference as ref
-from lumotree.verify.gdn.plan import scan_tables
+from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.plan import ancestry_tables
 from lumotree.verify.gdn.reference import GdnOperands
-from lumotree.verify.gdn.scan import empty_operands
-from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
-from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
+from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
 from lumotree.verify.paired import paired_check
 
@@ -61,16 +60,6 @@ def _assert_matches_reference(o: torch.Tensor, ops: GdnOperands, case: gdn_check
 TREE_SOLVES = ["substitution", "product", "value-major"]
 
 
-def _run_v3(cases: list[gdn_checks.GdnCase], schedule: str, block_v: int = 8):
-    tree, rows, n = cases[0].tree, cases[0].tree.rows, len(cases)
-    o = poisoned((n, rows, DIMS.HV, DIMS.V), torch.float32)
-    ops = _poisoned_records(n, rows)
-    bank = poisoned((n, max(len(tree.paths.cut_nodes), 1), DIMS.HV, DIMS.V, DIMS.K), torch.float32)
-    tables = scan_tables(tree, "cpu", schedule)
-    gdn_scan_v3_layers_(*_stack(cases), tables, o, ops, bank if schedule == "cut" else None, block_v=block_v)
-    return o, ops, bank
-
-
 def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "substitution"):
     """The tree-parallel kernel (solve "substitution" or "product"), or the value-major split solve
     (solve "value-major"; 8-key chunks so its state loop runs twice)."""
@@ -86,21 +75,6 @@ def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("schedule", ["recompute", "cut"])
-def test_v3_outputs_and_records_match_reference(shape: str, schedule: str) -> None:
-    case = _case(shape, seed=200 + SHAPES.index(shape))
-    o, ops, bank = _run_v3([case], schedule)
-    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
-    cuts = len(case.tree.paths.cut_nodes)
-    if schedule == "cut" and cuts:
-        expected = ref.gdn_verify(*case.inputs(torch.float32), case.tree).cut_states
-        assert_written(bank[0, :cuts])
-        torch.testing.assert_close(bank[0, :cuts], expected, rtol=1e-5, atol=1e-5)
-    if schedule == "recompute":
-        assert bool(torch.isnan(bank).all()), "the recompute schedule must not touch a cut bank"
-
-
-@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("solve", TREE_SOLVES)
 def test_tree_parallel_outputs_and_records_match_reference(shape: str, solve: str) -> None:
     case = _case(shape, seed=300 + SHAPES.index(shape))
@@ -108,30 +82,25 @@ def test_tree_parallel_outputs_and_records_match_reference(shape: str, solve: st
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
-@pytest.mark.parametrize("kernel", ["v3", "tree", "value-major"])
+@pytest.mark.parametrize("kernel", ["tree", "value-major"])
 def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> None:
     # Instances share the tree (one cycle) but have their own operands, parameters and states.
     tree = _case("paper", seed=400).tree
     cases = [gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(410 + i)) for i in range(3)]
-    if kernel == "v3":
-        o, ops = _run_v3(cases, "recompute")[:2]
-    else:
-        o, ops = _run_tree(cases, solve="value-major" if kernel == "value-major" else "substitution")
+    o, ops = _run_tree(cases, solve="value-major" if kernel == "value-major" else "substitution")
     for i, case in enumerate(cases):
         _assert_matches_reference(o[i], GdnOperands(*(t[i] for t in vars(ops).values())), case)
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "wide_fan", "chain"])
-@pytest.mark.parametrize("kernel", ["v3", "tree", "tree product", "value-major"])
+@pytest.mark.parametrize("kernel", ["tree", "tree product", "value-major"])
 def test_paired_rule_against_float64(shape: str, kernel: str) -> None:
-    # The leaf read (v3) and the chunk form (tree) round differently from the reference: the
-    # kernel's error against float64 must stay within the paired rule's bound of the reference's.
+    # The chunk form (tree) rounds differently from the reference: the kernel's error against
+    # float64 must stay within the paired rule's bound of the reference's.
     case = _case(shape, seed=500 + SHAPES.index(shape))
     n = case.tree.n_active
     inputs = case.inputs(torch.float32)
-    if kernel == "v3":
-        o = gdn_verify_v3(*inputs, case.tree, block_v=16).o
-    elif kernel == "value-major":
+    if kernel == "value-major":
         o = gdn_verify_value_major(*inputs, case.tree, block_v=16).o
     else:
         o = gdn_verify_tree(*inputs, case.tree, solve=kernel.removeprefix("tree").strip() or "substitution").o
@@ -186,15 +155,3 @@ def test_split_solve_merges_enough_blocks_for_the_tables_depth(depth: int, cap: 
     tables = ancestry_tables(tree, "cpu", max_depth=cap)
     gdn_value_major_layers_(*_stack([case]), tables, o, ops, block_v=16, block_k=8)
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
-
-
-def test_leaf_table_rejects_a_node_with_more_leaves_than_its_slots() -> None:
-    tree = _case("wide_fan", seed=700).tree
-    with pytest.raises(ValueError, match="leaf table holds 2 per step"):
-        scan_tables(tree, "cpu", "recompute", leaf_slots=2)
-
-
-def test_v3_rejects_the_store_all_schedule() -> None:
-    case = _case("chain", seed=710)
-    with pytest.raises(ValueError, match="scan v3 runs"):
-        _run_v3([case], "store_all")
