@@ -18,10 +18,9 @@ import torch
 from lumobench.verify.continuation import scheduled_path
 from lumobench.verify.trees import paper_tree
 from lumotree.model import GDNState, HybridLM, KVCache, ModelState
-from lumotree.model.tree_kernels import REFERENCE, TreeKernels
-from lumotree.model.tree_kernels_cpu import CPU_FAST
 from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
 from lumotree.verify.paired import PairedResult, paired_check_envelope
 
 CYCLES = 5

@@ -11,9 +11,8 @@ import torch
 
 from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.drafting.selection import ordered_topk
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.acceptance import RowSampler, history_counts, support_coins, walk
-from lumotree.engine.fast_select import ordered_topk_fast, probabilities_fast, probabilities_rows
-from lumotree.model.tree_kernels_cpu import gdn_verify_wy, replay_layers_, tree_attention_gqa
 from lumotree.model.tree_mode import mtp_chain_step
 from lumotree.sampling import (
     SamplingParams,
@@ -24,9 +23,13 @@ from lumotree.sampling import (
     tree_probabilities,
     uniform_coins,
 )
+from lumotree.sampling.logits_fast import probabilities_fast, probabilities_rows
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.attention.gqa import tree_attention_gqa
 from lumotree.verify.attention.reference import tree_attention
 from lumotree.verify.gdn.reference import gdn_sequential_reference, gdn_verify, replay_accepted_
+from lumotree.verify.gdn.stacked_replay import replay_layers_
+from lumotree.verify.gdn.tree_wy import gdn_verify_wy
 from lumotree.verify.paired import paired_check
 
 H, HV, K, V = 2, 4, 64, 64

@@ -20,9 +20,10 @@ import torch
 from torch import Tensor
 
 from lumotree.drafting.selection import argmax_lowest_index
-from lumotree.engine.fast_select import ordered_topk_fast, probabilities_rows
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.sequence import TokenLogprob
 from lumotree.sampling.logits import SamplingParams, apply_penalties
+from lumotree.sampling.logits_fast import probabilities_rows
 from lumotree.sampling.rng import philox4x32, position_words, uint_to_uniform_float
 from lumotree.tree import TreeDescriptor
 

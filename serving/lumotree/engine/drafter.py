@@ -18,9 +18,9 @@ from torch import Tensor
 
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
 from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.config import EngineConfig
-from lumotree.engine.fast_select import ordered_topk_fast
 from lumotree.model.model import HybridLM
 from lumotree.model.state import KVCache
 from lumotree.model.tree_mode import mtp_chain_step

@@ -33,11 +33,10 @@ from lumotree.engine.prefix_cache import PrefixCache
 from lumotree.engine.scheduler import Scheduler
 from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
 from lumotree.model import default_model_path, load_checkpoint
-from lumotree.model.tree_kernels import REFERENCE
-from lumotree.model.tree_kernels_cpu import CPU_FAST
 from lumotree.model.tree_mode import TreeForward
 from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE
 
 log = logging.getLogger(__name__)
 MAX_LOGPROBS = 20

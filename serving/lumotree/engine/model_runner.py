@@ -19,9 +19,9 @@ from torch import Tensor
 
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, ModelState
-from lumotree.model.tree_kernels import TreeKernels
 from lumotree.model.tree_mode import TreeForward, publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.kernel_sets import TreeKernels
 
 
 def active_rows(tree: TreeDescriptor) -> TreeDescriptor:

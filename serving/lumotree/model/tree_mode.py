@@ -30,9 +30,9 @@ from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.layers import DecoderLayer
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
-from lumotree.model.tree_kernels import REFERENCE, TreeKernels
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import GdnOperands
+from lumotree.verify.kernel_sets import REFERENCE, TreeKernels
 
 
 @dataclass(eq=False)

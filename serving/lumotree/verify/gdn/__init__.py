@@ -12,6 +12,8 @@ Which form is used for what:
   launch; the fastest over many instances (e.g. all 48 layers of a model) in one launch.
 - `replay.py` (Triton): publication of the accepted path from the recorded operands, per layer or
   all layers in one launch.
+- `tree_wy.py` (PyTorch): the tree WY form for CPUs, and `stacked_replay.py` (PyTorch) the
+  all-layer replay for CPUs: the GDN forms of the CPU-fast kernel set (`verify/kernel_sets.py`).
 - `common.py`: what the Triton forms share (helpers, checks, buffers); `plan.py`: their device tables.
 """
 

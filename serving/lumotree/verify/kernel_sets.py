@@ -1,9 +1,13 @@
-"""The op families the model's tree-verification mode calls, as one swappable set.
+"""The op families the model's tree-verification mode calls, as swappable sets: each set is a list
+of imports from the op folders.
 
 `REFERENCE` is the LumoTree core's PyTorch references (lumotree.verify.*.reference), one call per
-layer. `CPU_FAST` (lumotree.model.tree_kernels_cpu) holds CPU-fast variants of the hot ones; tests
-prove each equal to its reference. Every kernel has the signature of the reference it stands for,
-except `replay`, which publishes all GDN layers of a model in one call (so a variant may batch them).
+layer. `CPU_FAST` swaps in the CPU-fast variants of the hot ones, each beside its reference in its
+op folder: the tree WY form of GDN verification (`gdn/tree_wy.py`), the stacked all-layer replay
+(`gdn/stacked_replay.py`) and grouped-query tree attention (`attention/gqa.py`); tests prove each
+equal to its reference. Conv and the conv/KV publication are cheap already and use the references.
+Every kernel has the signature of the reference it stands for, except `replay`, which publishes all
+GDN layers of a model in one call (so a variant may batch them).
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.attention.gqa import tree_attention_gqa
 from lumotree.verify.attention.reference import publish_kv_, tree_attention, write_tree_kv_
 from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
 from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult, gdn_verify, replay_accepted_
+from lumotree.verify.gdn.stacked_replay import replay_layers_
+from lumotree.verify.gdn.tree_wy import gdn_verify_wy
 
 GdnVerify = Callable[
     [Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, TreeDescriptor], GdnVerifyResult
@@ -53,6 +60,17 @@ REFERENCE = TreeKernels(
     write_tree_kv=write_tree_kv_,
     tree_attention=tree_attention,
     replay=replay_each_layer_,
+    publish_conv=publish_conv_state_,
+    publish_kv=publish_kv_,
+)
+
+CPU_FAST = TreeKernels(
+    name="cpu-fast",
+    tree_conv=tree_conv,
+    gdn_verify=gdn_verify_wy,
+    write_tree_kv=write_tree_kv_,
+    tree_attention=tree_attention_gqa,
+    replay=replay_layers_,
     publish_conv=publish_conv_state_,
     publish_kv=publish_kv_,
 )
