@@ -16,7 +16,7 @@ of a path node are evaluated from the path's state tile and need neither a path 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -101,6 +101,20 @@ class TreeDescriptor:
         out = torch.full((self.max_depth + 1,), -1, dtype=torch.long)
         out[: len(nodes)] = torch.as_tensor(list(nodes), dtype=torch.long)
         return out
+
+    def without_padding(self) -> TreeDescriptor:
+        """The same tree without its padding rows (active rows come first in logical and physical
+        order): every per-row field cut to the n_active rows (ancestry in both dims); spine and
+        paths only name active rows already."""
+        n = self.n_active
+        if n == self.rows:
+            return self
+        rows = {
+            f.name: value[:n]
+            for f in fields(self)
+            if isinstance(value := getattr(self, f.name), Tensor) and f.name != "spine"
+        }
+        return replace(self, **rows | {"ancestry": self.ancestry[:n, :n]})
 
     def is_spine_prefix(self, nodes: Sequence[int]) -> bool:
         """True when `nodes` is root, spine[1], ..., i.e. its KV already sits contiguously."""

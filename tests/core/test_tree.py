@@ -176,3 +176,20 @@ def test_tree_from_paths_merges_shared_prefixes() -> None:
 def test_descriptor_check_rejects_every_invalid_tree() -> None:
     result = check_descriptor(1, seed=3)
     assert result.ok and result.faults_planted == len(INVALID_TREES)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_without_padding_equals_the_same_tree_built_without_padding(shape: str) -> None:
+    tree = random_tree(shape, random.Random(7))
+    n = tree.n_active
+    bare = build_tree(
+        tree.tokens[:n].tolist(),
+        tree.parent[:n].tolist(),
+        prefix_len=tree.prefix_len,
+        max_depth=tree.max_depth,
+    )
+    cut = tree.without_padding()
+    assert cut.rows == n and (cut is tree) == (n == tree.rows)
+    for name in ("tokens", "parent", "depth", "position", "active", "slot_map", "ancestry",
+                 "ancestor_at_depth", "child_nodes", "child_tokens", "spine", "conv_gather"):  # fmt: skip
+        assert torch.equal(getattr(cut, name), getattr(bare, name)), name

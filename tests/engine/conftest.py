@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
 
 from lumotree.engine import GenerationRequest
 from lumotree.engine.bench import load_requests
@@ -36,5 +35,4 @@ def model() -> HybridLM:
 @pytest.fixture(scope="package")
 def demo_prompts() -> list[GenerationRequest]:
     """The demo corpus as the engine receives it (chat template applied, a seed per request)."""
-    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
-    return load_requests(DEMO, tokenizer, max_tokens=None, greedy=False)
+    return load_requests(DEMO, default_model_path(), max_tokens=None, greedy=False)

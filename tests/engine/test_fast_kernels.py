@@ -13,7 +13,7 @@ from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.drafting.selection import ordered_topk
 from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.acceptance import RowSampler, history_counts, support_coins, walk
-from lumotree.model.tree_mode import mtp_chain_step
+from lumotree.model.mtp import mtp_chain_step
 from lumotree.sampling import (
     SamplingParams,
     greedy_walk,

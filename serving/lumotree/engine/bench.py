@@ -36,8 +36,8 @@ from lumotree.engine.config import EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.model import HybridLM, default_model_path
+from lumotree.model.chat_template import model_chat_template
 from lumotree.sampling import SamplingParams
-from lumotree.training.chat_data import render
 
 ARMS = {"ar": "lumotree-ar", "mtp": "lumotree-mtp5", "tree": "lumotree"}
 console = Console(stderr=True)
@@ -58,16 +58,24 @@ class ArmRun:
 
 
 def load_requests(
-    corpus: Path, tokenizer: Tokenizer, max_tokens: int | None, greedy: bool
+    corpus: Path, model_dir: Path, max_tokens: int | None, greedy: bool
 ) -> list[GenerationRequest]:
-    """Corpus records rendered with the chat template; a seed per record (its own, or from its id)."""
+    """Corpus records rendered with the model folder's chat template and tokenizer; a seed per record
+    (its own, or from its id)."""
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    template = model_chat_template(model_dir)
     out = []
     for rec in load_corpus(corpus):
         raw = rec.model_dump(exclude_none=True)
-        ids = (
-            rec.input_ids
-            or tokenizer.encode(render(raw["messages"], raw.get("tools"), add_generation_prompt=True)).ids
-        )
+        if rec.input_ids:
+            ids = rec.input_ids
+        elif template is None:
+            raise ValueError(f"the model at {model_dir} has no chat template to render {rec.id}")
+        else:
+            text = template.render(
+                messages=raw["messages"], tools=raw.get("tools"), add_generation_prompt=True
+            )
+            ids = tokenizer.encode(text).ids
         fields = {k: v for k, v in rec.sampling().items() if k not in ("max_tokens", "seed")}
         fields["top_k"] = max(fields.get("top_k", 0), 0)  # vLLM's -1 is "off", here 0
         params = SamplingParams(0.0) if greedy else SamplingParams(**fields)
@@ -192,7 +200,7 @@ def main(
         raise typer.Exit(2)
     torch.set_num_threads(1)
     folder = model or default_model_path()
-    requests = load_requests(corpus, Tokenizer.from_file(str(folder / "tokenizer.json")), max_tokens, greedy)
+    requests = load_requests(corpus, folder, max_tokens, greedy)
     bandwidth = read_bandwidth_gbs()
     load_before = os.getloadavg()
     totals: dict[str, list[ArmRun]] = {k: [] for k in ARMS}

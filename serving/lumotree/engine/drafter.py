@@ -22,8 +22,8 @@ from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.config import EngineConfig
 from lumotree.model.model import HybridLM
+from lumotree.model.mtp import mtp_chain_step
 from lumotree.model.state import KVCache
-from lumotree.model.tree_mode import mtp_chain_step
 from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree
 
 

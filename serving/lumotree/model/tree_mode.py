@@ -1,6 +1,5 @@
 """The model's tree-verification mode: one target forward over every row of a draft tree, then
-publication of the accepted path into the request's durable state (DESIGN §3.3, §3.5); and the
-MTP head's chained draft step in the same style.
+publication of the accepted path into the request's durable state (DESIGN §3.3, §3.5).
 
 The layers' own project and output code runs unchanged; only the mixers are swapped for the tree
 op families (tree conv + GDN path scan for linear layers, tree attention for full-attention layers),
@@ -9,10 +8,6 @@ chain-speculation verification: AR, chain MTP and LumoTree share this code path.
 
 verify_tree never writes durable GDN or conv state; it writes the tree's KV rows into the cache
 slots past the committed prefix (prefix_len + slot_map), where publication finds them.
-
-`mtp_chain_step` is `HybridLM.mtp_step` for a drafter: grouped-query attention without repeating KV
-heads over the whole context, and logits for the last row only (the next draft); it computes
-the same values (tested).
 """
 
 from __future__ import annotations
@@ -21,13 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from lumotree.model.attention import GatedAttention, causal_mask
+from lumotree.model.attention import GatedAttention
 from lumotree.model.gdn import GatedDeltaNet
-from lumotree.model.layers import DecoderLayer
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
@@ -121,14 +113,8 @@ def verify_tree(
                 tree=tree,
                 kernels=kernels,
             )
-        h = _residual_block(layer, h, mixer)
+        h = layer.with_mixer(h, mixer)
     return TreeForward(tree, model.model.norm(h)[0], records)
-
-
-def _residual_block(layer: DecoderLayer, h: Tensor, mixer: Callable[[Tensor], Tensor]) -> Tensor:
-    """DecoderLayer.forward's structure with the token mixer swapped: pre-norm mixer, pre-norm MLP."""
-    h = h + mixer(layer.input_layernorm(h))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def publish_tree_(
@@ -154,55 +140,3 @@ def publish_tree_(
         if isinstance(cache, KVCache):
             kernels.publish_kv(cache.key, cache.value, tree, accepted, path_len)
     state.length += path_len
-
-
-def _attention_chain(
-    attn: GatedAttention, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, start: int
-) -> Tensor:
-    """x [1, T, H] at positions start.. : write KV rows, attend causally over rows [0, start+T)."""
-    q, k, v, gate = attn.project(x, cos, sin)
-    seq = x.shape[1]
-    end = start + seq
-    cache.key[start:end] = k[0]
-    cache.value[start:end] = v[0]
-    mask = None if seq == 1 else causal_mask(seq, end, x.device)
-    o = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        cache.key[None, :end].transpose(1, 2),
-        cache.value[None, :end].transpose(1, 2),
-        attn_mask=mask,
-        enable_gqa=True,
-    )
-    return attn.output(o.transpose(1, 2), gate)
-
-
-@torch.inference_mode()
-def mtp_chain_step(
-    model: HybridLM,
-    hidden: Tensor,
-    tokens: Tensor,
-    mtp_state: ModelState,
-    step_idx: int = 0,
-    lm_head: Callable[[Tensor], Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """HybridLM.mtp_step for drafting: hidden rows [T, H] and their next tokens [T] at positions
-    mtp_state.length.. -> (logits [V] of the last row, MTP hidden rows [T, H]). Writes the MTP KV
-    rows and advances mtp_state.length by T. lm_head: the vocabulary projection to use (default
-    the model's)."""
-    mtp = model.mtp
-    if mtp is None:
-        raise ValueError("this model has no MTP module")
-    start, seq = mtp_state.length, hidden.shape[0]
-    cos, sin = model.rotary(torch.arange(start, start + seq, device=hidden.device)[None])
-    layer = mtp.layers[step_idx % len(mtp.layers)]
-    cache = mtp_state.layers[step_idx % len(mtp_state.layers)]
-    assert isinstance(cache, KVCache)
-    x = torch.cat(
-        [mtp.pre_fc_norm_embedding(model.embed(tokens[None])), mtp.pre_fc_norm_hidden(hidden[None])], -1
-    )
-    h = _residual_block(
-        layer, mtp.fc(x), lambda y: _attention_chain(layer.self_attn, y, cos, sin, cache, start)
-    )
-    out = mtp.norm(h)[0]
-    mtp_state.length = start + seq
-    return (lm_head or model.compute_logits)(out[-1]), out
