@@ -30,7 +30,7 @@ from torch import Tensor
 from lumobench.bench.timing import Timer
 from lumobench.verify.trees import paper_tree
 from lumotree.verify.gdn.plan import ScanTables, ancestry_tables, scan_tables
-from lumotree.verify.gdn.reference import GdnOperands, gdn_sequential_reference, prepare_operands
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, gdn_sequential_reference, prepare_operands
 from lumotree.verify.gdn.replay import replay_layers_
 from lumotree.verify.gdn.scan import gdn_scan_
 from lumotree.verify.gdn.tree_scan import gdn_tree_, gdn_tree_layers_
@@ -78,11 +78,11 @@ class GdnWorkload:
         def randn(*dims: int) -> Tensor:
             return torch.randn(*dims, generator=gen, device=device)
 
-        self.q, self.k = randn(L, R, H, K).to(dtype), randn(L, R, H, K).to(dtype)
-        self.v = randn(L, R, HV, V).to(dtype)
-        self.a, self.b = randn(L, R, HV).to(dtype), randn(L, R, HV).to(dtype)
-        self.A_log = torch.rand(L, HV, generator=gen, device=device) * 2.5
-        self.dt_bias = 0.5 * randn(L, HV)
+        q, k = randn(L, R, H, K).to(dtype), randn(L, R, H, K).to(dtype)
+        v = randn(L, R, HV, V).to(dtype)
+        a, b = randn(L, R, HV).to(dtype), randn(L, R, HV).to(dtype)
+        A_log = torch.rand(L, HV, generator=gen, device=device) * 2.5
+        self.inputs = GdnInputs(q, k, v, a, b, A_log, 0.5 * randn(L, HV))  # every layer, stacked
         self.state0 = 0.5 * randn(L, HV, V, K)
         self.states = self.state0.clone()
         self.o = torch.empty(L, R, HV, V, dtype=dtype, device=device)
@@ -108,17 +108,8 @@ class GdnWorkload:
         r = self.records
         return GdnOperands(r.q[layer], r.k[layer], r.v[layer], r.g[layer], r.beta[layer])
 
-    def layer_inputs(self, layer: int) -> tuple[Tensor, ...]:
-        return (
-            self.q[layer],
-            self.k[layer],
-            self.v[layer],
-            self.a[layer],
-            self.b[layer],
-            self.A_log[layer],
-            self.dt_bias[layer],
-            self.states[layer],
-        )
+    def layer_inputs(self, layer: int) -> GdnInputs:
+        return self.inputs.map(lambda t: t[layer])
 
     def set_frontier(self, i: int) -> None:
         """Accept the path to active node i mod n_active (device copies, no sync)."""
@@ -129,15 +120,15 @@ class GdnWorkload:
     @functools.cache  # noqa: B019 (one workload per run; the float64 recurrence takes seconds)
     def float64_layer0(self) -> tuple[Tensor, Tensor]:
         """Layer 0's outputs [R, HV, V] and the state after the deepest path, float64 on the CPU."""
-        cols = (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias, self.state0)
-        o64, states64 = gdn_sequential_reference(*(t[0].detach().cpu().double() for t in cols), self.tree)
+        inputs = self.layer_inputs(0).map(lambda t: t.detach().cpu().double())
+        o64, states64 = gdn_sequential_reference(inputs, self.state0[0].cpu().double(), self.tree)
         return o64, states64[self.deepest]
 
     def floor_bytes(self) -> dict[str, int]:
         """Fewest bytes: verify reads the durable states and operands and writes outputs and records;
         publish reads and writes the durable states (recorded operands of a path are negligible)."""
         states = _nbytes(self.states)
-        inputs = _nbytes(self.q, self.k, self.v, self.a, self.b)
+        inputs = _nbytes(*self.inputs.tensors()[:5])
         records = _nbytes(*(getattr(self.records, f) for f in ("q", "k", "v", "g", "beta")))
         return {"verify": states + inputs + _nbytes(self.o) + records, "publish": 2 * states}
 
@@ -153,11 +144,13 @@ def lumotree_method(
 ) -> Method:
     tables = scan_tables(w.tree, w.device, schedule, paths=8, steps=w.tree.max_depth + 1)
     layers = range(w.shape.layers)
-    views = [(w.layer_inputs(layer), w.o[layer], w.layer_records(layer)) for layer in layers]
+    views = [(w.layer_inputs(layer), w.states[layer], w.o[layer], w.layer_records(layer)) for layer in layers]
 
     def verify() -> None:
-        for inputs, o, rec in views:
-            gdn_scan_(*inputs, tables, o, rec, cut_bank, block_v=block_v, num_warps=num_warps, warm=warm)
+        for inputs, state, o, rec in views:
+            gdn_scan_(
+                inputs, state, tables, o, rec, cut_bank, block_v=block_v, num_warps=num_warps, warm=warm
+            )
 
     def publish() -> None:
         replay_layers_(
@@ -193,19 +186,21 @@ def _publish_all(w: GdnWorkload) -> Callable[[], None]:
     return lambda: replay_layers_(w.states, w.records, w.accepted, w.path_len, one_launch=True)
 
 
-Scan = Callable[[tuple[Tensor, ...], Tensor, GdnOperands], object]
+Scan = Callable[[GdnInputs, Tensor, Tensor, GdnOperands], object]  # inputs, states, o, records
 
 
 def _verify_layers(w: GdnWorkload, one_launch: bool, stacked: Scan, per_layer: Scan) -> Callable[[], None]:
     """Verify every layer: one call over the stacked layers, or one call per layer."""
     if one_launch:
-        inputs = (w.q, w.k, w.v, w.a, w.b, w.A_log, w.dt_bias, w.states)
-        return lambda: stacked(inputs, w.o, w.records)
-    views = [(w.layer_inputs(layer), w.o[layer], w.layer_records(layer)) for layer in range(w.shape.layers)]
+        return lambda: stacked(w.inputs, w.states, w.o, w.records)
+    views = [
+        (w.layer_inputs(layer), w.states[layer], w.o[layer], w.layer_records(layer))
+        for layer in range(w.shape.layers)
+    ]
 
     def verify() -> None:
-        for inputs, o, rec in views:
-            per_layer(inputs, o, rec)
+        for inputs, state, o, rec in views:
+            per_layer(inputs, state, o, rec)
 
     return verify
 
@@ -218,8 +213,8 @@ def _ancestry_method(
     verify = _verify_layers(
         w,
         one_launch,
-        lambda x, o, rec: stacked(*x, tables, o, rec),
-        lambda x, o, rec: per_layer(*x, tables, o, rec),
+        lambda x, state, o, rec: stacked(x, state, tables, o, rec),
+        lambda x, state, o, rec: per_layer(x, state, tables, o, rec),
     )
     return Method(
         name=f"{name}, {_layout_label(one_launch, w.shape.layers)}",
@@ -308,13 +303,13 @@ def native_paths_method(
 ) -> Method:
     tables = scan_tables(w.tree, w.device, "store_all", paths=8, steps=w.tree.max_depth + 1)
     views = [
-        (w.layer_inputs(layer), w.o[layer], w.layer_records(layer), bank[layer])
+        (w.layer_inputs(layer), w.states[layer], w.o[layer], w.layer_records(layer), bank[layer])
         for layer in range(w.shape.layers)
     ]
 
     def verify() -> None:
-        for inputs, o, rec, layer_bank in views:
-            gdn_scan_(*inputs, tables, o, rec, layer_bank, block_v=block_v, num_warps=num_warps)
+        for inputs, state, o, rec, layer_bank in views:
+            gdn_scan_(inputs, state, tables, o, rec, layer_bank, block_v=block_v, num_warps=num_warps)
 
     return Method(
         "native paths (store every node's state)",
@@ -330,9 +325,7 @@ def torch_sequential_method(w: GdnWorkload, bank: Tensor, staging: Tensor) -> Me
 
     def verify() -> None:
         for layer in range(w.shape.layers):
-            ops = prepare_operands(
-                w.q[layer], w.k[layer], w.v[layer], w.a[layer], w.b[layer], w.A_log[layer], w.dt_bias[layer]
-            )
+            ops = prepare_operands(w.layer_inputs(layer))
             k, q = ops.k.repeat_interleave(group, dim=1), ops.q.repeat_interleave(group, dim=1)
             decay = torch.exp(ops.g)
             for node in range(w.tree.n_active):
@@ -356,26 +349,27 @@ def fla_methods(w: GdnWorkload) -> list[Method]:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
     layers = range(w.shape.layers)
+    x = w.inputs
     finals: list[Tensor | None] = [None] * w.shape.layers
     g_log = [
-        (-torch.exp(w.A_log[layer]) * F.softplus(w.a[layer].float() + w.dt_bias[layer]))[None]
+        (-torch.exp(x.A_log[layer]) * F.softplus(x.a[layer].float() + x.dt_bias[layer]))[None]
         for layer in layers
     ]
 
     def recurrent() -> None:
         for layer in layers:
             _, finals[layer] = fused_recurrent_gated_delta_rule(
-                w.q[layer][None],
-                w.k[layer][None],
-                w.v[layer][None],
-                g=w.a[layer][None].float(),
-                beta=w.b[layer][None],
+                x.q[layer][None],
+                x.k[layer][None],
+                x.v[layer][None],
+                g=x.a[layer][None].float(),
+                beta=x.b[layer][None],
                 initial_state=w.states[layer][None],
                 output_final_state=True,
                 use_qk_l2norm_in_kernel=True,
                 use_gate_in_kernel=True,
-                A_log=w.A_log[layer],
-                dt_bias=w.dt_bias[layer],
+                A_log=x.A_log[layer],
+                dt_bias=x.dt_bias[layer],
                 use_beta_sigmoid_in_kernel=True,
                 state_v_first=True,
             )
@@ -383,11 +377,11 @@ def fla_methods(w: GdnWorkload) -> list[Method]:
     def chunk() -> None:
         for layer in layers:
             _, finals[layer] = chunk_gated_delta_rule(
-                w.q[layer][None],
-                w.k[layer][None],
-                w.v[layer][None],
+                x.q[layer][None],
+                x.k[layer][None],
+                x.v[layer][None],
                 g=g_log[layer],
-                beta=w.b[layer][None],
+                beta=x.b[layer][None],
                 initial_state=w.states[layer][None],
                 output_final_state=True,
                 use_qk_l2norm_in_kernel=True,

@@ -64,17 +64,16 @@ def main() -> None:
     device = torch.device("cuda")
     w = GdnWorkload(GdnShape(), torch.bfloat16, device)
     timer = Timer(device, args.iters, warmup=10)
-    inputs = (w.q, w.k, w.v, w.a, w.b, w.A_log, w.dt_bias, w.states)
     full = ancestry_tables(w.tree, device)
     steps: list[tuple[str, Callable[[], object]]] = []
     for label, config in RUN7 if args.set == "run7" else RUN8:
         steps.append(
             (
                 f"verify: {label}",
-                lambda c=config: gdn_value_major_layers_(*inputs, full, w.o, w.records, **c),
+                lambda c=config: gdn_value_major_layers_(w.inputs, w.states, full, w.o, w.records, **c),
             )
         )
-    gdn_value_major_layers_(*inputs, full, w.o, w.records)  # records for the replay
+    gdn_value_major_layers_(w.inputs, w.states, full, w.o, w.records)  # records for the replay
     for bv, nw in PUBLISH7 if args.set == "run7" else PUBLISH8:
         steps.append(
             (

@@ -14,7 +14,7 @@ from lumotree.tree import build_tree
 from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import ancestry_tables
-from lumotree.verify.gdn.reference import GdnOperands
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
 from lumotree.verify.paired import paired_check
@@ -32,10 +32,10 @@ def _case(shape: str, seed: int) -> gdn_checks.GdnCase:
     )
 
 
-def _stack(cases: list[gdn_checks.GdnCase]) -> list[torch.Tensor]:
-    """q, k, v, a, b, A_log, dt_bias, state of several instances, each with a leading instance dim."""
-    columns = zip(*(c.inputs(torch.float32) for c in cases), strict=True)
-    return [torch.stack(col).contiguous() for col in columns]
+def _stack(cases: list[gdn_checks.GdnCase]) -> tuple[GdnInputs, torch.Tensor]:
+    """The inputs and states of several instances, each with a leading instance dim."""
+    inputs, states = zip(*(c.inputs(torch.float32) for c in cases), strict=True)
+    return GdnInputs.stack(inputs), torch.stack(states).contiguous()
 
 
 def _poisoned_records(n: int, rows: int) -> GdnOperands:

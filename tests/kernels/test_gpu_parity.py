@@ -25,6 +25,7 @@ from lumotree.verify.conv import reference as conv_ref
 from lumotree.verify.gdn import reference as gdn_ref
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import ancestry_tables, scan_tables
+from lumotree.verify.gdn.reference import GdnInputs
 from lumotree.verify.gdn.replay import replay_accepted_
 from lumotree.verify.gdn.scan import gdn_scan_, gdn_verify
 from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
@@ -55,8 +56,10 @@ def _gdn_case(seed: int, shape: str = "paper") -> gdn_checks.GdnCase:
     return gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(seed))
 
 
-def _to(t: tuple[torch.Tensor, ...], device: torch.device) -> list[torch.Tensor]:
-    return [x.to(device) for x in t]
+def _to(args: tuple[GdnInputs, torch.Tensor], device: torch.device) -> tuple[GdnInputs, torch.Tensor]:
+    """A case's (inputs, state) on `device`."""
+    inputs, state = args
+    return inputs.map(lambda t: t.to(device)), state.to(device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -129,8 +132,8 @@ def test_tree_parallel_solves_meet_the_paired_rule_with_parallel_keys(variant: s
 def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
     tree = _gdn_case(12).tree
     layers = [gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(20 + i)) for i in range(3)]
-    columns = zip(*(c.inputs(torch.bfloat16) for c in layers), strict=True)
-    stacked = [torch.stack(col).to(CUDA).contiguous() for col in columns]
+    inputs, states = zip(*(c.inputs(torch.bfloat16) for c in layers), strict=True)
+    stacked = _to((GdnInputs.stack(inputs), torch.stack(states).contiguous()), CUDA)
     rows = tree.rows
     o = poisoned((3, rows, QWEN.HV, QWEN.V), torch.bfloat16, CUDA)
     one = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
@@ -163,7 +166,7 @@ def test_gdn_replay_and_store_all_bank_at_qwen_shapes() -> None:
     torch.testing.assert_close(bank[:n].cpu(), states[:n], rtol=1e-4, atol=1e-5)
 
 
-def _captured_verify(kernel: str, tree, bufs: list[torch.Tensor], o: torch.Tensor, ops) -> tuple:
+def _captured_verify(kernel: str, tree, bufs: tuple[GdnInputs, torch.Tensor], o: torch.Tensor, ops) -> tuple:
     """(tables, captured stage) of one verify kernel over static buffers."""
     if kernel == "scan v2 cut":
         tables = scan_tables(tree, CUDA, "cut", paths=8, steps=tree.max_depth + 1)
@@ -178,11 +181,12 @@ def test_captured_verify_replays_for_a_new_tree(kernel: str) -> None:
     # A replay after refilling the inputs and the tables in place must compute the new tree.
     first, second = _gdn_case(3, "paper"), _gdn_case(4, "deep_and_wide")
     rows = first.tree.rows
-    bufs = [x.to(CUDA).clone() for x in first.inputs(torch.float32)]
+    bufs = _to(first.inputs(torch.float32), CUDA)  # fresh device copies: the graph's static inputs
     o = poisoned((rows, QWEN.HV, QWEN.V), torch.float32, CUDA)
     ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
     tables, stage = _captured_verify(kernel, first.tree, bufs, o, ops)
-    for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
+    new_inputs, new_state = second.inputs(torch.float32)
+    for buf, new in zip((*bufs[0].tensors(), bufs[1]), (*new_inputs.tensors(), new_state), strict=True):
         buf.copy_(new)
     tables.fill_(second.tree)
     o.fill_(float("nan"))

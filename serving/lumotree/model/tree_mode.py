@@ -23,7 +23,7 @@ from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnOperands
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.kernel_sets import REFERENCE, TreeKernels
 
 
@@ -57,9 +57,8 @@ def _gdn_tree(
     mixed_qkv, z, a, b = mixer.project(x)
     conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, mixer.conv1d.weight[:, 0], None, tree)
     q, k, v = mixer.split_qkv(conv_out[None])
-    result = kernels.gdn_verify(
-        q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias, state.recurrent, tree
-    )
+    inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
+    result = kernels.gdn_verify(inputs, state.recurrent, tree)
     records.append(GdnRecord(mixed_qkv[0], result.operands))
     return mixer.output(result.o[None], z)
 

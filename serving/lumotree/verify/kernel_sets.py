@@ -21,13 +21,17 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.attention.gqa import tree_attention_gqa
 from lumotree.verify.attention.reference import publish_kv_, tree_attention, write_tree_kv_
 from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult, gdn_verify, replay_accepted_
+from lumotree.verify.gdn.reference import (
+    GdnInputs,
+    GdnOperands,
+    GdnVerifyResult,
+    gdn_verify,
+    replay_accepted_,
+)
 from lumotree.verify.gdn.stacked_replay import replay_layers_
 from lumotree.verify.gdn.tree_wy import gdn_verify_wy
 
-GdnVerify = Callable[
-    [Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, TreeDescriptor], GdnVerifyResult
-]
+GdnVerify = Callable[[GdnInputs, Tensor, TreeDescriptor], GdnVerifyResult]
 Replay = Callable[[Sequence[Tensor], Sequence[GdnOperands], Tensor, int], None]
 
 

@@ -18,6 +18,7 @@ Which form is used for what:
 """
 
 from lumotree.verify.gdn.reference import (
+    GdnInputs,
     GdnOperands,
     GdnVerifyResult,
     gdn_sequential_reference,
@@ -27,6 +28,7 @@ from lumotree.verify.gdn.reference import (
 )
 
 __all__ = [
+    "GdnInputs",
     "GdnOperands",
     "GdnVerifyResult",
     "gdn_sequential_reference",

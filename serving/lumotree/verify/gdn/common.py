@@ -20,7 +20,7 @@ from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.plan import AncestryTables, ancestry_tables
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult, _check_shapes
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 
 PRECISIONS = ("ieee", "tf32x3")  # fp32 matmuls: CUDA cores, or tensor cores with three-pass emulation
 
@@ -153,24 +153,14 @@ def empty_operands(
     )
 
 
-def check_verify_inputs(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-) -> None:
+def check_verify_inputs(x: GdnInputs, state: Tensor, tree: TreeDescriptor) -> None:
     """The reference's shape rules, plus what the Triton kernels need: fp32 compute (no float64),
     one operand row per tree row, an fp32 state [HV, V, K]."""
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
-    if v.dtype == torch.float64:
+    x.check()
+    if x.v.dtype == torch.float64:
         raise TypeError("the Triton kernels compute in fp32; use reference.gdn_verify for float64")
-    rows, _, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
+    rows, _, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
     if rows != tree.rows:
         raise ValueError(f"operands have {rows} rows, the tree has {tree.rows}")
     if state.shape != (hv, dv, dk) or state.dtype != torch.float32:
@@ -186,35 +176,23 @@ def _check_layout(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
         )
 
 
-def check_stacked(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    o: Tensor,
-    ops: GdnOperands,
-    block_v: int,
-) -> None:
+def check_stacked(x: GdnInputs, state: Tensor, o: Tensor, ops: GdnOperands, block_v: int) -> None:
     """Shapes and layouts of a stack of N instances (see `tree_scan.gdn_tree_layers_`), as the
     kernels index them: contiguous, power-of-two K and value tile, V a multiple of the tile."""
-    n, rows, heads, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
+    n, rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[2], x.v.shape[3]
     check_power_of_two("K", dk)
     check_power_of_two("block_v", block_v)
     if dv % block_v:
         raise ValueError(f"V={dv} must be a multiple of block_v={block_v}")
     for name, t, shape in (
-        ("q", q, (n, rows, heads, dk)),
-        ("k", k, (n, rows, heads, dk)),
-        ("v", v, (n, rows, hv, dv)),
-        ("a", a, (n, rows, hv)),
-        ("b", b, (n, rows, hv)),
-        ("A_log", A_log, (n, hv)),
-        ("dt_bias", dt_bias, (n, hv)),
+        ("q", x.q, (n, rows, heads, dk)),
+        ("k", x.k, (n, rows, heads, dk)),
+        ("v", x.v, (n, rows, hv, dv)),
+        ("a", x.a, (n, rows, hv)),
+        ("b", x.b, (n, rows, hv)),
+        ("A_log", x.A_log, (n, hv)),
+        ("dt_bias", x.dt_bias, (n, hv)),
         ("state", state, (n, hv, dv, dk)),
         ("o", o, (n, rows, hv, dv)),
         ("records q", ops.q, (n, rows, heads, dk)),
@@ -228,13 +206,7 @@ def check_stacked(
 
 def one_instance_(
     layers_fn: Callable[..., None],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tables: AncestryTables,
     o: Tensor,
@@ -242,21 +214,17 @@ def one_instance_(
     **config: object,
 ) -> None:
     """Run a stacked tree kernel (`*_layers_`) on one layer: every tensor gets the instance dim."""
-    ops1 = GdnOperands(*(t[None] for t in vars(ops).values()))
-    inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
-    layers_fn(*inputs, tables, o[None], ops1, **config)
+    layers_fn(x.map(_one), state[None], tables, o[None], ops.map(_one), **config)
+
+
+def _one(t: Tensor) -> Tensor:
+    return t[None]
 
 
 def verify_one_layer(
     layers_fn: Callable[..., None],
     block_v_cap: int,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tree: TreeDescriptor,
     block_v: int | None = None,
@@ -264,12 +232,14 @@ def verify_one_layer(
 ) -> GdnVerifyResult:
     """A stacked tree kernel with the reference's signature: allocates outputs and records, fp32
     compute, no cut states; block_v defaults to min(block_v_cap, V)."""
-    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
+    check_verify_inputs(x, state, tree)
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
     bv = min(block_v_cap, dv) if block_v is None else block_v
-    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
-    o = torch.empty_like(v)
-    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    one_instance_(layers_fn, *inputs, ancestry_tables(tree, q.device), o, ops, block_v=bv, **config)
+    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
+    o = torch.empty_like(x.v)
+    tables = ancestry_tables(tree, x.q.device)
+    one_instance_(
+        layers_fn, x.map(Tensor.contiguous), state.contiguous(), tables, o, ops, block_v=bv, **config
+    )
     return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))

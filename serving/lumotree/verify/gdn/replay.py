@@ -108,5 +108,5 @@ def replay_accepted_(state: Tensor, ops: GdnOperands, accepted: Tensor, path_len
             f"got {tuple(state.shape)} {state.dtype}"
         )
     length = torch.as_tensor(path_len, dtype=torch.int64, device=state.device).reshape(1)
-    stacked = GdnOperands(*(t.contiguous()[None] for t in (ops.q, ops.k, ops.v, ops.g, ops.beta)))
+    stacked = ops.map(lambda t: t.contiguous()[None])
     replay_layers_(state[None], stacked, accepted.to(state.device), length)

@@ -29,7 +29,7 @@ from lumotree.verify.gdn.common import (
     softplus,
 )
 from lumotree.verify.gdn.plan import ScanTables, scan_tables
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 
 
 @triton.jit
@@ -402,13 +402,7 @@ DEFAULT_NUM_WARPS = 2  # with 8-row value tiles: the fastest measured configurat
 
 
 def gdn_scan_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tables: ScanTables,
     o: Tensor,
@@ -420,28 +414,22 @@ def gdn_scan_(
 ) -> None:
     """Path scan of one layer into caller-owned buffers (no allocation, no host sync).
 
-    q, k [R, H, K]; v [R, HV, V]; a, b [R, HV]; A_log, dt_bias [HV] (all contiguous); state
-    [HV, V, K] fp32 durable, read only; o [R, HV, V] (v's dtype); ops: record buffers (fp32, shapes
-    of GdnOperands); cut_bank [>= tables.cut_rows, HV, V, K] fp32 scratch (the "cut" and
-    "store_all" schedules write it; for store_all, slot = node). Schedules "cut"/"store_all" take
-    two launches (spine, then branch paths); "recompute" takes one. warm: first load every operand
-    of the program's path in one round trip (measured slower on the H200: off by default).
+    x: one layer's inputs, all contiguous; state [HV, V, K] fp32 durable, read only; o [R, HV, V]
+    (v's dtype); ops: record buffers (fp32, shapes of GdnOperands); cut_bank [>= tables.cut_rows,
+    HV, V, K] fp32 scratch (the "cut" and "store_all" schedules write it; for store_all, slot =
+    node). Schedules "cut"/"store_all" take two launches (spine, then branch paths); "recompute"
+    takes one. warm: first load every operand of the program's path in one round trip (measured
+    slower on the H200: off by default).
     """
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
     check_power_of_two("K", dk)
     bv = default_block_v(dv) if block_v is None else block_v
     check_power_of_two("block_v", bv)
     if dv % bv:
         raise ValueError(f"V={dv} must be a multiple of block_v={bv}")
     args = (
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
+        *x.tensors(),
         state,
         cut_bank,
         o,
@@ -482,32 +470,20 @@ def gdn_scan_(
         gdn_scan_kernel[(programs, tables.paths - 1)](*args, 1, rows, **meta)
 
 
-def gdn_verify(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-    schedule: str = "cut",
-) -> GdnVerifyResult:
+def gdn_verify(x: GdnInputs, state: Tensor, tree: TreeDescriptor, schedule: str = "cut") -> GdnVerifyResult:
     """The Triton path scan with the reference's signature and result (fp32 compute only).
 
     Records cover the active rows; padding rows' outputs are zero and their records unwritten.
     cut_states: [C] cut states ("cut"), none ("recompute"), or every node's state by node index
     ("store_all"; padding rows unwritten).
     """
-    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    tables = scan_tables(tree, q.device, schedule)
-    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
-    o = torch.empty_like(v)
+    check_verify_inputs(x, state, tree)
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
+    tables = scan_tables(tree, x.q.device, schedule)
+    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
+    o = torch.empty_like(x.v)
     n_cuts = {"cut": len(tree.paths.cut_nodes), "recompute": 0, "store_all": rows}[schedule]
-    bank = torch.empty((max(n_cuts, 1), hv, dv, dk), dtype=torch.float32, device=q.device)
-    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    gdn_scan_(*inputs, tables, o, ops, bank)
+    bank = torch.empty((max(n_cuts, 1), hv, dv, dk), dtype=torch.float32, device=x.q.device)
+    gdn_scan_(x.map(Tensor.contiguous), state.contiguous(), tables, o, ops, bank)
     return GdnVerifyResult(o=o, operands=ops, cut_states=bank[:n_cuts])

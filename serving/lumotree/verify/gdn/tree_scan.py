@@ -43,7 +43,7 @@ from lumotree.verify.gdn.common import (
     verify_one_layer,
 )
 from lumotree.verify.gdn.plan import AncestryTables
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 
 SOLVES = ("substitution", "product")
 DEFAULT_BLOCK_V = 32
@@ -190,13 +190,7 @@ def gdn_tree_kernel(
 
 
 def gdn_tree_layers_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tables: AncestryTables,
     o: Tensor,
@@ -208,23 +202,23 @@ def gdn_tree_layers_(
 ) -> None:
     """Verify N independent GDN instances sharing one tree in one launch, into caller-owned buffers.
 
-    Shapes with a leading instance dim N, all contiguous: q, k
-    [N, R, H, K]; v [N, R, HV, V]; a, b [N, R, HV]; A_log, dt_bias [N, HV]; state [N, HV, V, K] fp32
-    (read only); o [N, R, HV, V]; ops fp32 records. block_v >= 16 on the GPU (matmul tiles).
+    x: inputs with a leading instance dim N, all contiguous (q, k [N, R, H, K]; v [N, R, HV, V];
+    a, b [N, R, HV]; A_log, dt_bias [N, HV]); state [N, HV, V, K] fp32 (read only); o [N, R, HV, V];
+    ops fp32 records. block_v >= 16 on the GPU (matmul tiles).
     precision: "ieee" (CUDA-core fp32) or "tf32x3" (tensor cores, three-pass fp32 emulation).
     solve: "substitution" (stable) or "product" (fewer rounds; see the module docstring).
     """
-    n, rows, heads, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
+    n, rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[2], x.v.shape[3]
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if tables.ancestry.shape != (rows, rows):
         raise ValueError(f"ancestry tables are for {tables.ancestry.shape[0]} rows, operands have {rows}")
-    check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
+    check_stacked(x, state, o, ops, block_v)
     gdn_tree_kernel[(hv * (dv // block_v), n)](
-        q, k, v, a, b, A_log, dt_bias, state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
+        *x.tensors(), state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
         tables.ancestry, tables.n_active, rows,
-        q.stride(0), v.stride(0), a.stride(0), A_log.stride(0), state.stride(0),
+        x.q.stride(0), x.v.stride(0), x.a.stride(0), x.A_log.stride(0), state.stride(0),
         H=heads, HV=hv, K=dk, V=dv, BV=block_v, RP=max(16, triton.next_power_of_2(rows)), BK=min(32, dk),
         ROUNDS=solve_rounds(solve, tables.max_depth), PRODUCT=solve == "product", PRECISION=precision,
         num_warps=num_warps,
@@ -232,31 +226,14 @@ def gdn_tree_layers_(
 
 
 def gdn_tree_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tables: AncestryTables,
-    o: Tensor,
-    ops: GdnOperands,
-    **config: object,
+    x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands, **config: object
 ) -> None:
     """One layer (shapes of `scan.gdn_scan_` without the instance dim); config as `gdn_tree_layers_`."""
-    one_instance_(gdn_tree_layers_, q, k, v, a, b, A_log, dt_bias, state, tables, o, ops, **config)
+    one_instance_(gdn_tree_layers_, x, state, tables, o, ops, **config)
 
 
 def gdn_verify_tree(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tree: TreeDescriptor,
     block_v: int | None = None,
@@ -265,6 +242,5 @@ def gdn_verify_tree(
     solve: str = "substitution",
 ) -> GdnVerifyResult:
     """The tree-parallel kernel with the reference's signature (fp32 compute; no cut states)."""
-    inputs = (q, k, v, a, b, A_log, dt_bias, state)
     config = dict(num_warps=num_warps, precision=precision, solve=solve)
-    return verify_one_layer(gdn_tree_layers_, DEFAULT_BLOCK_V, *inputs, tree, block_v, **config)
+    return verify_one_layer(gdn_tree_layers_, DEFAULT_BLOCK_V, x, state, tree, block_v, **config)

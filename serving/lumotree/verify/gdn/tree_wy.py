@@ -14,20 +14,10 @@ import torch
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnVerifyResult, prepare_operands
+from lumotree.verify.gdn.reference import GdnInputs, GdnVerifyResult, prepare_operands
 
 
-def gdn_verify_wy(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-) -> GdnVerifyResult:
+def gdn_verify_wy(x: GdnInputs, state: Tensor, tree: TreeDescriptor) -> GdnVerifyResult:
     """Same arguments and results as `gdn_verify` (outputs, operands, cut states), in the tree WY form.
 
     Per value head, over the n active nodes (logical order: ancestors first) with the ancestry mask
@@ -36,14 +26,14 @@ def gdn_verify_wy(
         o = e^c Q S0^T + (D * Q K^T) U
         S_n = e^{c_n} S0 + sum_{j in anc(n)} D_nj u_j k_j^T              (cut states only)
     """
-    ops = prepare_operands(q, k, v, a, b, A_log, dt_bias)
+    ops = prepare_operands(x)
     hv, dv, dk = ops.v.shape[1], ops.v.shape[2], ops.k.shape[2]
     if state.shape != (hv, dv, dk) or state.dtype != ops.v.dtype:
         raise ValueError(
             f"state must be [{hv}, {dv}, {dk}] {ops.v.dtype}, got {tuple(state.shape)} {state.dtype}"
         )
-    if q.shape[0] != tree.rows:
-        raise ValueError(f"operands have {q.shape[0]} rows, the tree has {tree.rows}")
+    if x.q.shape[0] != tree.rows:
+        raise ValueError(f"operands have {x.q.shape[0]} rows, the tree has {tree.rows}")
     n, cd = tree.n_active, ops.v.dtype
     anc = tree.ancestry[:n, :n]
     c = (anc.to(cd) @ ops.g[:n]).T  # [HV, n]
@@ -66,4 +56,4 @@ def gdn_verify_wy(
     cuts = torch.exp(c[:, cut]).T[:, :, None, None] * state[None] + torch.einsum(
         "hcj,hjv,hjk->chvk", weights, u, kk
     )
-    return GdnVerifyResult(o=o.to(v.dtype), operands=ops, cut_states=cuts)
+    return GdnVerifyResult(o=o.to(x.v.dtype), operands=ops, cut_states=cuts)
