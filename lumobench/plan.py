@@ -22,7 +22,6 @@ from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, n
 #: the embedded default: LumoTree's own arms, compared on the matched set (their TOML files come
 #: with the engine)
 DEFAULT_ARMS = ("lumotree-ar", "lumotree-mtp5", "lumotree")
-EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
 
 
 @dataclass

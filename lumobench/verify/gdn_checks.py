@@ -81,17 +81,6 @@ def make_case(tree: TreeDescriptor, dims: GdnDims, gen: torch.Generator) -> GdnC
     return GdnCase(tree, raw, A_log, dt_bias, state)
 
 
-def parallel_keys_case(tree: TreeDescriptor, dims: GdnDims, gen: torch.Generator) -> GdnCase:
-    """The hard case for a tree-parallel solve: nearly parallel keys (cosine ~0.997), no decay and
-    beta ~1, so every power of the ancestry matrix A matters along the deepest path."""
-    base = make_case(tree, dims, gen)
-    q, k, v, a, _ = base.raw
-    key = torch.randn(1, dims.H, dims.K, generator=gen, dtype=torch.float64)
-    k = key + 0.05 * torch.randn(k.shape, generator=gen, dtype=torch.float64)
-    b = torch.full_like(a, 8.0)
-    return GdnCase(tree, (q, k, v, a, b), torch.full_like(base.A_log, -20.0), base.dt_bias, base.state)
-
-
 def cases(n_per_shape: int, dims: GdnDims, seed: int, shapes: Sequence[str] = SHAPES) -> list[GdnCase]:
     """n_per_shape random trees of every shape, each with fresh operands."""
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)

@@ -326,22 +326,6 @@ class TreeBuilder:
         )
 
 
-def tree_from_paths(
-    root_token: int,
-    paths: Sequence[Sequence[int]],
-    *,
-    prefix_len: int,
-    rows: int | None = None,
-    max_depth: int = MAX_DEPTH,
-) -> TreeDescriptor:
-    """Tree whose root-to-leaf token paths (below the root) are `paths`; shared prefixes merge."""
-    builder = TreeBuilder(root_token, max_nodes=rows or 1 + sum(len(p) for p in paths), max_depth=max_depth)
-    for p in paths:
-        if builder.extend(0, p) is None:
-            raise TreeError(f"path {list(p)} does not fit in {rows} rows / depth {max_depth}")
-    return builder.build(prefix_len=prefix_len, rows=rows)
-
-
 def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan:
     is_leaf = [not children[i] for i in range(n)]
     paths: list[list[int]] = [spine]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
 from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree, tree_from_paths
+from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree
 from lumotree.verify.attention.reference import tree_attention_mask
 
 
@@ -165,12 +165,6 @@ def test_conv_gather_reads_committed_state_above_the_root() -> None:
     tree = chain_tree([5, 6, 7, 8, 9], prefix_len=3)
     # buffer = [state col 0, col 1, col 2, row 0, row 1, ...]
     assert tree.conv_gather.tolist() == [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6], [4, 5, 6, 7]]
-
-
-def test_tree_from_paths_merges_shared_prefixes() -> None:
-    tree = tree_from_paths(1, [[2, 3, 4], [2, 3, 5], [6]], prefix_len=0)
-    assert tree.n_active == 6 and tree.merges == 2
-    assert tree.tokens[tree.spine].tolist() == [1, 2, 3, 4]
 
 
 def test_descriptor_check_rejects_every_invalid_tree() -> None:

@@ -19,7 +19,7 @@ from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
 from lumotree.verify.paired import paired_check
 
-from .helpers import assert_written, poisoned
+from .helpers import assert_written, parallel_keys_case, poisoned
 
 DIMS = gdn_checks.GdnDims(H=2, HV=4, K=16, V=16)
 # fp32 relative error of a few ulps over the depth (measured ~3e-7): 1e-6 relative to the output scale.
@@ -116,7 +116,7 @@ def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_n
     # chain: a missing round shows up here, and the product form loses fp32 accuracy here (its
     # powers of A grow like binomial coefficients), which is why substitution is the default.
     chain = _case("chain", seed=800).tree
-    case = gdn_checks.parallel_keys_case(chain, DIMS, torch.Generator().manual_seed(801))
+    case = parallel_keys_case(chain, DIMS, torch.Generator().manual_seed(801))
     o, ops = _run_tree([case], solve=solve)
     _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 

@@ -37,7 +37,7 @@ from lumotree.verify.gdn.tree_value_major import (
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
 
-from .helpers import assert_written, deep_walk_scores, poisoned
+from .helpers import assert_written, deep_walk_scores, parallel_keys_case, poisoned
 
 pytestmark = [
     pytest.mark.gpu,
@@ -119,7 +119,7 @@ def test_gdn_tree_forms_meet_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, 
 def test_tree_parallel_solves_meet_the_paired_rule_with_parallel_keys(variant: str) -> None:
     # tf32x3 products on the GPU, and the hardest operands for the solve (see parallel_keys_case).
     tree = random_tree("chain", random.Random(13))
-    case = gdn_checks.parallel_keys_case(tree, QWEN, torch.Generator().manual_seed(13))
+    case = parallel_keys_case(tree, QWEN, torch.Generator().manual_seed(13))
     n = tree.n_active
     got = TREE_VARIANTS[variant](*_to(case.inputs(torch.float32), CUDA), tree)
     native = gdn_ref.gdn_verify(*case.inputs(torch.float32), tree)

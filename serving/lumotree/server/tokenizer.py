@@ -60,10 +60,6 @@ class ModelTokenizer:
         decoder = json.loads(tok_file.read_text()).get("decoder") or {}
         self._byte_level = decoder.get("type") == "ByteLevel"
 
-    @property
-    def has_chat_template(self) -> bool:
-        return self._template is not None
-
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token strings in it become their special ids."""
         return self._tok.encode(text, add_special_tokens=False).ids
