@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lumobench.bench.engine import load_requests
 from lumotree.engine import GenerationRequest
-from lumotree.engine.bench import load_requests
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 
 DEMO = Path(__file__).resolve().parents[2] / "corpora" / "demo.jsonl"

@@ -212,7 +212,9 @@ def test_generate_endpoint_replays_input_ids(tmp_path: Path) -> None:
         "".join(json.dumps(r | {"input_ids": list(range(5 + i))}) + "\n" for i, r in enumerate(records))
     )
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "lumobench.bench.scripted_server", "--port", str(port)])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lumobench.bench.client.scripted_server", "--port", str(port)]
+    )
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -11,7 +11,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from lumobench.bench.gdn_bench import GdnShape
+from lumobench.bench.kernels.gdn import GdnShape
 from lumobench.bench.timing import Timer
 from lumobench.verify.trees import paper_tree
 from lumotree.drafting.fused_selection import rank_rows_, selection_scratch

@@ -6,7 +6,7 @@ harness tests (dying mid-stream, HTTP errors, reads split anywhere, comments, mu
 process that crashes once). Its `/metrics` exposes vLLM-named speculative-decoding counters that grow
 deterministically, so counter deltas can be checked exactly.
 
-    python -m lumobench.bench.scripted_server --port 8500 [--script script.json]
+    python -m lumobench.bench.client.scripted_server --port 8500 [--script script.json]
 
 Script keys (all optional): tokens (completion tokens per request, capped by max_tokens), tokens_per_event,
 interval_ms, reasoning_events, stamp (put the server's monotonic ns into each event), startup_delay_s,

@@ -23,8 +23,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from lumobench.bench import decode_bench, gdn_bench
-from lumobench.bench.kernels_report import render_markdown
+from lumobench.bench.kernels import decode, gdn
+from lumobench.bench.kernels.report import render_markdown
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.verify.attention.decode import AttentionConfig
 
@@ -41,7 +41,7 @@ VALUE_MAJOR_CONFIGS = [
 ]
 
 
-def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
+def _gdn_methods(w: gdn.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     """Makers in the order they run: the new kernels first (so a time limit keeps them), then the
     previous scan (v2) and the baselines."""
     R, HV, V, K = w.tree.rows, w.shape.v_heads, w.shape.dv, w.shape.dk
@@ -65,23 +65,23 @@ def _gdn_methods(w: gdn_bench.GdnWorkload, tiny: bool, with_fla: bool) -> list:
     for i, config in enumerate(value_major):
         # every configuration in one launch over the layers; the first also with per-layer launches
         for one in (True, False) if i == 0 else (True,):
-            label = f"lumotree tree-parallel value-major {gdn_bench.value_major_label(**config)}"
-            makers.append((label, partial(gdn_bench.value_major_method, w, one, **config)))
+            label = f"lumotree tree-parallel value-major {gdn.value_major_label(**config)}"
+            makers.append((label, partial(gdn.value_major_method, w, one, **config)))
     for bv, nw, precision, solve, both in tree:
         for one in (False, True) if both else (False,):
             label = f"lumotree tree-parallel {precision} {solve} bv{bv} w{nw}"
-            makers.append((label, partial(gdn_bench.tree_method, w, one, bv, nw, precision, solve)))
+            makers.append((label, partial(gdn.tree_method, w, one, bv, nw, precision, solve)))
     makers += [
-        ("lumotree v2 cut bv8 w2", partial(gdn_bench.lumotree_method, w, "cut", True, 8, 2, cut_bank)),
+        ("lumotree v2 cut bv8 w2", partial(gdn.lumotree_method, w, "cut", True, 8, 2, cut_bank)),
         (
             "lumotree v2 recompute bv4 w1",
-            partial(gdn_bench.lumotree_method, w, "recompute", True, 4, 1, cut_bank),
+            partial(gdn.lumotree_method, w, "recompute", True, 4, 1, cut_bank),
         ),
-        ("native paths", partial(gdn_bench.native_paths_method, w, bank, staging, 8, 2)),
+        ("native paths", partial(gdn.native_paths_method, w, bank, staging, 8, 2)),
     ]
     if with_fla:
-        makers.append(("fla chain kernels", partial(gdn_bench.fla_methods, w)))
-    makers.append(("torch sequential", partial(gdn_bench.torch_sequential_method, w, bank, staging)))
+        makers.append(("fla chain kernels", partial(gdn.fla_methods, w)))
+    makers.append(("torch sequential", partial(gdn.torch_sequential_method, w, bank, staging)))
     return makers
 
 
@@ -103,8 +103,8 @@ def run_gdn(
 
     `only`: keep the methods whose label contains one of these substrings (all when empty).
     """
-    shape = gdn_bench.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn_bench.GdnShape()
-    w = gdn_bench.GdnWorkload(shape, torch.bfloat16, device)
+    shape = gdn.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn.GdnShape()
+    w = gdn.GdnWorkload(shape, torch.bfloat16, device)
     rows: list[dict] = []
     header = {
         "shape": vars(shape),
@@ -128,9 +128,9 @@ def run_gdn(
             methods = []
         for method in methods:
             try:
-                row = gdn_bench.measure_method(w, method, timer, timer.cuda, eager_iters)
+                row = gdn.measure_method(w, method, timer, timer.cuda, eager_iters)
                 if not method.name.startswith("fla"):
-                    row["errors"] = gdn_bench.method_errors(w, method)
+                    row["errors"] = gdn.method_errors(w, method)
             except Exception as exc:  # one failing variant must not kill the table
                 row = {"method": method.name, "error": repr(exc)[:300]}
             rows.append(row)
@@ -173,11 +173,9 @@ def run_suites(
         "command": _command_line(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    attn = decode_bench.AttentionShape(4, 2, 16) if tiny else decode_bench.AttentionShape()
+    attn = decode.AttentionShape(4, 2, 16) if tiny else decode.AttentionShape()
     vocab = 3000 if tiny else VOCAB
-    gdn_shape = (
-        gdn_bench.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn_bench.GdnShape()
-    )
+    gdn_shape = gdn.GdnShape(layers=2, heads=1, v_heads=2, dk=16, dv=16) if tiny else gdn.GdnShape()
     with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("suites", total=len(suites))
         for suite in suites:
@@ -204,15 +202,15 @@ def run_suites(
                             (AttentionConfig(64, 32, None, 8, 3), 22),
                         ]
                     )
-                    result["attention"] = decode_bench.attention_rows(
+                    result["attention"] = decode.attention_rows(
                         contexts, attn, torch.bfloat16, device, timer, bandwidth, configs
                     )
                 elif suite == "selection":
-                    result["selection"] = decode_bench.selection_rows(vocab, 5, device, timer, bandwidth)
+                    result["selection"] = decode.selection_rows(vocab, 5, device, timer, bandwidth)
                 elif suite == "walk":
-                    result["walk"] = decode_bench.walk_rows(vocab, device, timer, bandwidth)
+                    result["walk"] = decode.walk_rows(vocab, device, timer, bandwidth)
                 elif suite == "commit":
-                    result["commit"] = decode_bench.commit_rows(
+                    result["commit"] = decode.commit_rows(
                         gdn_shape,
                         attn,
                         64 if tiny else 10240,
@@ -281,7 +279,3 @@ def kernels_command(
     only = [m.strip() for m in methods.split(",") if m.strip()]
     result = run_suites(chosen, device, iters, warmup, eager_iters, context_list, tiny, fla, checkpoint, only)
     typer.echo(render_markdown(result))
-
-
-if __name__ == "__main__":
-    typer.run(kernels_command)

@@ -164,7 +164,15 @@ def run_benchmark(events: int, interval_ms: float, repeats: int, port: int) -> d
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(script, fh)
     server = subprocess.Popen(
-        [sys.executable, "-m", "lumobench.bench.scripted_server", "--port", str(port), "--script", fh.name]
+        [
+            sys.executable,
+            "-m",
+            "lumobench.bench.client.scripted_server",
+            "--port",
+            str(port),
+            "--script",
+            fh.name,
+        ]
     )
     try:
         _wait_listening(port)

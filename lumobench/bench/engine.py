@@ -1,6 +1,6 @@
-"""CPU benchmark of the engine in one process: AR vs chain MTP-5 vs LumoTree on a corpus.
+"""`lumobench bench engine`: the LumoTree engine on CPU in one process, AR vs chain MTP-5 vs LumoTree.
 
-    python -m lumotree.engine.bench --out results/cpu/engine-bench.json
+    lumobench bench engine --out results/cpu/engine-bench.json     (or python -m lumobench.bench.engine)
 
 Every request runs in each arm in turn (so drifting machine load hits the arms alike), with the
 corpus's sampling settings and a fixed seed per request. Per arm: the Eq. 5 pooled decode rate
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 import zlib
@@ -182,7 +183,7 @@ def _metrics_json(engine: LLMEngine, requests: int) -> dict[str, Any]:
     }
 
 
-def main(
+def engine_command(
     corpus: Annotated[Path, typer.Argument(help="Request corpus (JSONL).")] = Path("corpora/demo.jsonl"),
     out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
     runs: Annotated[int, typer.Option(min=1, help="Passes over the corpus (fresh engines each).")] = 3,
@@ -229,7 +230,7 @@ def main(
         arm["speedup_vs_ar"] = arm["pooled_tokens_per_s"] / ar_rate
         arm["cpu_time_speedup_vs_ar"] = arm["pooled_tokens_per_cpu_s"] / ar_cpu_rate
     result = {
-        "command": " ".join(["python -m lumotree.engine.bench", *sys.argv[1:]]),
+        "command": _command_line(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {
             "platform": platform.platform(),
@@ -255,6 +256,14 @@ def main(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
+
+
+def _command_line() -> str:
+    """This run as `lumobench bench engine ...`, whichever entry point started it."""
+    args = sys.argv[1:]
+    if "engine" in args:
+        args = args[args.index("engine") + 1 :]
+    return " ".join(["lumobench", "bench", "engine", *(shlex.quote(a) for a in args)])
 
 
 def _print_table(arms: list[dict[str, Any]], bandwidth: float) -> None:
@@ -285,4 +294,4 @@ def _print_table(arms: list[dict[str, Any]], bandwidth: float) -> None:
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    typer.run(engine_command)

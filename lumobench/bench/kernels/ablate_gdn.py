@@ -5,8 +5,10 @@ iteration; median of --iters). --set run7: prepare-launch warps, apply-launch re
 pipelining / key chunks, replay-publication tiles. --set run8: the new defaults (4-stage apply)
 and the replay on one warp against two, repeated. Run 6's set (the removed one-launch
 substitution solve with 11 and with 1 round, the split solve's launches apart) is this file at
-commit 2eab259. Prints a markdown table and writes it to --out. Usage (repository root, on a CUDA machine):
-python3 results/h200/ablate_gdn.py --set run8 --out OUT_DIR
+commit 2eab259 (then results/h200/ablate_gdn.py). Prints a markdown table and writes it to --out.
+Usage (repository root, on a CUDA machine):
+
+    python3 -m lumobench.bench.kernels.ablate_gdn --set run8 --out OUT_DIR
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lumobench.bench.gdn_bench import GdnShape, GdnWorkload
+from lumobench.bench.kernels.gdn import GdnShape, GdnWorkload
 from lumobench.bench.timing import Timer
 from lumotree.verify.gdn.plan import ancestry_tables
 from lumotree.verify.gdn.replay import replay_layers_
