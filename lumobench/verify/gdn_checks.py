@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lumobench.verify import hf_reference
 from lumobench.verify.report import CheckResult
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import (
     GdnInputs,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks, hf_reference
-from lumobench.verify.trees import SHAPES
+from lumotree.drafting.random_trees import SHAPES
 from lumotree.tree import build_tree, chain_tree
 from lumotree.verify.gdn import GdnInputs, gdn_sequential_reference, gdn_verify, replay_accepted_
 from lumotree.verify.paired import paired_check

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from lumobench.verify import audit
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.sampling import (
     SamplingParams,
     exponential_race,

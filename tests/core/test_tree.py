@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
-from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree
 from lumotree.verify.attention.reference import tree_attention_mask
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lumobench.verify.continuation import scheduled_path
-from lumobench.verify.trees import paper_tree
+from lumotree.drafting.random_trees import paper_tree
 from lumotree.model import GDNState, HybridLM, KVCache, ModelState
 from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.drafting.selection import ordered_topk
 from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.acceptance import RowSampler, history_counts, support_coins, walk

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import scan_tables

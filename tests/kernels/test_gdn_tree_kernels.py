@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.tree import build_tree
 from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.common import empty_operands

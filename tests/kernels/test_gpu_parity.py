@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks
-from lumobench.verify.trees import paper_tree, random_tree
 from lumotree.drafting import selection as sel_ref
 from lumotree.drafting.fused_selection import select_spine_topk
+from lumotree.drafting.random_trees import paper_tree, random_tree
 from lumotree.sampling import walk as walk_ref
 from lumotree.sampling.device_walk import DeviceWalk
 from lumotree.verify.attention import decode as attn_kernel

@@ -1,4 +1,6 @@
-"""Random draft trees of every shape the verifier must handle, for the component checks."""
+"""Random draft trees of every shape the verifier must handle (`SHAPES`, `random_tree`) and of the
+paper geometry from random proposals (`paper_tree`): the cases of the component checks
+(`lumobench verify`), the benchmarks and the tests."""
 
 from __future__ import annotations
 
