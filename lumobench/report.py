@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
     return tokens / chunks if chunks else None
 
 
-def _spec_totals(run: RunDir) -> SpecCounters | None:
+def spec_totals(run: RunDir) -> SpecCounters | None:
+    """Speculative counter deltas summed over the run's metric segments (None: no counters)."""
     total: SpecCounters | None = None
     for _, _, before, after in run.metric_segments():
         delta = spec_delta(before, after)
@@ -97,7 +99,7 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
         in_set = [r for r in rows if r.request_id in matched]
         total = pooled(in_set)
         ratio = total.rate / base_rate if index and total.rate is not None and base_rate else None
-        spec = _spec_totals(run)
+        spec = spec_totals(run)
         also = set(meta.deterministic_ids)
         shared = [i for i in base_meta.deterministic_ids if i in also]
         agree = agreement(base_rows, rows, shared) if index else None
@@ -126,6 +128,11 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
             )
         )
     return reports
+
+
+def report_command(paths: Sequence[Path]) -> str:
+    """The command that turns these run directories into a shareable report page."""
+    return "lumobench report " + " ".join(shlex.quote(str(p)) for p in paths) + " --html report.html"
 
 
 def table_console(stderr: bool = False) -> Console:

@@ -16,7 +16,7 @@ from lumobench.errors import LumobenchError, user_errors
 from lumobench.launch import ArmServer, interrupt_on_signals, launched, log_tail
 from lumobench.plan import Plan, plan_new, plan_resume, probe_endpoint
 from lumobench.replay import ReplayOutcome, execute
-from lumobench.report import build_report, print_table, table_console
+from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import RequestRow, missing_keys
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
@@ -216,6 +216,8 @@ def replay(
         )
     with user_errors():
         print_table(build_report([p.run.path for p in plans]), table_console())
+    report_hint = report_command([p.run.path for p in plans])
+    console.print(f"full report (tables, figures): {report_hint}", markup=False, soft_wrap=True)
     if failed:
         for plan in plans:
             for row in (r for r in plan.run.read_rows() if r.status == "failed"):
