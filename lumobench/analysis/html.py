@@ -26,7 +26,7 @@ h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.8em; border-bo
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.85em; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #e4e4e4; }
 th { background: #f4f4f4; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 caption { text-align: left; font-weight: 600; padding-bottom: 0.3em; }
 p.note { color: #555; font-size: 0.8em; margin-top: -0.4em; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; }

@@ -45,8 +45,17 @@ def rates_figure(arms: pd.DataFrame) -> Figure:
     ax.errorbar(x, rate, yerr=np.nan_to_num(err), fmt="none", ecolor="black", capsize=6, label="95% CI")
     ax.vlines(x + 0.3, arms.run_rate_min, arms.run_rate_max, colors="grey", lw=3, label="per-run range")
     for xi, value in zip(x, rate, strict=True):
-        if not np.isnan(value):
-            ax.annotate(f"{value:.1f}", (xi, value), xytext=(-18, 4), textcoords="offset points", fontsize=8)
+        if not np.isnan(value):  # inside the bar's foot, clear of the interval
+            ax.annotate(
+                f"{value:.1f}",
+                (xi, 0),
+                xytext=(0, 6),
+                textcoords="offset points",
+                ha="center",
+                color="white",
+                fontweight="bold",
+                fontsize=9,
+            )
     ax.set_xticks(x, arms.arm)
     ax.set_ylabel("tokens/s (Eq. 5, matched set)")
     ax.set_title("Pooled decode rate per arm")
@@ -72,6 +81,7 @@ def ratios_figure(arms: pd.DataFrame) -> Figure:
         if not np.isnan(value):
             ax.annotate(f"{value:.2f}x", (value, yi), xytext=(6, -12), textcoords="offset points", fontsize=8)
     ax.set_yticks(y, others.arm)
+    ax.invert_yaxis()  # the table's order, top to bottom
     ax.set_xlabel(f"pooled rate / {arms.arm.iloc[0]} (paired bootstrap 95% CI)")
     ax.set_title(f"Speed-up over {arms.arm.iloc[0]}")
     ax.spines[["top", "right"]].set_visible(False)

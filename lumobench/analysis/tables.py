@@ -27,9 +27,10 @@ class Table:
     headers: list[str]
     rows: list[list[str]]
     note: str = ""
+    numeric_columns: frozenset[int] | None = None  # right-aligned; None: every column but the first
 
     def numeric(self, column: int) -> bool:
-        return column > 0  # the first column names the arm
+        return column > 0 if self.numeric_columns is None else column in self.numeric_columns
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -199,4 +200,9 @@ def frame_table(frame: pd.DataFrame, title: str, note: str = "", digits: int = 2
         return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
 
     rows = [[cell(v) for v in record] for record in frame.itertuples(index=False)]
-    return Table(title, [str(c) for c in frame.columns], rows, note)
+    numeric = frozenset(
+        i
+        for i, dtype in enumerate(frame.dtypes)
+        if pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
+    )
+    return Table(title, [str(c) for c in frame.columns], rows, note, numeric)

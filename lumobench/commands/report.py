@@ -6,13 +6,18 @@ result files (results/h200/*.json); each kind has its notebook source in `analys
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from lumobench.agent.rundir import AgentRunDir
+from lumobench.agent.table import table_rows, to_csv, to_markdown
 from lumobench.analysis.sources import Kind, report_kind
+from lumobench.analysis.vllm_json import render_vllm_json
+from lumobench.bench.kernels_report import render_markdown
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.report import build_report, print_table, render_csv, render_json, table_console
 
@@ -32,43 +37,40 @@ def _stage(message: str) -> None:
     typer.echo(f"report: {message}", err=True)
 
 
-def _print_format(kind: Kind, inputs: list[Path], format: Format) -> None:
-    """The tables of `format` on stdout (what each kind offers; a clear error for the rest)."""
-    if kind == "replay":
-        if format is Format.json:
-            typer.echo(render_json(build_report(inputs)))
-        elif format is Format.csv:
-            typer.echo(render_csv(build_report(inputs)), nl=False)
-        elif format in (Format.markdown, Format.latex):
-            from lumobench.analysis.tables import paper_tables, to_latex, to_markdown
+def _print_replay(inputs: list[Path], format: Format) -> None:
+    if format is Format.json:
+        typer.echo(render_json(build_report(inputs)))
+    elif format is Format.csv:
+        typer.echo(render_csv(build_report(inputs)), nl=False)
+    elif format in (Format.markdown, Format.latex):
+        from lumobench.analysis.tables import paper_tables, to_latex, to_markdown  # pandas: only when asked
 
-            render = to_markdown if format is Format.markdown else to_latex
-            typer.echo("\n".join(render(t) for t in paper_tables(build_report(inputs))), nl=False)
-        elif format is Format.vllm_json:
-            from lumobench.analysis.vllm_json import render_vllm_json
-
-            typer.echo(render_vllm_json(inputs), nl=False)
-        else:
-            print_table(build_report(inputs), table_console())
-    elif kind == "agent":
-        from lumobench.agent.rundir import AgentRunDir
-        from lumobench.agent.table import table_rows, to_csv, to_markdown
-
-        if format not in (Format.table, Format.markdown, Format.csv):
-            raise LumobenchError(
-                f"--format {format.value} is for replay runs; agent runs have table, markdown, csv"
-            )
-        for path in inputs:
-            run = AgentRunDir.open(path)
-            rows = table_rows(run.read_meta(), run)
-            typer.echo(to_csv(rows) if format is Format.csv else to_markdown(rows), nl=False)
+        render = to_markdown if format is Format.markdown else to_latex
+        typer.echo("\n".join(render(t) for t in paper_tables(build_report(inputs))), nl=False)
+    elif format is Format.vllm_json:
+        typer.echo(render_vllm_json(inputs), nl=False)
     else:
-        from lumobench.analysis.kernels import load_kernels
+        print_table(build_report(inputs), table_console())
 
-        if format not in (Format.table, Format.markdown):
-            raise LumobenchError(f"--format {format.value} is for replay runs; kernel results have markdown")
-        data = load_kernels(inputs)
-        typer.echo("\n".join(data.markdown(i) for i in range(len(inputs))))
+
+def _print_agent(inputs: list[Path], format: Format) -> None:
+    if format not in (Format.table, Format.markdown, Format.csv):
+        raise LumobenchError(
+            f"--format {format.value} is for replay runs; agent runs have table, markdown, csv"
+        )
+    for path in inputs:
+        run = AgentRunDir.open(path)
+        rows = table_rows(run.read_meta(), run)
+        typer.echo(to_csv(rows) if format is Format.csv else to_markdown(rows), nl=False)
+
+
+def _print_kernels(inputs: list[Path], format: Format) -> None:
+    if format not in (Format.table, Format.markdown):
+        raise LumobenchError(f"--format {format.value} is for replay runs; kernel results have markdown")
+    typer.echo("\n".join(render_markdown(json.loads(p.read_text())) for p in inputs))
+
+
+PRINTERS = {"replay": _print_replay, "agent": _print_agent, "kernels": _print_kernels}
 
 
 def _write_outputs(
@@ -149,4 +151,4 @@ def report(
             _stage(f"{len(inputs)} {kind} input(s)")
             _write_outputs(kind, inputs, notebook, html, plots)
         if format is not Format.table or not outputs:
-            _print_format(kind, inputs, format)
+            PRINTERS[kind](inputs, format)

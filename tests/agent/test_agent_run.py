@@ -158,6 +158,8 @@ def test_agent_report_notebook_shows_the_task_table_and_each_request_on_a_timeli
     assert summary["completion_tokens"] == row["output_tokens"]
     assert all(r["http_status"] == 200 and r["sent_s"] <= r["first_byte_s"] <= r["end_s"] for r in logged)
     assert 0 < summary["busy_s"] <= row["agent_s"]
+    table = CliRunner().invoke(app, ["report", str(fix_run.run), "--format", "markdown"]).stdout
+    assert "| local__calc-1 | 1 | completed |" in table and "**total (1 attempts)**" in table
 
 
 def test_recorded_corpus_passes_check_and_replays_against_the_same_server(fix_run: FixRun):

@@ -1,9 +1,9 @@
 """A real headless Chromium driven over the DevTools protocol on a pipe (`--remote-debugging-pipe`:
 JSON messages separated by NUL bytes on file descriptors 3 and 4), standard library only.
 
-`open_page(html_path, screenshot)` loads a page, waits for its load event, and returns what a page test
-needs: console errors and exceptions, failed resource loads, each <img> with its natural size, the
-page's height, and a full-page PNG screenshot written to `screenshot`.
+`Chromium(path).open(html_path, screenshot)` loads a page in a new tab, waits for its load event, and
+returns what a page test needs: console errors and exceptions, failed resource loads, each <img> with
+its natural size, the page's height; the full-page PNG screenshot goes to `screenshot`.
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ class DevTools:
                 return message.get("result", {})
             self.events.append(message)
 
-    def wait_event(self, method: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_event(self, method: str, session: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             for event in self.events:
-                if event.get("method") == method:
+                if event.get("method") == method and event.get("sessionId") == session:
                     return event
             self.events.append(self._read_message(deadline))
 
@@ -137,49 +137,61 @@ def _launch(browser: str, profile: str) -> tuple[subprocess.Popen, DevTools]:
     return proc, DevTools(commands_w, answers_r)
 
 
-def open_page(browser: str, page: Path, screenshot: Path, timeout: float = 60) -> PageReport:
-    """Load `page` (a local file) in a fresh headless browser profile; screenshot the whole page."""
-    with tempfile.TemporaryDirectory(prefix="lumobench-chromium-") as profile:
-        proc, tools = _launch(browser, profile)
+class Chromium:
+    """One headless browser with a fresh profile (context manager); `open` loads one page in a new tab."""
+
+    def __init__(self, browser: str) -> None:
+        self.browser = browser
+        self._profile = tempfile.TemporaryDirectory(prefix="lumobench-chromium-")
+
+    def __enter__(self) -> Chromium:
+        self.proc, self.tools = _launch(self.browser, self._profile.name)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with contextlib.suppress(OSError, RuntimeError, TimeoutError, ConnectionError):
+            self.tools.call("Browser.close", timeout=10)
+        os.close(self.tools.write_fd)
+        os.close(self.tools.read_fd)
         try:
-            target = tools.call("Target.createTarget", url="about:blank", timeout=timeout)["targetId"]
-            session = tools.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                tools.call(f"{domain}.enable", session)
-            tools.call(
-                "Emulation.setDeviceMetricsOverride",
-                session,
-                width=VIEWPORT[0],
-                height=VIEWPORT[1],
-                deviceScaleFactor=1,
-                mobile=False,
-            )
-            tools.call("Page.navigate", session, url=page.resolve().as_uri())
-            tools.wait_event("Page.loadEventFired", timeout)
-            probe = (
-                "JSON.stringify({height: document.documentElement.scrollHeight, images: Array.from("
-                "document.images, i => ({alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth, "
-                "naturalHeight: i.naturalHeight}))})"
-            )
-            found = json.loads(tools.call("Runtime.evaluate", session, expression=probe)["result"]["value"])
-            shot = tools.call(
-                "Page.captureScreenshot",
-                session,
-                format="png",
-                captureBeyondViewport=True,
-                clip={"x": 0, "y": 0, "width": VIEWPORT[0], "height": found["height"], "scale": 1},
-            )
-            screenshot.write_bytes(base64.b64decode(shot["data"]))
-            report = PageReport(images=found["images"], height=found["height"])
-            _collect(tools.events, report)
-            return report
-        finally:
-            with contextlib.suppress(OSError, RuntimeError, TimeoutError, ConnectionError):
-                tools.call("Browser.close", timeout=10)
-            os.close(tools.write_fd)
-            os.close(tools.read_fd)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._profile.cleanup()
+
+    def open(self, page: Path, screenshot: Path, timeout: float = 60) -> PageReport:
+        """Load `page` (a local file), wait for its load event, screenshot the whole page."""
+        tools = self.tools
+        target = tools.call("Target.createTarget", url="about:blank", timeout=timeout)["targetId"]
+        session = tools.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            tools.call(f"{domain}.enable", session)
+        tools.call(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=VIEWPORT[0],
+            height=VIEWPORT[1],
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        tools.call("Page.navigate", session, url=page.resolve().as_uri())
+        tools.wait_event("Page.loadEventFired", session, timeout)
+        probe = (
+            "JSON.stringify({height: document.documentElement.scrollHeight, images: Array.from("
+            "document.images, i => ({alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth, "
+            "naturalHeight: i.naturalHeight}))})"
+        )
+        found = json.loads(tools.call("Runtime.evaluate", session, expression=probe)["result"]["value"])
+        shot = tools.call(
+            "Page.captureScreenshot",
+            session,
+            format="png",
+            captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": VIEWPORT[0], "height": found["height"], "scale": 1},
+        )
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        report = PageReport(images=found["images"], height=found["height"])
+        _collect([e for e in tools.events if e.get("sessionId") == session], report)
+        tools.call("Target.closeTarget", targetId=target)
+        return report

@@ -6,6 +6,7 @@ requests (an agent turn with tools, a greedy one, a short chat) on the embedded 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from harness.helpers import DEMO, lumobench
 from typer.testing import CliRunner
 
 from lumobench.cli import app
+
+from .chromium import Chromium, find_chromium
 
 REQUEST_IDS = ("wal-t01", "ops-t01", "chat-short")
 ARMS = ("lumotree-ar", "lumotree")
@@ -47,6 +50,16 @@ class Report:
 def report_cli(*args: str | Path) -> Result:
     """`lumobench ...` in this process (the same Typer app as the console script)."""
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Chromium]:
+    """A real headless Chromium for the page tests (skipped, saying so, where none is installed)."""
+    browser = find_chromium()
+    if browser is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    with Chromium(browser) as session:
+        yield session
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from lumobench.analysis.notebook import figures, tables
 from lumobench.report import report_command
 from lumobench.results import RequestRow
 
-from .chromium import find_chromium, open_page
+from .chromium import Chromium
 from .conftest import ARMS, REPLAY_FIGURES, Replay, Report, report_cli
 
 pytestmark = pytest.mark.integration
@@ -82,12 +82,11 @@ def test_notebook_tables_equal_the_json_report(replay: Replay, replay_report: Re
     assert (tree["same_output"], tree["same_output_compared"]) == (3, 3)
 
 
-def test_html_page_loads_in_headless_chromium(replay: Replay, replay_report: Report) -> None:
-    browser = find_chromium()
-    if browser is None:
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
+def test_html_page_loads_in_headless_chromium(
+    replay: Replay, replay_report: Report, chromium: Chromium
+) -> None:
     screenshot = replay_report.html.with_suffix(".png")
-    page = open_page(browser, replay_report.html, screenshot)
+    page = chromium.open(replay_report.html, screenshot)
     print(f"screenshot: {screenshot} ({page.height} px tall)")
     assert page.console_errors == [] and page.failed_loads == []
     assert sorted(i["alt"] for i in page.images) == sorted(REPLAY_FIGURES)
@@ -99,15 +98,12 @@ def test_html_page_loads_in_headless_chromium(replay: Replay, replay_report: Rep
     assert "<script" not in text and "http://" not in text and "https://" not in text  # self-contained
 
 
-def test_chromium_check_catches_console_errors_and_broken_images(tmp_path: Path) -> None:
-    browser = find_chromium()
-    if browser is None:
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
+def test_chromium_check_catches_console_errors_and_broken_images(chromium: Chromium, tmp_path: Path) -> None:
     page = tmp_path / "broken.html"
     page.write_text(
         '<html><body><img alt="gone" src="missing.png"><script>console.error("boom")</script></body></html>'
     )
-    found = open_page(browser, page, tmp_path / "broken.png")
+    found = chromium.open(page, tmp_path / "broken.png")
     assert any("boom" in e for e in found.console_errors)
     assert [i["naturalWidth"] for i in found.images] == [0] and found.failed_loads
 
