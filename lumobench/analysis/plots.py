@@ -218,6 +218,7 @@ def agent_timeline_figure(timeline: pd.DataFrame) -> Figure:
         )
     ax.set_yticks(range(len(lanes)), [f"{task} (run {run})" for _, task, run in lanes])
     ax.invert_yaxis()
+    ax.set_xlim(left=0)
     ax.set_xlabel("minutes since the attempt started")
     ax.set_title("Agent requests per task (dark: until the first byte; blue: streaming)")
     ax.spines[["top", "right"]].set_visible(False)

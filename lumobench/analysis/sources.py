@@ -59,6 +59,11 @@ def report_kind(paths: Sequence[Path]) -> Kind:
     """The one kind shared by all inputs; inputs of different kinds are refused."""
     if not paths:
         raise LumobenchError("give at least one run directory or kernel result file")
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if path.resolve() in seen:
+            raise LumobenchError(f"{path} is given twice (also as {seen[path.resolve()]})")
+        seen[path.resolve()] = path
     kinds = {p: input_kind(p) for p in paths}
     found = sorted(set(kinds.values()))
     if len(found) > 1:

@@ -77,7 +77,7 @@ def _write_outputs(
     kind: Kind, inputs: list[Path], notebook: Path | None, html: Path | None, plots: Path | None
 ) -> None:
     """Execute the kind's notebook source once and write what was asked for."""
-    # pandas, matplotlib and nbclient load only when a report needs them (`lumobench --help` stays fast)
+    # pandas, matplotlib and nbclient load only when a report needs them, not with every command
     import nbformat
 
     from lumobench.analysis.html import notebook_title, render_html

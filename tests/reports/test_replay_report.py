@@ -194,6 +194,7 @@ def test_report_refuses_missing_foreign_and_mixed_inputs_in_one_line(replay: Rep
         ([foreign], "is not a lumobench run directory (no run.json)"),
         ([not_kernels], "neither a run directory nor a `lumobench bench kernels` result"),
         ([replay.runs[0], kernels], "give inputs of one kind"),
+        ([replay.runs[0], replay.runs[0]], "is given twice"),
         ([kernels, "--format", "vllm-json"], "--format vllm-json is for replay runs"),
         ([replay.runs[0], "--html", tmp_path / "no" / "r.html"], "is not a directory"),
     ]
