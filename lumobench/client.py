@@ -120,6 +120,7 @@ async def send_request(
         chunks=recorder.chunks,
         output_chunks=recorder.output_chunks,
         chunk_tokens=recorder.chunk_tokens or None,
+        chunk_ns=recorder.chunk_ns or None,
         finish_reason=recorder.finish_reason,
         token_ids=recorder.token_ids or None,
         started_at=started_at,

@@ -4,7 +4,8 @@ run) into a replay corpus (DESIGN §6, paper §VI).
 With a corpus, every `POST /v1/chat/completions` the upstream accepts (HTTP 200) becomes one
 `CorpusRecord`, appended and flushed in capture order, with `source` = {task, conversation, turn,
 captured_at}. Either way the proxy counts answered chat requests and the completion tokens of the
-upstream's usage reports (that is how agent runs count an arm's work). Responses are passed through
+upstream's usage reports (that is how agent runs count an arm's work); with a `request_log` it also
+writes one `ProxiedRequest` per chat request (its timeline). Responses are passed through
 byte for byte as they arrive (no re-chunking, no decompression), so a streaming client sees the
 upstream's events with one extra local hop. Every other path is forwarded unrecorded.
 
@@ -19,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -27,10 +29,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from lumobench.corpus import SAMPLING_FIELDS, CorpusRecord, check_corpus
 from lumobench.errors import LumobenchError
+from lumobench.results import append_jsonl
 
 RECORDED_PATH = "/v1/chat/completions"
 # Request fields the corpus record carries itself; everything else except transport settings goes
@@ -108,6 +111,19 @@ class CorpusWriter:
             return record
 
 
+class ProxiedRequest(BaseModel):
+    """One chat request through the proxy. Times are wall-clock seconds since the epoch (`time.time()`):
+    when the request arrived, when the arm's first response bytes came back, when the response ended."""
+
+    task: str | None
+    run: int | None
+    http_status: int | None  # None: the arm could not be reached
+    sent_s: float
+    first_byte_s: float | None
+    end_s: float
+    completion_tokens: int | None
+
+
 @dataclass
 class TrafficCounts:
     """Chat requests the upstream answered with 200 and the completion tokens its usage reported."""
@@ -150,6 +166,7 @@ class RecordingProxy:
         self.task = task
         self.run = run
         self.recorded = 0
+        self.request_log: Path | None = None  # where each chat request's ProxiedRequest goes (if set)
         self._counts = TrafficCounts()
         self._counts_lock = threading.Lock()
         self._session: aiohttp.ClientSession | None = None
@@ -183,18 +200,23 @@ class RecordingProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         body = await request.read()
+        sent = time.time()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         url = self.upstream + request.rel_url.path_qs
+        is_chat = request.method == "POST" and request.path == RECORDED_PATH
         try:
             upstream = await self._session.request(request.method, url, data=body, headers=headers)
         except aiohttp.ClientError:
+            if is_chat:
+                self._log(None, sent, None, None)
             # mirror the upstream's state: its client sees a dropped connection, as it would without us
             # (an HTTP 502 would instead send agents into long retry back-offs)
             if request.transport is not None:
                 request.transport.abort()
             return web.Response(status=502)
+        first_byte = None
         async with upstream:
-            chat = request.method == "POST" and request.path == RECORDED_PATH and upstream.status == 200
+            chat = is_chat and upstream.status == 200
             if chat:
                 self._record(body)
             response = web.StreamResponse(
@@ -206,13 +228,28 @@ class RecordingProxy:
             received = bytearray()
             # forward each read as it arrives: SSE events keep the upstream's timing and bytes
             async for chunk in upstream.content.iter_any():
+                first_byte = first_byte or time.time()
                 await response.write(chunk)
                 if chat:
                     received += chunk
             await response.write_eof()
-        if chat:
-            self._count(bytes(received), upstream.headers.get("Content-Encoding"))
+        tokens = self._count(bytes(received), upstream.headers.get("Content-Encoding")) if chat else None
+        if is_chat:
+            self._log(upstream.status, sent, first_byte, tokens)
         return response
+
+    def _log(self, status: int | None, sent: float, first_byte: float | None, tokens: int | None) -> None:
+        if self.request_log is not None:
+            row = ProxiedRequest(
+                task=self.task,
+                run=self.run,
+                http_status=status,
+                sent_s=sent,
+                first_byte_s=first_byte,
+                end_s=time.time(),
+                completion_tokens=tokens,
+            )
+            append_jsonl(self.request_log, row)
 
     def _record(self, body: bytes) -> None:
         if self.writer is None:
@@ -224,7 +261,8 @@ class RecordingProxy:
         if isinstance(parsed, dict) and self.writer.record(parsed, self.task, self.run) is not None:
             self.recorded += 1
 
-    def _count(self, response: bytes, encoding: str | None) -> None:
+    def _count(self, response: bytes, encoding: str | None) -> int | None:
+        """Count one answered chat request; its completion tokens (None without a readable usage)."""
         tokens = None if encoding else completion_tokens_of(response)
         with self._counts_lock:
             self._counts.requests += 1
@@ -232,6 +270,7 @@ class RecordingProxy:
                 self._counts.without_usage += 1
             else:
                 self._counts.completion_tokens += tokens
+        return tokens
 
 
 class BackgroundProxy:

@@ -22,7 +22,7 @@ from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.process import ProcessOutcome
 from lumobench.agent.qwen_code import AgentEndpoint, AgentReport, ensure_qwen_code, run_qwen_code
 from lumobench.agent.repos import collect_patch, ensure_mirror, prepare_workspace, uncommitted_changes
-from lumobench.agent.rundir import ATTEMPTED, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
+from lumobench.agent.rundir import ATTEMPTED, REQUESTS_LOG, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
 from lumobench.agent.table import write_task_table
 from lumobench.agent.tasks import Task
 from lumobench.arms import check_launchable, load_arm, resolve_arm
@@ -175,6 +175,7 @@ class AgentRunner:
         except LumobenchError as exc:
             return row("error", str(exc), notes=notes)
         self.proxy.task, self.proxy.run = task.instance_id, run_index + 1
+        self.proxy.request_log = log_dir / REQUESTS_LOG
         self.proxy.take_counts()
         recorded_before = self.proxy.recorded
         metrics_before = self._metrics(log_dir, "before")

@@ -6,7 +6,8 @@ appended and fsync'd as each task ends), SWE-bench predictions, the task table a
     predictions.jsonl                SWE-bench predictions (predictions-run{k}.jsonl when --runs > 1)
     evaluation.jsonl                 written by `lumobench evaluate` beside its predictions file
     task-table.md, task-table.csv    the Table VII-style task table
-    tasks/<instance>.run{k}/         agent.jsonl (its stream-json events), agent.stderr, patch.diff, home/
+    tasks/<instance>.run{k}/         agent.jsonl (its stream-json events), agent.stderr, patch.diff, home/,
+                                     requests.jsonl (one ProxiedRequest per chat request: its timeline)
     server.log                       the arm's output, when lumobench launched it
 """
 
@@ -25,6 +26,7 @@ from lumobench.results import ArmInfo, append_jsonl, make_run_path, read_jsonl, 
 AGENT_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 TASKS_FILE = "tasks.jsonl"
+REQUESTS_LOG = "requests.jsonl"  # per attempt, in its log folder
 RunStatus = Literal["running", "finished", "interrupted", "aborted"]
 #: completed: the agent finished; timeout: the wall budget ended it; api-error: it reported that the
 #: arm failed ("[API Error: ...]"); agent-crash: it exited abnormally; error: the attempt could not

@@ -18,7 +18,7 @@ from lumobench.errors import LumobenchError, user_errors
 from lumobench.launch import interrupt_on_signals, log_tail
 from lumobench.plan import Plan, plan_new, plan_resume
 from lumobench.replay import run_plan
-from lumobench.report import build_report, print_table, table_console
+from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import RequestRow
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
@@ -179,6 +179,8 @@ def replay(
         )
     with user_errors():
         print_table(build_report([p.run.path for p in plans]), table_console())
+    report_hint = report_command([p.run.path for p in plans])
+    console.print(f"full report (tables, figures): {report_hint}", markup=False, soft_wrap=True)
     if failed:
         for plan in plans:
             for row in (r for r in plan.run.read_rows() if r.status == "failed"):

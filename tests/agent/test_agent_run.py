@@ -13,8 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import pytest
+from typer.testing import CliRunner
 
+from lumobench.analysis.notebook import figures, tables
+from lumobench.cli import app
 from lumobench.corpus import check_corpus
 
 from .conftest import (
@@ -128,6 +132,34 @@ def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(fix_run: FixRun):
     assert "| local__calc-1 | 1 | completed |" in (run / "task-table.md").read_text()
     meta = json.loads((run / "run.json").read_text())
     assert (meta["status"], meta["agent"], meta["model"]) == ("finished", "qwen-code@0.15.10", "scripted")
+
+
+def test_agent_report_notebook_shows_the_task_table_and_each_request_on_a_timeline(fix_run: FixRun):
+    out = fix_run.root / "agent-report.ipynb"
+    result = CliRunner().invoke(app, ["report", str(fix_run.run), "--notebook", str(out)])
+    assert result.exit_code == 0, result.output[-3000:]
+    nb = nbformat.read(out, as_version=4)
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert [name for name, _ in figures(nb)] == ["request_timeline"]
+    shown = tables(nb)
+    [row] = read_jsonl(fix_run.run / "tasks.jsonl")
+    [task] = shown["tasks"]
+    assert (task["task"], task["requests"], task["output_tokens"], task["patch"]) == (
+        "local__calc-1",
+        row["requests"],
+        row["output_tokens"],
+        "non-empty",
+    )
+    assert task["agent_min"] == pytest.approx(row["agent_s"] / 60)
+    # the proxy's request log: one entry per request it counted, inside the attempt's wall time
+    logged = read_jsonl(fix_run.run / row["log_dir"] / "requests.jsonl")
+    [summary] = shown["request_summary"]
+    assert len(logged) == summary["requests"] == row["requests"]
+    assert summary["completion_tokens"] == row["output_tokens"]
+    assert all(r["http_status"] == 200 and r["sent_s"] <= r["first_byte_s"] <= r["end_s"] for r in logged)
+    assert 0 < summary["busy_s"] <= row["agent_s"]
+    table = CliRunner().invoke(app, ["report", str(fix_run.run), "--format", "markdown"]).stdout
+    assert "| local__calc-1 | 1 | completed |" in table and "**total (1 attempts)**" in table
 
 
 def test_recorded_corpus_passes_check_and_replays_against_the_same_server(fix_run: FixRun):

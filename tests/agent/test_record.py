@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from lumobench.corpus import check_corpus
-from lumobench.record import BackgroundProxy, RecordingProxy
+from lumobench.record import BackgroundProxy, ProxiedRequest, RecordingProxy
 
 from .conftest import free_port
 from .scripted_server import Script, ScriptedServer
@@ -205,3 +205,22 @@ def test_unreachable_upstream_drops_the_connection_and_records_nothing(tmp_path)
     with BackgroundProxy(proxy) as background, pytest.raises(httpx.RemoteProtocolError):
         _chat(background.url, [{"role": "user", "content": "hi"}])
     assert not corpus.exists()
+
+
+def test_request_log_times_every_chat_request_in_order(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    messages = [{"role": "user", "content": "hi"}]
+    with ScriptedServer(Script(turns=[{"content": "ok"}])) as server:
+        proxy = RecordingProxy(server.url, None, task="t1", run=2)
+        proxy.request_log = log
+        with BackgroundProxy(proxy) as background:
+            before = time.time()
+            assert _chat(background.url, messages).is_success
+            assert _chat(background.url, messages, max_tokens=1).is_success
+            assert httpx.get(background.url + "/models").is_success  # not a chat request: not logged
+            after = time.time()
+    rows = [ProxiedRequest.model_validate_json(line) for line in log.read_text().splitlines()]
+    assert [(r.task, r.run, r.http_status, r.completion_tokens) for r in rows] == [("t1", 2, 200, 1)] * 2
+    for r in rows:
+        assert before <= r.sent_s <= r.first_byte_s <= r.end_s <= after  # type: ignore[operator]
+    assert rows[0].end_s <= rows[1].sent_s
