@@ -131,19 +131,27 @@ class DeviceRunner:
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
-        """hidden [n, H] -> logits [n, V] (on the device)."""
-        return self.model.compute_logits(hidden)
+        """hidden [n, H] -> fp32 logits [n, V] (on the device).
+
+        A bfloat16 model's vocabulary projection still writes fp32 logits (bf16 operands, fp32
+        accumulation and output): bf16-rounded logits move a probability by up to ~6 % when one
+        row's hidden state differs in a last bit between trees of other shapes, which flips
+        near-tied sampling races between the AR, chain and tree arms."""
+        weight = self.model.lm_head.weight
+        if hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16:
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        return self.model.compute_logits(hidden).float()
 
     def row_logits(self, rows: list[int]) -> Tensor:
         """Raw logits of the last cycle's tree rows, on the host (for logprobs; one extra copy)."""
         assert self._logits is not None, "no cycle has run"
-        return self._logits[torch.tensor(rows, device=self.device)].float().cpu()
+        return self._logits[torch.tensor(rows, device=self.device)].cpu()
 
     # ---- the stages ------------------------------------------------------------------------
     def _verify(self) -> None:
         self.tables.cast_()
         self._forward = tree_forward(self.model, self.state, self.tables, self.kernels)
-        self._logits = self.model.compute_logits(self._forward.hidden)
+        self._logits = self.logits(self._forward.hidden)
 
     def _publish(self) -> None:
         assert self._forward is not None
@@ -186,8 +194,8 @@ class DeviceRunner:
                 self._verify()
                 assert self._logits is not None
                 # compile the sampled walk's kernels too (its first request would pay for it)
-                self.walk.sample_(torch.softmax(self._logits.float(), -1), seeds, seeds)
-                self.walk.greedy_(self._logits.float().contiguous())
+                self.walk.sample_(torch.softmax(self._logits, -1), seeds, seeds)
+                self.walk.greedy_(self._logits)
                 self._publish()
                 self._draft()
         torch.cuda.current_stream(self.device).wait_stream(side)

@@ -80,7 +80,7 @@ class DeviceSampler:
         if self.needs_history:
             x = apply_penalties(logits, self._prompt_seen, self.path_counts(tables), self.params)
         if self.params.greedy:
-            self.walk.greedy_(x.float().contiguous())
+            self.walk.greedy_(x.float().contiguous())  # a no-op copy for the runner's fp32 logits
         else:
             self._root_position.fill_(self.position)
             probs = probabilities(x, self.params, topk=stable_topk)
