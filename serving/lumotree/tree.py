@@ -181,13 +181,17 @@ def build_tree(
     max_depth: int = MAX_DEPTH,
     conv_width: int = CONV_WIDTH,
     merges: int = 0,
+    trusted_depth: Sequence[int] | None = None,
 ) -> TreeDescriptor:
     """Descriptor of an arbitrary validated tree, padded to `rows` (default: no padding).
 
     The spine is root -> lowest-index child -> ... ; builders list the principal child first.
+    trusted_depth: each node's depth, from a builder whose trie cannot produce an invalid
+    topology (`TreeBuilder`): validation is skipped (it is most of a small tree's build time).
     """
     tokens, parents = [int(t) for t in tokens], [int(p) for p in parents]
-    depth = validate_topology(tokens, parents, max_depth)
+    trusted = trusted_depth is not None
+    depth = list(trusted_depth) if trusted else validate_topology(tokens, parents, max_depth)
     n = len(tokens)
     rows = n if rows is None else rows
     if rows < n:
@@ -333,6 +337,7 @@ class TreeBuilder:
             max_depth=self.max_depth,
             conv_width=conv_width,
             merges=self.merges,
+            trusted_depth=[self.depths[o] for o in order],
         )
 
 
