@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +34,7 @@ from lumotree.model.state import GDNState
 from lumotree.model.tree_mode import TreeForward, check_capacity, publish_path_, tree_forward
 from lumotree.sampling.device_sampler import DeviceSampler
 from lumotree.sampling.device_walk import DeviceWalk
+from lumotree.sampling.logits import SamplingParams
 from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.kernel_sets import triton_kernels
@@ -141,6 +142,12 @@ class DeviceRunner:
         if hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16:
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         return self.model.compute_logits(hidden).float()
+
+    def sampler(
+        self, params: SamplingParams, seed: int, prompt: Sequence[int], generated: Sequence[int]
+    ) -> DeviceSampler:
+        """The acceptance of one request (its logits processing and this runner's walk)."""
+        return DeviceSampler(params, seed, prompt, generated, self.model.config.vocab_size, self.walk)
 
     def row_logits(self, rows: list[int]) -> Tensor:
         """Raw logits of the last cycle's tree rows, on the host (for logprobs; one extra copy)."""

@@ -306,10 +306,7 @@ class LLMEngine:
         # logits rows were computed during the walk: that is target work, not dispatch
         m.spans["target"].seconds += row_logits.seconds
         m.spans["dispatch"].seconds -= row_logits.seconds
-        drafts = tree.n_active - 1
-        accepted = len(acc.accepted) - 1
-        seq.spec.record(drafts, accepted, self.drafter.max_depth)
-        m.spec.record(drafts, accepted, self.drafter.max_depth)
+        self._record_spec(seq, tree, len(acc.accepted))
         hidden = forward.hidden[acc.accepted]
         return self._emit(seq, acc.emitted, acc.accepted, row_logits.rows, hidden)
 
@@ -318,27 +315,26 @@ class LLMEngine:
         last cycle drafted (plus the suffix drafter); the device verifies, walks, publishes and
         drafts the next proposal; one synchronisation brings the results back."""
         m = self._metrics
-        with m.span("drafter"):
+        with m.span("drafter"):  # host side; the device's MTP passes are added below
             tree = self.draft(seq)
-        sampler = self._device_sampler
-        if sampler is None:
-            from lumotree.sampling.device_sampler import DeviceSampler
-
-            sampler = self._device_sampler = DeviceSampler(
-                seq.request.sampling, seq.seed, seq.prompt, seq.output, self.vocab_size, runner.walk
-            )
-        result = runner.cycle(tree, sampler)
+        if self._device_sampler is None:
+            self._device_sampler = runner.sampler(seq.request.sampling, seq.seed, seq.prompt, seq.output)
+        result = runner.cycle(tree, self._device_sampler)
         for phase, seconds in result.device_seconds.items():
             m.spans[phase].seconds += seconds
-            m.spans[phase].count += phase != "drafter"  # the host drafter span counted it already
+        m.spans["target"].count += 1
+        m.spans["dispatch"].count += 1
         m.device_syncs += 1
-        sampler.advance(len(result.emitted))
+        self._device_sampler.advance(len(result.emitted))
         self.drafter.receive(result.proposal)
-        drafts = tree.n_active - 1
-        accepted = len(result.accepted) - 1
-        seq.spec.record(drafts, accepted, self.drafter.max_depth)
-        m.spec.record(drafts, accepted, self.drafter.max_depth)
+        self._record_spec(seq, tree, len(result.accepted))
         return self._emit(seq, result.emitted, result.accepted, runner.row_logits, None)
+
+    def _record_spec(self, seq: Sequence, tree: TreeDescriptor, path_len: int) -> None:
+        """Count one cycle's drafts and accepted drafts (request and engine-wide)."""
+        drafts, accepted = tree.n_active - 1, path_len - 1
+        seq.spec.record(drafts, accepted, self.drafter.max_depth)
+        self._metrics.spec.record(drafts, accepted, self.drafter.max_depth)
 
     def _emit(
         self,
