@@ -179,12 +179,24 @@ class DeviceRunner:
     def _stage(self, name: str) -> Callable[[], None]:
         return {"verify": self._verify, "publish": self._publish, "draft": self._draft}[name]
 
-    def _run(self, name: str) -> None:
+    def run_stage(self, name: str) -> None:
+        """Launch one stage ("verify", "publish" or "draft"): its graph, or eagerly (benchmarks
+        time them one by one; `cycle` runs them in order)."""
         graph = self._graphs.get(name)
         if graph is not None:
             graph.replay()
         else:
             self._stage(name)()
+
+    @property
+    def last_logits(self) -> Tensor:
+        """fp32 logits [R, V] of the last verify stage (device)."""
+        assert self._logits is not None, "no verify stage has run"
+        return self._logits
+
+    def copy_results_async(self) -> None:
+        """Start the copy of the packed cycle results to the host (pinned; no wait)."""
+        self._out_host.copy_(self._out, non_blocking=True)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -233,15 +245,14 @@ class DeviceRunner:
         timer = _StageTimer(self.device)
         self.tables.load_(tree)
         timer.mark()
-        self._run("verify")
+        self.run_stage("verify")
         timer.mark()
-        assert self._logits is not None
-        sampler.accept_(self._logits, self.tables)
-        self._run("publish")
+        sampler.accept_(self.last_logits, self.tables)
+        self.run_stage("publish")
         timer.mark()
-        self._run("draft")
+        self.run_stage("draft")
         timer.mark()
-        self._out_host.copy_(self._out, non_blocking=True)
+        self.copy_results_async()
         timer.wait()
         self.syncs += 1
         out, width = self._out_host.tolist(), self.max_depth + 1
