@@ -16,6 +16,7 @@ layer, captured, 32 rows), tree attention at each context against its KV-read fl
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -259,7 +260,11 @@ def summary(result: dict, command: str) -> dict:
     ctx = next(iter(result["contexts"]))
     row = result["contexts"][ctx]
     rates = row["projected_tokens_per_s"]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # a staged copy on the device machine has no repository of its own: the caller names the commit
+    commit = (
+        os.environ.get("LUMOBENCH_COMMIT")
+        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
     return {
         "floor_ms": result["floor_ms"],
         "ar_step_ms": row["ar"]["cycle_ms"],

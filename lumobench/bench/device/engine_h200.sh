@@ -38,7 +38,9 @@ fi
 for dtype in ${DTYPES:-float32 bfloat16}; do
     LUMOTREE_DTYPE=$dtype timeout "${REPLAY_S:-170}" python3 -m lumobench.cli replay corpora/demo.jsonl \
         --out "/tmp/engine-replay/$dtype" > "$OUT/replay-$dtype.log" 2>&1
-    python3 -m lumobench.cli report /tmp/engine-replay/"$dtype"/* --format json > "$OUT/engine-tiny-$dtype.json"
+    runs=/tmp/engine-replay/$dtype  # AR first: the report compares every arm with the first
+    python3 -m lumobench.cli report "$runs"/*-lumotree-ar "$runs"/*-lumotree-mtp5 "$runs"/*-lumotree \
+        --format json > "$OUT/engine-tiny-$dtype.json"
 done
 tar -czf "$OUT/replay-rows.tar.gz" -C /tmp/engine-replay $(cd /tmp/engine-replay && ls -d */*/requests.jsonl)
 
