@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, paper_tree, random_tree
 from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree
 from lumotree.verify.attention.reference import tree_attention_mask
 
@@ -187,3 +187,20 @@ def test_without_padding_equals_the_same_tree_built_without_padding(shape: str) 
     for name in ("tokens", "parent", "depth", "position", "active", "slot_map", "ancestry",
                  "ancestor_at_depth", "child_nodes", "child_tokens", "spine", "conv_gather"):  # fmt: skip
         assert torch.equal(getattr(cut, name), getattr(bare, name)), name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_builder_trees_skip_validation_but_equal_the_validated_build(seed: int) -> None:
+    tree = paper_tree(random.Random(seed), vocab=50, prefix_len=9)  # TreeBuilder: trusted depths
+    n = tree.n_active
+    validated = build_tree(
+        tree.tokens[:n].tolist(),
+        tree.parent[:n].tolist(),
+        prefix_len=9,
+        rows=tree.rows,
+        max_depth=tree.max_depth,
+    )
+    for name in ("tokens", "parent", "depth", "position", "active", "slot_map", "ancestry",
+                 "ancestor_at_depth", "child_nodes", "child_tokens", "spine", "conv_gather"):  # fmt: skip
+        assert torch.equal(getattr(tree, name), getattr(validated, name)), name
+    assert torch.equal(tree.paths.nodes, validated.paths.nodes)

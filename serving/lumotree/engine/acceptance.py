@@ -24,16 +24,8 @@ from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.sequence import TokenLogprob
 from lumotree.sampling.logits import SamplingParams, apply_penalties
 from lumotree.sampling.logits_fast import probabilities_rows
-from lumotree.sampling.rng import philox4x32, position_words, uint_to_uniform_float
+from lumotree.sampling.rng import philox4x32, position_words, seed_key, uint_to_uniform_float
 from lumotree.tree import TreeDescriptor
-
-_U64 = (1 << 64) - 1
-
-
-def seed_key(seed: int) -> int:
-    """Any Python int -> the int64 bit pattern of seed mod 2^64 (the Philox key the core takes)."""
-    key = seed & _U64
-    return key - (1 << 64) if key >= 1 << 63 else key
 
 
 def support_coins(seed: int, positions: int | Sequence[int], tokens: Tensor) -> Tensor:

@@ -46,6 +46,7 @@ class EngineMetrics:
     running: int = 0
     waiting: int = 0
     spans: dict[str, PhaseSpan] = field(default_factory=lambda: {p: PhaseSpan() for p in PHASES})
+    device_syncs: int = 0  # device->host synchronisations of decode cycles (device path: 1 each)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -77,4 +78,5 @@ class EngineMetrics:
             running=self.running,
             waiting=self.waiting,
             spans={k: PhaseSpan(v.seconds, v.count) for k, v in self.spans.items()},
+            device_syncs=self.device_syncs,
         )

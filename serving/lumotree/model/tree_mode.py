@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, TypeAlias
 
 from torch import Tensor
 
@@ -25,6 +26,11 @@ from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.kernel_sets import REFERENCE, TreeKernels
+
+if TYPE_CHECKING:  # the device tables need Triton, which CPU-only installs may lack
+    from lumotree.verify.device_tree import DeviceTree
+
+TreeTables: TypeAlias = "TreeDescriptor | DeviceTree"
 
 
 @dataclass(eq=False)
@@ -38,9 +44,10 @@ class GdnRecord:
 
 @dataclass(eq=False)
 class TreeForward:
-    """hidden [R, hidden] post-norm rows (logical order); one GdnRecord per GDN layer, in layer order."""
+    """hidden [R, hidden] post-norm rows (logical order); one GdnRecord per GDN layer, in layer order;
+    tree: what the forward was run with (the descriptor, or its DeviceTree on the device path)."""
 
-    tree: TreeDescriptor
+    tree: TreeTables
     hidden: Tensor
     gdn: list[GdnRecord]
 
@@ -50,7 +57,7 @@ def _gdn_tree(
     x: Tensor,
     *,
     state: GDNState,
-    tree: TreeDescriptor,
+    tree: TreeTables,
     kernels: TreeKernels,
     records: list[GdnRecord],
 ) -> Tensor:
@@ -70,7 +77,7 @@ def _attention_tree(
     cos: Tensor,
     sin: Tensor,
     cache: KVCache,
-    tree: TreeDescriptor,
+    tree: TreeTables,
     kernels: TreeKernels,
 ) -> Tensor:
     q, k, v, gate = attn.project(x, cos, sin)
@@ -86,20 +93,32 @@ def verify_tree(
     the tree's KV slots). tree.prefix_len must equal state.length."""
     if tree.prefix_len != state.length:
         raise ValueError(f"tree prefix_len {tree.prefix_len} != committed length {state.length}")
-    if state.length + tree.rows > state.capacity:
+    check_capacity(state, tree.rows)
+    return tree_forward(model, state, tree, kernels)
+
+
+def check_capacity(state: ModelState, rows: int) -> None:
+    """ValueError when `rows` tree rows past the committed prefix do not fit the KV caches."""
+    if state.length + rows > state.capacity:
         raise ValueError(
-            f"context limit: {state.length} committed + {tree.rows} tree rows exceed the KV capacity "
+            f"context limit: {state.length} committed + {rows} tree rows exceed the KV capacity "
             f"{state.capacity}"
         )
-    cos, sin = model.rotary(tree.position[None])
-    h = model.embed(tree.tokens[None])
+
+
+def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels: TreeKernels) -> TreeForward:
+    """verify_tree without the host-side checks: `tables` is the descriptor (reference and CPU
+    kernel sets) or its `DeviceTree` (the triton set), whose per-cycle values live on the device,
+    so this forward can be captured in a CUDA graph and replayed for every later tree."""
+    cos, sin = model.rotary(tables.position[None])
+    h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
     for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
         mixer: Callable[[Tensor], Tensor]
         if layer.is_linear:
             assert isinstance(layer_state, GDNState)
             mixer = partial(
-                _gdn_tree, layer.linear_attn, state=layer_state, tree=tree, kernels=kernels, records=records
+                _gdn_tree, layer.linear_attn, state=layer_state, tree=tables, kernels=kernels, records=records
             )
         else:
             assert isinstance(layer_state, KVCache)
@@ -109,11 +128,11 @@ def verify_tree(
                 cos=cos,
                 sin=sin,
                 cache=layer_state,
-                tree=tree,
+                tree=tables,
                 kernels=kernels,
             )
         h = layer.with_mixer(h, mixer)
-    return TreeForward(tree, model.model.norm(h)[0], records)
+    return TreeForward(tables, model.model.norm(h)[0], records)
 
 
 def publish_tree_(
@@ -131,11 +150,19 @@ def publish_tree_(
         raise ValueError(f"publication for prefix {tree.prefix_len} but the state holds {state.length}")
     if not 1 <= path_len <= tree.n_active:
         raise ValueError(f"path_len must be in 1..{tree.n_active}, got {path_len}")
+    publish_path_(state, forward, accepted, path_len, kernels)
+    state.length += path_len
+
+
+def publish_path_(
+    state: ModelState, forward: TreeForward, accepted: Tensor, path_len: Tensor | int, kernels: TreeKernels
+) -> None:
+    """publish_tree_ without the host-side checks and without advancing state.length: accepted and
+    path_len may live on the device (the walk's outputs), so this can be graph-captured."""
     gdn_states = [s for s in state.layers if isinstance(s, GDNState)]
     kernels.replay([s.recurrent for s in gdn_states], [r.operands for r in forward.gdn], accepted, path_len)
     for layer_state, record in zip(gdn_states, forward.gdn, strict=True):
         kernels.publish_conv(layer_state.conv, record.x, accepted, path_len)
     for cache in state.layers:
         if isinstance(cache, KVCache):
-            kernels.publish_kv(cache.key, cache.value, tree, accepted, path_len)
-    state.length += path_len
+            kernels.publish_kv(cache.key, cache.value, forward.tree, accepted, path_len)

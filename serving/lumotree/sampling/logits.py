@@ -10,7 +10,7 @@ history row u would have had in single-row decoding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,19 +76,22 @@ def apply_penalties(
     return logits
 
 
-def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
-    """Penalised logits [N, V] -> sampling probabilities [N, V] float32 (temperature > 0)."""
+def probabilities(
+    logits: Tensor, params: SamplingParams, topk: Callable[[Tensor, int], Tensor] = ordered_topk
+) -> Tensor:
+    """Penalised logits [N, V] -> sampling probabilities [N, V] float32 (temperature > 0).
+
+    topk: the ordered top-k selection (the reference by default; the device path passes a
+    variant without the NaN check, whose host read would synchronise every cycle)."""
     if params.greedy:
         raise ValueError("temperature 0 is greedy decoding; it has no sampling distribution")
     logits = logits.float() / params.temperature
-    neg_inf = torch.tensor(float("-inf"))
+    neg_inf = float("-inf")  # a Python scalar: a CPU tensor here would synchronise a GPU caller
     if params.min_p > 0.0:
         p = torch.softmax(logits, dim=-1)
         logits = torch.where(p >= params.min_p * p.amax(dim=-1, keepdim=True), logits, neg_inf)
     if 0 < params.top_k < logits.shape[-1]:
-        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(
-            -1, ordered_topk(logits, params.top_k), True
-        )
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, topk(logits, params.top_k), True)
         logits = torch.where(keep, logits, neg_inf)
     if params.top_p < 1.0:
         p = torch.softmax(logits, dim=-1)

@@ -100,6 +100,12 @@ def render_metrics(m: EngineMetrics, model_name: str) -> str:
     )
     w.one("vllm:num_requests_running", "gauge", "Requests in prefill or decode.", m.running)
     w.one("vllm:num_requests_waiting", "gauge", "Requests waiting in the queue.", m.waiting)
+    w.one(
+        "lumotree:device_syncs_total",
+        "counter",
+        "Device-to-host synchronisations made by decode cycles (the device path makes one per cycle).",
+        m.device_syncs,
+    )
     name = "lumotree:phase_seconds"
     w.lines += [
         f"# HELP {name} Wall time of engine phases: target forward, drafter, dispatch (acceptance + "

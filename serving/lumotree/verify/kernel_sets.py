@@ -78,3 +78,20 @@ CPU_FAST = TreeKernels(
     publish_conv=publish_conv_state_,
     publish_kv=publish_kv_,
 )
+
+
+def triton_kernels() -> TreeKernels:
+    """The Triton set (`lumotree.verify.device_ops`): the tree argument is a `DeviceTree` and the
+    accepted path lives on the device. Imported on demand: CPU-only installs may lack Triton."""
+    from lumotree.verify import device_ops
+
+    return TreeKernels(
+        name="triton",
+        tree_conv=device_ops.tree_conv,
+        gdn_verify=device_ops.gdn_verify,
+        write_tree_kv=device_ops.write_tree_kv,
+        tree_attention=device_ops.tree_attention,
+        replay=device_ops.replay,
+        publish_conv=device_ops.publish_conv,
+        publish_kv=device_ops.publish_kv,
+    )
