@@ -12,11 +12,19 @@ upstream's events with one extra local hop. Every other path is forwarded unreco
 `conversation` is a stable hash of the task label, the run label and the conversation's opening (its
 first system and first user message): successive requests of one agent conversation share it, and a
 sub-agent (different system prompt) gets its own. `turn` counts that conversation's earlier requests.
+
+A client that goes away (an agent's request timeout, Ctrl-C) takes its upstream request with it: the
+proxy's handler is cancelled and closes the upstream connection, so a one-request-at-a-time engine
+aborts it instead of finishing an answer nobody reads. With `fit_context` (agent runs) a chat
+request whose prompt + `max_tokens` exceeds the upstream's context gets `max_tokens` lowered to the
+room its prompt leaves, measured with the upstream's `/tokenize` (vLLM's and LumoTree's), instead
+of an HTTP 400; the corpus records what the upstream received.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import threading
@@ -131,6 +139,7 @@ class TrafficCounts:
     requests: int = 0
     completion_tokens: int = 0
     without_usage: int = 0  # answered requests whose response carried no usage
+    capped: int = 0  # requests whose max_tokens was lowered to fit the upstream's context
 
 
 def completion_tokens_of(body: bytes) -> int | None:
@@ -159,12 +168,18 @@ class RecordingProxy:
     driver sets them per task)."""
 
     def __init__(
-        self, upstream: str, corpus: Path | None, task: str | None = None, run: int | None = None
+        self,
+        upstream: str,
+        corpus: Path | None,
+        task: str | None = None,
+        run: int | None = None,
+        fit_context: bool = False,
     ) -> None:
         self.upstream = upstream.rstrip("/").removesuffix("/v1")
         self.writer = CorpusWriter(corpus) if corpus is not None else None
         self.task = task
         self.run = run
+        self.fit_context = fit_context
         self.recorded = 0
         self.request_log: Path | None = None  # where each chat request's ProxiedRequest goes (if set)
         self._counts = TrafficCounts()
@@ -204,6 +219,8 @@ class RecordingProxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         url = self.upstream + request.rel_url.path_qs
         is_chat = request.method == "POST" and request.path == RECORDED_PATH
+        if self.fit_context and is_chat:
+            body = await self._fit(body, headers)
         try:
             upstream = await self._session.request(request.method, url, data=body, headers=headers)
         except aiohttp.ClientError:
@@ -251,6 +268,37 @@ class RecordingProxy:
             )
             append_jsonl(self.request_log, row)
 
+    async def _fit(self, body: bytes, headers: dict[str, str]) -> bytes:
+        """`body` with max_tokens lowered to the room its prompt leaves in the upstream's context (as
+        given); an upstream without /tokenize turns fitting off for the rest of the run."""
+        assert self._session is not None
+        try:
+            chat = json.loads(body)
+            field = "max_completion_tokens" if chat.get("max_completion_tokens") else "max_tokens"
+            wanted = int(chat.get(field) or 0)
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+            return body
+        if wanted <= 0:
+            return body
+        probe = {k: chat[k] for k in ("model", "messages", "tools", "chat_template_kwargs") if k in chat}
+        try:
+            async with self._session.post(
+                self.upstream + "/tokenize", json={**probe, "add_generation_prompt": True}, headers=headers
+            ) as resp:
+                if resp.status == 404:
+                    self.fit_context = False
+                answer = await resp.json() if resp.status == 200 else {}
+        except (aiohttp.ClientError, json.JSONDecodeError, ValueError):
+            return body
+        prompt, context = answer.get("count"), answer.get("max_model_len")
+        fits = not (isinstance(prompt, int) and isinstance(context, int)) or prompt + wanted <= context
+        if fits or prompt >= context:  # unknown, fitting, or no room at all (the upstream says so)
+            return body
+        chat[field] = context - prompt
+        with self._counts_lock:
+            self._counts.capped += 1
+        return json.dumps(chat, ensure_ascii=False).encode()
+
     def _record(self, body: bytes) -> None:
         if self.writer is None:
             return
@@ -290,7 +338,7 @@ class BackgroundProxy:
         return f"http://{self.host}:{self.port}/v1"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(self.proxy.app(), shutdown_timeout=1.0)
+        self._runner = web.AppRunner(self.proxy.app(), shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port)
         await site.start()
@@ -313,5 +361,20 @@ class BackgroundProxy:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
+        """Cancel what still runs on the loop (a stream cut by Ctrl-C), wait for it, stop and close the
+        loop: a task left pending would be reported as "destroyed but pending" at exit."""
+
+        async def cancel_the_rest() -> None:
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        if self._loop.is_running():
+            with contextlib.suppress(TimeoutError):
+                asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()

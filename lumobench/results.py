@@ -121,6 +121,7 @@ class RunMeta(BaseModel):
     boot_per_run: bool = False  # a launched arm was started afresh for every repetition
     stream_options: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    max_tokens_cap: int | None = Field(default=None, ge=1)  # --max-tokens-cap (kept for --resume)
     host: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list)
     status: Literal["running", "finished", "interrupted", "aborted"] = "running"

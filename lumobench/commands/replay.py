@@ -123,6 +123,14 @@ def replay(
             "file's boot_per_run (true for the lumotree arms, whose suffix cache learns earlier outputs).",
         ),
     ] = None,
+    max_tokens_cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Send every request with max_tokens at most this (records without one get it), e.g. a "
+            "corpus captured on a long-context arm replayed on the embedded engine; kept for --resume.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
     interrupt_on_signals()
@@ -149,6 +157,7 @@ def replay(
                 model=model,
                 timeout=request_timeout,
                 boot_per_run=boot_per_run,
+                max_tokens_cap=max_tokens_cap,
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")

@@ -77,23 +77,27 @@ def fix_run(qwen_cli, tmp_path_factory) -> FixRun:
     arm = make_scripted_arm(root, FIX_TURNS)
     tasks = write_tasks(root / "tasks.jsonl", [calc.task()])
     corpus = root / "captured.jsonl"
+    # relative paths, run from the user's folder, as the README's commands are (the default --out
+    # is the relative "results"): the agent's HOME must not be resolved inside the task's clone
     result = lumobench(
         "agent",
         "--tasks",
-        tasks,
+        "tasks.jsonl",
         "--arm",
         arm,
         "--repos",
-        calc.mirrors,
-        "--out",
-        root / "results",
+        "mirrors",
         "--budget-s",
         120,
         "--record",
-        corpus,
+        "captured.jsonl",
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr
-    return FixRun(root, calc, arm, only_run_dir(root / "results"), corpus)
+    run = only_run_dir(root / "results")
+    assert f"agent run: {run}\n" in result.stderr  # absolute, so it can be used from anywhere
+    assert tasks.is_file() and corpus.is_file()
+    return FixRun(root, calc, arm, run, corpus)
 
 
 def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(fix_run: FixRun):
@@ -327,6 +331,7 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
         "--repos",
         calc_repo.mirrors,
         "--no-clone",
+        "--keep-workdirs",
         "--out",
         tmp_path / "results",
         "--budget-s",
@@ -345,8 +350,10 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
     assert (calc_repo.mirror / "calc.py").read_text() == "my local edits\n"
 
     os.symlink(calc_repo.mirror, calc_repo.mirrors / "other__calc")
-    second = lumobench("agent", "--resume", run, "--repos", calc_repo.mirrors, "--no-clone")
+    # --resume continues with the run's --repos, --no-clone and --keep-workdirs (run.json)
+    second = lumobench("agent", "--resume", run)
     assert second.returncode == 0, second.stderr
+    assert (run / "work" / "other__calc-2.run1" / "NOTES.md").is_file()
     rows = read_jsonl(run / "tasks.jsonl")
     assert [(r["instance_id"], r["status"]) for r in rows] == [
         ("local__calc-1", "completed"),
@@ -394,8 +401,9 @@ def test_unknown_task_id_is_one_clear_line_and_creates_no_run(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
-def test_ctrl_c_stops_agent_and_arm_and_marks_the_run_interrupted(
-    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_ctrl_c_and_sigterm_stop_agent_and_arm_and_mark_the_run_interrupted(
+    signum: signal.Signals, qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
 ):
     tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
     out = tmp_path / "results"
@@ -418,10 +426,11 @@ def test_ctrl_c_stops_agent_and_arm_and_marks_the_run_interrupted(
     while not any(log.stat().st_size for log in out.glob("*/tasks/*/agent.jsonl")):  # the agent is running
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "--resume" in stderr
     run = only_run_dir(out)
+    assert proc.returncode == 130 and f"lumobench agent --resume {run}\n" in stderr
+    assert "Task was destroyed" not in stderr and "Traceback" not in stderr, stderr
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert not (run / "tasks.jsonl").exists()  # the interrupted attempt is not a result; --resume reruns it
     assert _marked_processes(str(run / "tasks")) == []

@@ -190,6 +190,9 @@ def test_lazy_walk_equals_the_core_walks(shape: str) -> None:
             SamplingParams(0.0, presence_penalty=0.7),
             SamplingParams(0.9, top_k=12, frequency_penalty=0.3),
             SamplingParams(1.0, top_p=0.8, repetition_penalty=1.2),
+            # a bias that moves argmaxes and samples: the lazy walk applies it as the core does
+            SamplingParams(0.0, logit_bias=((1, 3.0), (7, -100.0))),
+            SamplingParams(0.8, top_k=20, logit_bias=((1, 3.0), (7, -100.0), (30, 1.0))),
         ):
             logits, prompt, generated = _walk_case(tree, case, params)
             seen = history_counts(prompt, logits.shape[1]) > 0

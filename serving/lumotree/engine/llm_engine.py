@@ -131,7 +131,7 @@ class LLMEngine:
         self._validate(req)
         seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
         stop = set(req.stop_token_ids) | (set() if req.ignore_eos else set(self._eos))
-        self.scheduler.add(Sequence(req, seed, frozenset(stop)))
+        self.scheduler.add(Sequence(req, seed, frozenset(stop), arrival_s=time.monotonic()))
         self._metrics.prompt_tokens += len(req.prompt_token_ids)
 
     def _validate(self, req: GenerationRequest) -> None:
@@ -150,6 +150,9 @@ class LLMEngine:
         bad = [t for t in req.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"stop token ids must be integers in [0, {vocab}); got {bad[:3]}")
+        bad = [t for t, _ in req.sampling.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab}); got {bad[:3]}")
         if len(prompt) >= self._max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens but this model's context limit is "
@@ -176,8 +179,10 @@ class LLMEngine:
 
     def metrics(self) -> EngineMetrics:
         """A snapshot of the engine-wide counters."""
-        self._metrics.running = int(self.scheduler.running is not None)
+        active = self.scheduler.running is not None
+        self._metrics.running = int(active)
         self._metrics.waiting = len(self.scheduler.waiting)
+        self._metrics.kv_cache_usage = self.runner.length / self.runner.capacity if active else 0.0
         return self._metrics.copy()
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -203,6 +208,9 @@ class LLMEngine:
         was_active = self.scheduler.running is seq
         self.scheduler.finish(seq, reason)
         self._metrics.finished(reason)
+        if seq.scheduled_s is not None:  # as vLLM: latencies of requests that left the queue
+            self._metrics.e2e_request_latency.observe(time.monotonic() - seq.arrival_s)
+            self._metrics.request_queue_time.observe(seq.scheduled_s - seq.arrival_s)
         if was_active:
             self.drafter.finish()
 
@@ -229,6 +237,7 @@ class LLMEngine:
         self._prompt_seen = history_counts(prompt, self.vocab_size) > 0
         seq.prefilled = seq.cached_prompt_tokens = cached
         seq.status = SequenceStatus.PREFILL
+        seq.scheduled_s = time.monotonic()
 
     def _chunk_end(self, seq: Sequence) -> int:
         """End of the next prefill chunk: chunk multiples, and the last block boundary before the
@@ -361,6 +370,12 @@ class LLMEngine:
             if reason:
                 break
         self._metrics.generation_tokens += len(kept)
+        now = time.monotonic()
+        if seq.last_token_s is None:
+            self._metrics.time_to_first_token.observe(now - seq.arrival_s)
+        else:
+            self._metrics.inter_token_latency.observe(now - seq.last_token_s)
+        seq.last_token_s = now
         logprobs: list[TokenLogprob] | None = None
         if req.logprobs is not None:
             logprobs = token_logprobs(logits_of(rows[: len(kept)]), kept, req.logprobs)

@@ -26,7 +26,7 @@ class ModelRunner:
     """Tensor work for the engine; `capacity` = KV rows of the state bank."""
 
     def __init__(self, model: HybridLM, capacity: int, kernels: TreeKernels) -> None:
-        self.model, self.kernels = model, kernels
+        self.model, self.kernels, self.capacity = model, kernels, capacity
         self.state: ModelState = model.new_state(capacity)
 
     @property

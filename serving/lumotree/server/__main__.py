@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -90,7 +91,12 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     ctx = ServingContext.for_model(
-        engine, engine.tokenizer_path, engine.max_model_len, served_model_name, api_key
+        engine,
+        engine.tokenizer_path,
+        engine.max_model_len,
+        served_model_name,
+        api_key,
+        config=dataclasses.asdict(config),
     )
     log.info(
         "serving %s as %r: drafter %s, max_model_len %d, dtype %s, device %s (%s kernels%s), on http://%s:%d%s",
