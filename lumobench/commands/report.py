@@ -17,7 +17,7 @@ from lumobench.agent.rundir import AgentRunDir
 from lumobench.agent.table import table_rows, to_csv, to_markdown
 from lumobench.analysis.sources import Kind, report_kind
 from lumobench.analysis.vllm_json import render_vllm_json
-from lumobench.bench.kernels_report import render_markdown
+from lumobench.bench.kernels.report import render_markdown
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.report import build_report, print_table, render_csv, render_json, table_console
 

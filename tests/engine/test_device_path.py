@@ -6,6 +6,7 @@ token counts stay small). The GPU runs of the same path are in test_device_path_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,19 @@ def test_replay_finds_the_stacked_state_bank(checkpoint: Path) -> None:
     assert stacked_base(states) is engine.runner.state.gdn_bank
     assert stacked_base([s.clone() for s in states]) is None
     assert stacked_base(states[::-1]) is None
+
+
+def test_device_tree_applies_the_logit_bias_like_the_reference_engine(checkpoint: Path) -> None:
+    bias = ((5, 6.0), (17, -100.0), (33, 3.5))
+    request = _request(SamplingParams(0.8, top_k=20, logit_bias=bias), max_tokens=4, seed=99)
+    ref = output_tokens(run_requests(_engine(checkpoint, "reference", "tree"), [request])["r"])
+    unbiased = output_tokens(
+        run_requests(
+            _engine(checkpoint, "reference", "tree"),
+            [replace(request, sampling=SamplingParams(0.8, top_k=20))],
+        )["r"]
+    )
+    assert ref != unbiased  # the bias changes this request's tokens
+    engine = _engine(checkpoint, "triton", "tree")
+    _prime_suffix_cache(engine, ref)
+    assert output_tokens(run_requests(engine, [request])["r"]) == ref

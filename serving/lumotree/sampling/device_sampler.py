@@ -1,10 +1,11 @@
 """One request's acceptance on the device: per-row logits processing and the device walk, with no
 host synchronisation.
 
-The same processing as the engine's `RowSampler` (DESIGN §3.4): penalties over prompt + output +
-each row's own path drafts (`tree_generated_counts`, computed from the device tables), then greedy
-argmax (lowest index on ties) or the exponential race with Philox coins keyed by (seed, output
-position, token) — the fused selection kernel scores the race, so coins are the core's. The
+The same processing as the engine's `RowSampler` (DESIGN §3.4): the logit bias, then penalties
+over prompt + output + each row's own path drafts (`tree_generated_counts`, computed from the
+device tables), then greedy argmax (lowest index on ties) or the exponential race with Philox
+coins keyed by (seed, output position, token) — the fused selection kernel scores the race, so
+coins are the core's. The
 request's generated-token counts stay on the device and are advanced from the walk's outputs.
 """
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lumotree.sampling.device_walk import DeviceWalk
-from lumotree.sampling.logits import SamplingParams, apply_penalties, probabilities
+from lumotree.sampling.logits import SamplingParams, apply_penalties, logit_bias_vector, probabilities
 from lumotree.sampling.rng import seed_key
 from lumotree.verify.device_tree import DeviceTree
 
@@ -56,6 +57,7 @@ class DeviceSampler:
         self._prompt_seen = torch.zeros(vocab, dtype=torch.bool, device=device)
         self._generated = torch.zeros(vocab, dtype=torch.float32, device=device)
         self._slots = torch.arange(walk.width, device=device)
+        self._bias = logit_bias_vector(params, vocab, device)  # one copy per request
         if self.needs_history:
             ids = torch.as_tensor(list(prompt), dtype=torch.int64).to(device)
             self._prompt_seen[ids] = True
@@ -76,7 +78,7 @@ class DeviceSampler:
 
     def accept_(self, logits: Tensor, tables: DeviceTree) -> None:
         """Walk the loaded tree over its rows' raw logits [R, V]; results in `walk.result`."""
-        x = logits
+        x = logits if self._bias is None else logits + self._bias  # then penalties, as on the host
         if self.needs_history:
             x = apply_penalties(logits, self._prompt_seen, self.path_counts(tables), self.params)
         if self.params.greedy:

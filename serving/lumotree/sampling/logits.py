@@ -66,18 +66,26 @@ def _bincount(tokens: Sequence[int], vocab: int) -> Tensor:
     return counts
 
 
+def logit_bias_vector(
+    params: SamplingParams, vocab: int, device: torch.device | None = None
+) -> Tensor | None:
+    """The request's logit bias as a float32 [V] vector on `device` (None without a bias)."""
+    if not params.logit_bias:
+        return None
+    ids, offsets = zip(*params.logit_bias, strict=True)
+    if max(ids) >= vocab:
+        raise ValueError(f"logit_bias token id {max(ids)} is outside a vocabulary of {vocab}")
+    bias = torch.zeros(vocab, dtype=torch.float32)
+    bias[list(ids)] = torch.tensor(offsets, dtype=torch.float32)
+    return bias if device is None else bias.to(device)
+
+
 def apply_logit_bias(logits: Tensor, params: SamplingParams) -> Tensor:
     """logits [..., V] -> float32 [..., V] with the request's logit bias added (a new tensor when
     there is a bias: callers' logits rows stay untouched)."""
     logits = logits.float()
-    if not params.logit_bias:
-        return logits
-    ids, offsets = zip(*params.logit_bias, strict=True)
-    if max(ids) >= logits.shape[-1]:
-        raise ValueError(f"logit_bias token id {max(ids)} is outside a vocabulary of {logits.shape[-1]}")
-    bias = torch.zeros(logits.shape[-1], dtype=torch.float32)
-    bias[list(ids)] = torch.tensor(offsets, dtype=torch.float32)
-    return logits + bias
+    bias = logit_bias_vector(params, logits.shape[-1])
+    return logits if bias is None else logits + bias
 
 
 def apply_penalties(
