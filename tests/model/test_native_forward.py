@@ -13,12 +13,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.model import GDNState, HybridConfig, HybridLM, KVCache, ModelState
+from lumotree.model.mtp import mtp_chain_step
 from lumotree.model.native.model import NativeModel, unsupported_reason
-from lumotree.model.tree_kernels import REFERENCE
-from lumotree.model.tree_mode import mtp_chain_step, publish_tree_, verify_tree
+from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor, chain_tree
+from lumotree.verify.kernel_sets import REFERENCE
 from lumotree.verify.paired import paired_check
 
 PROMPT = 40
