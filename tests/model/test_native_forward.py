@@ -9,10 +9,13 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
 
+from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.native_mtp import NativeMTPDrafter
 from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.model import GDNState, HybridConfig, HybridLM, KVCache, ModelState
 from lumotree.model.mtp import mtp_chain_step
@@ -222,3 +225,19 @@ def test_unsupported_models_are_refused_with_the_reason(
     model = perturbed_model(tiny_config())
     with pytest.raises(ValueError, match="does not support"):
         NativeModel(model, model.new_state(8), tree_rows=4, max_rows=4)
+
+
+def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(bf16_model: ModelFactory) -> None:
+    model = bf16_model(seed=4)
+    native = NativeModel(model, model.new_state(8), tree_rows=8, max_rows=64)
+    ours = NativeMTPDrafter(model, depth=4, topk=3, capacity=64, native=native)
+    theirs = MTPDrafter(model, depth=4, topk=3, capacity=64, step=partial(mtp_chain_step, model))
+    gen = torch.Generator().manual_seed(1)
+    vocab, width = model.config.vocab_size, model.config.hidden_size
+    for rows in (7, 1, 3):  # a prefill commit, then cycles' queued paths
+        hidden = torch.randn(rows, width, generator=gen)
+        tokens = torch.randint(0, vocab, (rows,), generator=gen).tolist()
+        for drafter in (ours, theirs):
+            drafter.queue(hidden, tokens)
+        assert ours.propose() == theirs.propose()
+        assert ours.committed == theirs.committed

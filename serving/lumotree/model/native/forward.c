@@ -750,3 +750,49 @@ void lt_mtp_step(const Model* m, const Rows* r, const float* hidden, const int64
         rms_norm(residual + (int64_t)i * H, m->mtp_norm, H, m->eps, hidden_out + (int64_t)i * H);
     if (logits_out) lt_logits(m, hidden_out + (int64_t)(r->n - 1) * H, 1, logits_out);
 }
+
+/* The k best entries of x[0..n) in stable descending order (values descending, ties by index
+ * ascending) into idx[0..k); returns 0, or -1 if x holds a NaN. */
+static int ordered_topk(const float* x, int n, int k, int64_t* idx) {
+    float best[64];
+    int have = 0;
+    for (int j = 0; j < n; j++) {
+        float v = x[j];
+        if (v != v) return -1;
+        if (have == k && !(v > best[k - 1])) continue; /* an equal later value ranks after */
+        int at = have < k ? have++ : k - 1;
+        while (at > 0 && v > best[at - 1]) {
+            best[at] = best[at - 1];
+            idx[at] = idx[at - 1];
+            at--;
+        }
+        best[at] = v;
+        idx[at] = j;
+    }
+    return 0;
+}
+
+/* An MTP proposal: one pass over the n queued true rows at positions start.. (committed), then
+ * depth - 1 speculative single rows each fed the previous pass's MTP hidden row and spine token.
+ * topk [depth, k]: each depth's ordered top-k; its first entry is the spine token (the lowest-index
+ * argmax). rows [n] holds row_prefix tables the caller filled for the first pass (start + i).
+ * Returns 0, or -1 if logits held a NaN. The caller rolls the speculative KV rows back. */
+int lt_mtp_propose(const Model* m, Rows* r, const float* hidden, const int64_t* tokens, int32_t depth, int32_t k,
+                   float* residual, float* hidden_out, float* logits, int64_t* topk) {
+    int H = m->hidden;
+    lt_mtp_step(m, r, hidden, tokens, residual, hidden_out, logits);
+    if (ordered_topk(logits, m->vocab, k, topk)) return -1;
+    int64_t pos = r->row_prefix[r->n - 1];
+    const float* h = hidden_out + (int64_t)(r->n - 1) * H;
+    float carry[4096];
+    for (int s = 1; s < depth; s++) {
+        int64_t zero = 0, self = 0;
+        pos += 1;
+        Rows one = {1, pos, &pos, &pos, &zero, &zero, &self, 1};
+        memcpy(carry, h, (size_t)H * 4);
+        lt_mtp_step(m, &one, carry, &topk[(int64_t)(s - 1) * k], residual, hidden_out, logits);
+        if (ordered_topk(logits, m->vocab, k, topk + (int64_t)s * k)) return -1;
+        h = hidden_out;
+    }
+    return 0;
+}

@@ -112,17 +112,17 @@ _SIGNATURES = {
     "lt_publish": [_P, _P, _P, c_int32, _P],
     "lt_logits": [_P, _P, c_int32, _P],
     "lt_mtp_step": [_P, _P, _P, _P, _P, _P, _P],
+    "lt_mtp_propose": [_P, _P, _P, _P, c_int32, c_int32, _P, _P, _P, _P],
 }
-# limits of forward.c's fixed-size stack buffers
-_MAX_CONV, _MAX_MIX, _MAX_ROT, _MAX_DEPTH, _MAX_CONV_WIDTH, _MAX_GROUP, _MAX_HEAD = (
-    4096,
-    4096,
-    256,
-    31,
-    16,
-    8,
-    256,
-)
+# limits of forward.c's fixed-size buffers
+_MAX_CONV = 4096  # conv channels
+_MAX_MIX = 4096  # hidden size, value heads x dim, query heads x dim
+_MAX_HEAD = 256  # any head dim
+_MAX_ROT = 256  # rotary dims
+_MAX_DEPTH = 31  # tree depth (publication's history)
+_MAX_CONV_WIDTH = 16
+_MAX_GROUP = 8  # query heads per KV head
+_MAX_TOPK = 64
 
 
 def _library() -> ctypes.CDLL:
@@ -130,7 +130,7 @@ def _library() -> ctypes.CDLL:
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = args
-        fn.restype = c_int64 if name == "lt_work_floats" else None
+        fn.restype = {"lt_work_floats": c_int64, "lt_mtp_propose": c_int32}.get(name)
     return lib
 
 
@@ -153,7 +153,7 @@ def unsupported_reason(model: HybridLM) -> str | None:
         return "hidden size and head dims must be multiples of 16"
     if (
         cfg.conv_dim > _MAX_CONV
-        or max(cfg.value_dim, cfg.num_attention_heads * cfg.head_dim) > _MAX_MIX
+        or max(cfg.hidden_size, cfg.value_dim, cfg.num_attention_heads * cfg.head_dim) > _MAX_MIX
         or cfg.rotary_dim > _MAX_ROT
         or cfg.linear_conv_kernel_dim > _MAX_CONV_WIDTH
     ):
@@ -235,7 +235,9 @@ class NativeModel:
         self._model_ref = ctypes.byref(m)
         self._residual = torch.empty(self.max_rows, cfg.hidden_size)
         self._kv_tmp = torch.empty(2 * (_MAX_DEPTH + 1), cfg.num_key_value_heads * cfg.head_dim)
-        self._scratch += [self._residual, self._kv_tmp]
+        self._mtp_hidden = torch.empty(self.max_rows, cfg.hidden_size)
+        self._mtp_logits = torch.empty(self.vocab_pad)
+        self._scratch += [self._residual, self._kv_tmp, self._mtp_hidden, self._mtp_logits]
         self._rows, self._mtp_rows = _Rows(), _Rows()  # the last verification's rows stay for publish
         self._keep_rows: dict[int, tuple[Tensor | None, ...]] = {}
         self._verified: TreeDescriptor | None = None
@@ -366,24 +368,7 @@ class NativeModel:
         """`mtp_chain_step` natively: hidden rows [T, H] and their next tokens [T] at positions
         mtp_state.length.. -> (logits [V] of the last row, MTP hidden rows [T, H]); writes the MTP KV
         rows and advances mtp_state.length by T."""
-        if self._mtp_layer is None:
-            raise ValueError("this model has no MTP module")
-        cache = mtp_state.layers[step_idx % len(mtp_state.layers)]
-        assert isinstance(cache, KVCache)
-        if cache is not self._mtp_cache:
-            self._mtp_layer[0].k_cache, self._mtp_layer[0].v_cache = (
-                cache.key.data_ptr(),
-                cache.value.data_ptr(),
-            )
-            self._mtp_cache = cache
-        start, n = mtp_state.length, hidden.shape[0]
-        if n > self.max_rows or start + n > cache.key.shape[0]:
-            raise ValueError(f"{n} MTP rows at {start} exceed the native forward's room")
-        positions = torch.arange(start, start + n)
-        zeros, own = self._chain_table(n)
-        self._set_rows(self._mtp_rows, n, start, positions, positions, zeros, zeros, own)
-        hidden = hidden.contiguous()
-        tokens = tokens.to(torch.long).contiguous()
+        hidden, tokens, n = self._mtp_rows_for(hidden, tokens, mtp_state, step_idx, 0)
         out = torch.empty(n, self.config.hidden_size)
         logits = torch.empty(self.vocab_pad)
         self.lib.lt_mtp_step(
@@ -395,8 +380,59 @@ class NativeModel:
             out.data_ptr(),
             logits.data_ptr(),
         )
-        mtp_state.length = start + n
+        mtp_state.length += n
         return logits[: self.config.vocab_size], out
+
+    def mtp_propose(
+        self, hidden: Tensor, tokens: Tensor, mtp_state: ModelState, depth: int, k: int
+    ) -> tuple[list[int], list[list[int]]]:
+        """`MTPDrafter.propose`'s passes and selection in one native call: the queued true rows
+        (hidden [T, H], next tokens [T]) are committed at mtp_state.length.. (which advances by T),
+        then depth - 1 speculative single rows follow (their KV rows lie past the committed length:
+        rolled back). Returns the spine (depth tokens, each the lowest-index argmax) and each
+        depth's ordered top-k (values descending, ties by index ascending; the spine token first)."""
+        if not 1 <= k <= _MAX_TOPK or depth < 1:
+            raise ValueError(f"depth must be >= 1 and k in 1..{_MAX_TOPK}, got {depth}, {k}")
+        hidden, tokens, n = self._mtp_rows_for(hidden, tokens, mtp_state, 0, depth - 1)
+        topk = torch.empty(depth, k, dtype=torch.long)
+        status = self.lib.lt_mtp_propose(
+            self._model_ref,
+            ctypes.byref(self._mtp_rows),
+            hidden.data_ptr(),
+            tokens.data_ptr(),
+            depth,
+            k,
+            self._residual.data_ptr(),
+            self._mtp_hidden.data_ptr(),
+            self._mtp_logits.data_ptr(),
+            topk.data_ptr(),
+        )
+        if status:
+            raise ValueError("selection scores contain NaN")
+        mtp_state.length += n
+        ranked = topk.tolist()
+        return [row[0] for row in ranked], ranked
+
+    def _mtp_rows_for(
+        self, hidden: Tensor, tokens: Tensor, mtp_state: ModelState, step_idx: int, extra: int
+    ) -> tuple[Tensor, Tensor, int]:
+        """Point the MTP layer at mtp_state's cache and the MTP rows at T chained rows from
+        mtp_state.length (with room for `extra` speculative rows after them)."""
+        if self._mtp_layer is None:
+            raise ValueError("this model has no MTP module")
+        cache = mtp_state.layers[step_idx % len(mtp_state.layers)]
+        assert isinstance(cache, KVCache)
+        if cache is not self._mtp_cache:
+            layer = self._mtp_layer[0]
+            layer.k_cache, layer.v_cache = cache.key.data_ptr(), cache.value.data_ptr()
+            self._mtp_cache = cache
+        start, n = mtp_state.length, hidden.shape[0]
+        if not 1 <= n <= self.max_rows or start + n + extra > cache.key.shape[0]:
+            raise ValueError(f"{n} MTP rows at {start} exceed the native forward's room")
+        positions = torch.arange(start, start + n)
+        zeros, own = self._chain_table(n)
+        self._set_rows(self._mtp_rows, n, start, positions, positions, zeros, zeros, own)
+        return hidden.contiguous(), tokens.to(torch.long).contiguous(), n
 
     # ---- helpers -------------------------------------------------------------------------------
     def _chain_table(self, n: int) -> tuple[Tensor, Tensor]:
