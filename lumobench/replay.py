@@ -4,9 +4,10 @@ its run directory, recording the rows (`execute`).
 
 The paper's protocol is one active request at a time (`concurrency=1`). Each repetition is one or
 more segments (a resumed repetition opens a new one); `/metrics` is scraped before and after each
-segment. A failed request is recorded and the run continues; a server that is gone (connection
-refused, or the launched process exited) aborts the run, keeping every row written so far. The
-command line (`lumobench.commands.replay`) only shows what happens, through a `PlanUI`.
+segment. A failed request is recorded and the run continues; a server that is gone aborts the run,
+keeping every row written so far: the connection is refused, the launched process exited, or requests
+get "unavailable" answers (HTTP 502/503/504) while the health check fails too, or several in a row.
+The command line (`lumobench.commands.replay`) only shows what happens, through a `PlanUI`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Literal, Protocol
 import httpx
 
 from lumobench.arms import ResolvedArm
-from lumobench.client import ServerUnreachable, Target, new_session, send_request
+from lumobench.client import ServerUnreachable, Target, auth_headers, new_session, send_request
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
 from lumobench.launch import ArmServer, launched
@@ -29,9 +30,21 @@ from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
 from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys, now_iso
 
+#: answers that mean "no server to serve this" rather than "this request is bad"
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+#: unavailable answers in a row that abort the run even while the health check still passes
+UNAVAILABLE_IN_A_ROW = 3
+
 
 class RunAborted(LumobenchError):
     """The server went away; rows so far are kept and `--resume` continues the run."""
+
+
+async def _health_status(client: httpx.AsyncClient, target: Target) -> int | None:
+    try:
+        return (await client.get(target.base_url + target.health_path, timeout=10)).status_code
+    except httpx.HTTPError:
+        return None
 
 
 class ReplayProgress(Protocol):
@@ -60,16 +73,33 @@ async def _replay_keys(
     concurrency: int,
     server_alive: Callable[[], bool] | None,
     progress: ReplayProgress | None,
+    probe: httpx.AsyncClient,
 ) -> tuple[int, int]:
     queue = list(keys)
-    counts = {"completed": 0, "failed": 0}
+    counts = {"completed": 0, "failed": 0, "unavailable": 0}
 
     def check_server() -> None:
         if server_alive is not None and not server_alive():
             raise RunAborted("the server process exited during the run")
 
+    async def check_available(row: RequestRow) -> None:
+        """After an unavailable answer: abort if the health check fails too, or after several in a row."""
+        counts["unavailable"] = counts["unavailable"] + 1 if row.http_status in UNAVAILABLE_STATUSES else 0
+        if not counts["unavailable"]:
+            return
+        health = await _health_status(probe, target)
+        if health != 200:
+            raise RunAborted(
+                f"the server answered HTTP {row.http_status} and its health check {target.health_path} "
+                + (f"answers HTTP {health}" if health else "does not answer")
+            )
+        if counts["unavailable"] >= UNAVAILABLE_IN_A_ROW:
+            raise RunAborted(
+                f"the server answered HTTP {row.http_status} to {UNAVAILABLE_IN_A_ROW} requests in a row"
+            )
+
     async def worker() -> None:
-        async with new_session(concurrency, target.request_timeout_s) as session:
+        async with new_session(concurrency, target.request_timeout_s, target.api_key) as session:
             while queue:
                 check_server()
                 run_index, rid = queue.pop(0)
@@ -80,6 +110,7 @@ async def _replay_keys(
                     progress.row_written(row)
                 if row.status == "failed":
                     check_server()
+                await check_available(row)
 
     tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]
     try:
@@ -119,7 +150,7 @@ async def execute(
     completed = sum(r.status == "completed" for r in rows)
     failed = sum(r.status == "failed" for r in rows)
     meta.status = "running"
-    async with httpx.AsyncClient() as metrics_client:
+    async with httpx.AsyncClient(headers=auth_headers(target.api_key)) as metrics_client:
         for run_index in range(meta.runs) if run_indices is None else sorted(run_indices):
             keys = [k for k in todo if k[0] == run_index]
             if not keys:
@@ -135,7 +166,7 @@ async def execute(
                 run.write_metrics(run_index, segment.segment, "before", text)
             try:
                 ok, bad = await _replay_keys(
-                    run, keys, by_id, seq_of, target, concurrency, server_alive, progress
+                    run, keys, by_id, seq_of, target, concurrency, server_alive, progress, metrics_client
                 )
             except (RunAborted, ServerUnreachable) as exc:
                 segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
@@ -149,6 +180,10 @@ async def execute(
                 )
             except asyncio.CancelledError:
                 segment.outcome, segment.finished_at, meta.status = "interrupted", now_iso(), "interrupted"
+                run.write_meta(meta)
+                raise
+            except Exception:  # a bug: still leave a run that --resume can continue
+                segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
                 run.write_meta(meta)
                 raise
             completed, failed = completed + ok, failed + bad
@@ -200,7 +235,7 @@ def _launch_and_replay(
     try:
         with launched(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting)) as server:
             ui.arm_started()
-            plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
+            plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
             plan.meta.model = plan.target.model or server.served_model
             plan.target = replace(plan.target, model=plan.meta.model)
             plan.run.write_meta(plan.meta)

@@ -105,7 +105,7 @@ def test_invalid_unicode_and_huge_text_fields_never_get_a_server_error(
     operation = api[path][method]
 
     @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE), data=st.data())
-    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     def check(case: schemathesis.Case, data: st.DataObject) -> None:
         fields = _text_fields(case.body)
         assume(fields)
