@@ -4,6 +4,7 @@ the right exit code, and rows that `--resume` completes without duplicates or ga
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -316,6 +317,7 @@ def test_corpus_stats_count_the_text_of_content_parts(tmp_path: Path) -> None:
 
 def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     argvs = [
+        ["--help"],  # lists the torch sub-apps without importing them
         ["record", "--help"],
         ["agent", "--help"],
         ["evaluate", "--help"],
@@ -334,3 +336,10 @@ def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "heavy: []"
+
+
+def test_the_lazy_sub_apps_run_their_own_commands() -> None:
+    listing = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "120"})
+    assert listing.exit_code == 0 and re.search(r"bench\s+Kernel, engine", listing.output), listing.output
+    bench = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "120"})
+    assert bench.exit_code == 0 and "kernels" in bench.output and "engine" in bench.output, bench.output
