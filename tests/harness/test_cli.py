@@ -4,6 +4,7 @@ the right exit code, and rows that `--resume` completes without duplicates or ga
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -304,6 +305,7 @@ def test_corpus_stats_count_the_text_of_content_parts(tmp_path: Path) -> None:
 
 def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     argvs = [
+        ["--help"],  # lists the torch sub-apps without importing them
         ["record", "--help"],
         ["agent", "--help"],
         ["evaluate", "--help"],
@@ -403,3 +405,10 @@ def test_report_on_rows_that_are_not_utf8_is_one_clear_line(
     good = row.model_dump_json().encode()
     run.rows_path.write_bytes(good.replace(b'"a"', b'"\xff"') + b"\n" + good + b"\n")
     _one_line_error(cli("report", run.path), f"{run.rows_path}: line 1 is not a valid RequestRow")
+
+
+def test_the_lazy_sub_apps_run_their_own_commands() -> None:
+    listing = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "120"})
+    assert listing.exit_code == 0 and re.search(r"bench\s+Kernel, engine", listing.output), listing.output
+    bench = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "120"})
+    assert bench.exit_code == 0 and "kernels" in bench.output and "engine" in bench.output, bench.output
