@@ -40,11 +40,34 @@ class RunAborted(LumobenchError):
     """The server went away; rows so far are kept and `--resume` continues the run."""
 
 
-async def _health_status(client: httpx.AsyncClient, target: Target) -> int | None:
-    try:
-        return (await client.get(target.base_url + target.health_path, timeout=10)).status_code
-    except httpx.HTTPError:
-        return None
+class AvailabilityCheck:
+    """Aborts a run whose server answers "unavailable" (HTTP 502/503/504): at once when its health check
+    fails too, else after `UNAVAILABLE_IN_A_ROW` such answers in a row. Call `after` with every row."""
+
+    def __init__(self, client: httpx.AsyncClient, target: Target) -> None:
+        self.client, self.target, self.in_a_row = client, target, 0
+
+    async def after(self, row: RequestRow) -> None:
+        self.in_a_row = self.in_a_row + 1 if row.http_status in UNAVAILABLE_STATUSES else 0
+        if not self.in_a_row:
+            return
+        health = await self._health_status()
+        if health != 200:
+            raise RunAborted(
+                f"the server answered HTTP {row.http_status} and its health check {self.target.health_path} "
+                + (f"answers HTTP {health}" if health else "does not answer")
+            )
+        if self.in_a_row >= UNAVAILABLE_IN_A_ROW:
+            raise RunAborted(
+                f"the server answered HTTP {row.http_status} to {UNAVAILABLE_IN_A_ROW} requests in a row"
+            )
+
+    async def _health_status(self) -> int | None:
+        try:
+            url = self.target.base_url + self.target.health_path
+            return (await self.client.get(url, timeout=10)).status_code
+        except httpx.HTTPError:
+            return None
 
 
 class ReplayProgress(Protocol):
@@ -76,27 +99,12 @@ async def _replay_keys(
     probe: httpx.AsyncClient,
 ) -> tuple[int, int]:
     queue = list(keys)
-    counts = {"completed": 0, "failed": 0, "unavailable": 0}
+    counts = {"completed": 0, "failed": 0}
+    availability = AvailabilityCheck(probe, target)
 
     def check_server() -> None:
         if server_alive is not None and not server_alive():
             raise RunAborted("the server process exited during the run")
-
-    async def check_available(row: RequestRow) -> None:
-        """After an unavailable answer: abort if the health check fails too, or after several in a row."""
-        counts["unavailable"] = counts["unavailable"] + 1 if row.http_status in UNAVAILABLE_STATUSES else 0
-        if not counts["unavailable"]:
-            return
-        health = await _health_status(probe, target)
-        if health != 200:
-            raise RunAborted(
-                f"the server answered HTTP {row.http_status} and its health check {target.health_path} "
-                + (f"answers HTTP {health}" if health else "does not answer")
-            )
-        if counts["unavailable"] >= UNAVAILABLE_IN_A_ROW:
-            raise RunAborted(
-                f"the server answered HTTP {row.http_status} to {UNAVAILABLE_IN_A_ROW} requests in a row"
-            )
 
     async def worker() -> None:
         async with new_session(concurrency, target.request_timeout_s, target.api_key) as session:
@@ -110,7 +118,7 @@ async def _replay_keys(
                     progress.row_written(row)
                 if row.status == "failed":
                     check_server()
-                await check_available(row)
+                await availability.after(row)
 
     tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]
     try:
