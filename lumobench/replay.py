@@ -13,6 +13,7 @@ The command line (`lumobench.commands.replay`) only shows what happens, through 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -34,6 +35,9 @@ from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 #: unavailable answers in a row that abort the run even while the health check still passes
 UNAVAILABLE_IN_A_ROW = 3
+#: after a dropped connection, how long a launched server may take to finish exiting: a crashing process
+#: closes its sockets one by one, so the next request can still reach its listening socket
+SERVER_EXIT_GRACE_S = 0.5
 
 
 class RunAborted(LumobenchError):
@@ -102,14 +106,21 @@ async def _replay_keys(
     counts = {"completed": 0, "failed": 0}
     availability = AvailabilityCheck(probe, target)
 
-    def check_server() -> None:
-        if server_alive is not None and not server_alive():
-            raise RunAborted("the server process exited during the run")
+    async def check_server(grace_s: float = 0.0) -> None:
+        """Abort when the launched server process exited (waiting up to `grace_s` for it to)."""
+        if server_alive is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while server_alive():
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+        raise RunAborted("the server process exited during the run")
 
     async def worker() -> None:
         async with new_session(concurrency, target.request_timeout_s, target.api_key) as session:
             while queue:
-                check_server()
+                await check_server()
                 run_index, rid = queue.pop(0)
                 row = await send_request(session, target, records[rid], run_index, seq_of[rid])
                 run.append_row(row)
@@ -117,7 +128,8 @@ async def _replay_keys(
                 if progress:
                     progress.row_written(row)
                 if row.status == "failed":
-                    check_server()
+                    # a stream cut short (no HTTP error answer): the server may be exiting
+                    await check_server(SERVER_EXIT_GRACE_S if row.http_status in (None, 200) else 0.0)
                 await availability.after(row)
 
     tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]

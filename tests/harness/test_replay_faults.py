@@ -91,3 +91,25 @@ def test_a_keyed_endpoint_gets_the_key_from_the_named_variable(
     assert (outcome.status, outcome.completed) == ("finished", 2)
     assert plan.run.read_meta().api_key_env == "FAULTS_TEST_KEY"
     assert all(key.encode() not in p.read_bytes() for p in plan.run.path.rglob("*") if p.is_file())
+
+
+def test_a_server_that_exits_just_after_dropping_a_connection_aborts_at_that_row(tmp_path: Path) -> None:
+    # a crashing engine closes its connections a moment before its process has exited: the next
+    # request must not be sent (it could still reach the listening socket and fail a second row)
+    with scripted_server(tmp_path, tokens=6, faults={"wal-t02": "die"}) as url:
+        plan = _plan(tmp_path, url, 4, Timeouts())
+        dropped_at: list[float] = []
+
+        def server_alive() -> bool:  # stands for the launched process: exits 0.1 s after the drop
+            rows = plan.run.read_rows()
+            if not dropped_at and any(r.status == "failed" for r in rows):
+                dropped_at.append(time.monotonic())
+            return not dropped_at or time.monotonic() < dropped_at[0] + 0.1
+
+        run = execute(plan.run, plan.meta, plan.records, plan.target, server_alive=server_alive)
+        outcome = asyncio.run(asyncio.wait_for(run, HARD_TIMEOUT_S))
+    assert (outcome.status, outcome.message) == ("aborted", "the server process exited during the run")
+    assert [(r.request_id, r.status) for r in plan.run.read_rows()] == [
+        ("wal-t01", "completed"),
+        ("wal-t02", "failed"),
+    ]
