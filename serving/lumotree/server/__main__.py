@@ -55,7 +55,10 @@ def serve(
     ] = "auto",
     kernels: Annotated[
         str,
-        typer.Option(help="auto (triton on CUDA, cpu-fast on a CPU), cpu-fast, reference or triton."),
+        typer.Option(
+            help="auto (triton on CUDA, cpu-native on a CPU: cpu-fast where it cannot build), "
+            "cpu-native (the native C forward), cpu-fast (PyTorch), reference or triton."
+        ),
     ] = "auto",
     eager: Annotated[
         bool, typer.Option("--eager", help="No CUDA graphs on the GPU (debugging; slower).")
