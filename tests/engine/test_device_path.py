@@ -65,6 +65,17 @@ def test_device_cycle_greedy_output_equals_the_reference_engine(checkpoint: Path
     assert cycles >= 1 and engine.metrics().device_syncs == cycles
 
 
+def test_metrics_read_mid_request_report_the_device_state_in_use(checkpoint: Path) -> None:
+    """/metrics is scraped while a request runs: the KV usage comes from the device runner's state."""
+    engine = _engine(checkpoint, "triton", "ar")
+    engine.add_request(_request(SamplingParams(temperature=0.0), max_tokens=3))
+    engine.step()  # the prefill
+    assert engine.metrics().kv_cache_usage == pytest.approx(len(PROMPT) / engine.runner.capacity)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.metrics().kv_cache_usage == 0.0
+
+
 def test_device_tree_accepts_drafts_and_publishes_them_like_the_reference(checkpoint: Path) -> None:
     """Greedy, with the suffix cache primed by the reference output: the tree accepts drafts off
     the spine (rescue branches hang off the root), so publication must remap KV rows and replay

@@ -78,7 +78,7 @@ class DeviceRunner:
             # chunk has a new one. The memory-efficient backend takes masks without that cost.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.kernels = triton_kernels()
-        self.state = model.new_state(capacity)
+        self.state, self.capacity = model.new_state(capacity), capacity
         self.rows, self.max_depth = rows, max_depth
         self.tables = DeviceTree(rows, max_depth, self.device)
         vocab = model.config.vocab_size
