@@ -72,6 +72,9 @@ class ArmConfig(_Strict):
     boot_per_run: bool = False
     #: shown when the command's program or the model path does not exist (how to build them)
     setup_hint: str | None = None
+    #: resident memory of the running arm's whole process group (GiB, measured): an interleaved replay
+    #: boots its arms together only when their sum fits the memory available; None = unknown
+    memory_gb: float | None = Field(default=None, gt=0)
 
 
 @dataclass(frozen=True)

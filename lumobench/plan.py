@@ -254,3 +254,18 @@ def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
         max_tokens_cap=meta.max_tokens_cap,
     )
     return Plan(run, meta, records, target, None)
+
+
+def plan_resume_group(run_path: Path, corpus: Path | None, timeout: float) -> list[Plan]:
+    """Plans to resume: the run itself, or every member of its interleaved group (sibling directories
+    named in `interleaved_with`, in rotation order)."""
+    meta = RunDir.open(run_path).read_meta()
+    if not meta.interleaved_with:
+        return [plan_resume(run_path, corpus, timeout)]
+    paths = [run_path.parent / run_id for run_id in meta.interleaved_with]
+    if missing := [str(p) for p in paths if not (p / "run.json").is_file()]:
+        raise LumobenchError(
+            f"{run_path} was replayed interleaved with {', '.join(meta.interleaved_with)}; "
+            f"missing: {', '.join(missing)} (keep the group's directories side by side)"
+        )
+    return [plan_resume(p, corpus, timeout) for p in paths]

