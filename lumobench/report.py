@@ -4,7 +4,8 @@ One `ArmReport` per run directory. With several directories the rates pool the m
 ids completed in every repetition of every compared arm); `completed`/`failed` count all rows. An arm
 that completed nothing is reported as failed and left out of the matched set, so the others are still
 compared. The reference arm (for "vs first" ratios and output agreement) is the first arm that did not
-fail; ratios are paired (each request's rates in both arms) with a paired bootstrap interval.
+fail, or the one named; ratios are paired (each request's rates in both arms) with a paired bootstrap
+interval.
 Formats: a rich table, JSON (`{"arms": [...]}`, stable field names) and CSV.
 """
 
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lumobench.agreement import agreement
+from lumobench.errors import LumobenchError
 from lumobench.metrics import SpecCounters, phase_totals, spec_delta
 from lumobench.rates import (
     bootstrap_ci,
@@ -107,8 +109,11 @@ def _others_cpu_per_s(rows: Sequence[RequestRow]) -> float | None:
     return sum(r.others_cpu_s or 0.0 for r in measured) / wall if measured and wall > 0 else None
 
 
-def build_report(paths: Sequence[Path]) -> list[ArmReport]:
-    """One report row per run directory, rates over the matched set of all given directories."""
+def build_report(paths: Sequence[Path], reference: str | None = None) -> list[ArmReport]:
+    """One report row per run directory, rates over the matched set of all given directories.
+
+    `reference`: the arm ratios and output agreement are taken against (default: the first arm that
+    completed anything)."""
     loaded = [load_run(p) for p in paths]
     names = [
         meta.arm.name if [m.arm.name for _, m, _ in loaded].count(meta.arm.name) == 1 else meta.run_id
@@ -123,6 +128,11 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
         }
     )
     ref = next((i for i, failed in enumerate(failed_arm) if not failed), None)
+    if reference is not None:
+        if reference not in names:
+            raise LumobenchError(f"--reference {reference}: no such arm among {', '.join(names)}")
+        if failed_arm[ref := names.index(reference)]:
+            raise LumobenchError(f"--reference {reference}: that arm completed nothing")
     reports = []
     for index, (name, (run, meta, rows)) in enumerate(zip(names, loaded, strict=True)):
         in_set = [r for r in rows if r.request_id in matched] if not failed_arm[index] else []
@@ -204,6 +214,12 @@ def _same(rep: ArmReport) -> str:
     return "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}"
 
 
+def _versus(reports: Sequence[ArmReport]) -> str:
+    """The ratio column's title: "vs first", or "vs ARM" when the reference is another arm."""
+    ref = next((r.reference for r in reports if r.reference), None)
+    return "vs first" if not reports or ref in (None, reports[0].arm) else f"vs {ref}"
+
+
 def render_table(reports: Sequence[ArmReport]) -> Table:
     """Pooled rate, interval, per-run range, counts, paired ratio, acceptance, tokens per chunk, agreement."""
     table = Table(title="Eq. 5 pooled decode rate (tokens/s) over the matched set")
@@ -216,7 +232,7 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
         "pooled tok/s",
         "95% CI",
         "per-run range",
-        "vs first",
+        _versus(reports),
         "accepted/event",
         "tok/chunk",
         "same output",
@@ -247,9 +263,9 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
 
 def table_notes(reports: Sequence[ArmReport]) -> list[str]:
     """The lines printed under the table: what the reference is, failed arms, how arms were measured."""
-    ref = next((r.arm for r in reports if r.status == "ok"), None)
+    ref = next((r.reference for r in reports if r.reference), None)
     notes = []
-    if ref:
+    if ref and len(reports) > 1:
         notes.append(f"same output: greedy or seeded requests whose output equals {ref}'s")
     if failed := [r.arm for r in reports if r.status == "failed"]:
         notes.append(
@@ -258,8 +274,8 @@ def table_notes(reports: Sequence[ArmReport]) -> list[str]:
         )
     if len(reports) > 1 and ref:
         notes.append(
-            f"vs first: pooled rate over {ref}'s on the matched set (paired bootstrap 95% CI: requests "
-            "resampled together in both arms)"
+            f"{_versus(reports)}: pooled rate over {ref}'s on the matched set (paired bootstrap 95% CI: "
+            "requests resampled together in both arms)"
         )
     idle = [r.others_cpu_per_s for r in reports if r.others_cpu_per_s is not None]
     if all(r.interleaved for r in reports) and len(reports) > 1:

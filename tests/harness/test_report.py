@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from lumobench.errors import LumobenchError
 from lumobench.report import build_report, render_csv, render_json, table_notes
 from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta
 
@@ -74,6 +75,13 @@ def test_an_arm_that_completed_nothing_is_failed_and_the_others_are_still_compar
     first_broken = build_report([broken, fast, slow])
     assert first_broken[2].reference == "fast" and first_broken[2].ratio_vs_first == pytest.approx(0.5)
     assert first_broken[1].same_output is None and first_broken[1].ratio_vs_first is None
+    # any arm that completed something can be the reference
+    vs_fast = build_report([slow, broken, fast], reference="fast")
+    assert vs_fast[0].ratio_vs_first == pytest.approx(0.5) and vs_fast[2].same_output is None
+    with pytest.raises(LumobenchError, match="--reference broken: that arm completed nothing"):
+        build_report([slow, broken], reference="broken")
+    with pytest.raises(LumobenchError, match="--reference nope: no such arm among slow, broken"):
+        build_report([slow, broken], reference="nope")
     arms = json.loads(render_json(first_broken))["arms"]
     assert [a["status"] for a in arms] == ["failed", "ok", "ok"]
     assert (
