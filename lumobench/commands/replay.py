@@ -16,7 +16,7 @@ from rich.status import Status
 
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
-from lumobench.launch import ArmStartError, interrupt_on_signals, log_tail
+from lumobench.launch import interrupt_on_signals, log_tail
 from lumobench.plan import PEER_ARMS, Plan, plan_new, plan_resume_group
 from lumobench.replay import ReplayOutcome, run_plan
 from lumobench.report import build_report, print_table, report_command, table_console
@@ -107,7 +107,7 @@ def _run_sequential(plans: list[Plan], concurrency: int) -> list[ReplayOutcome]:
             with user_errors():
                 try:
                     outcome = run_plan(plan, concurrency, RichPlanUI())
-                except ArmStartError as exc:
+                except LumobenchError as exc:  # did not start (busy port, exited, not ready)
                     if len(plans) == 1:
                         raise
                     outcome = ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])

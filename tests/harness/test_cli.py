@@ -254,7 +254,7 @@ def test_two_arms_compare_on_the_matched_set(tmp_path: Path, scripted_arm: Calla
         "replay", corpus, "--arm", fast, "--arm", slow, "--concurrency", "2", "--out", tmp_path / "r"
     )
     assert proc.returncode == 1 and "failed: fast run 1 wal-t02: HTTP 500" in proc.stderr
-    assert "vs first" in proc.stdout
+    assert "vs ref (95% CI)" in proc.stdout
     runs = sorted(p for p in (tmp_path / "r").iterdir())
     report = json.loads(lumobench("report", *runs, "--format", "json").stdout)["arms"]
     by_arm = {a["arm"]: a for a in report}
@@ -267,6 +267,28 @@ def test_two_arms_compare_on_the_matched_set(tmp_path: Path, scripted_arm: Calla
         csv_out[0].startswith("arm,run_dir,runs,completed,failed,matched,pooled_tokens_per_s")
         and len(csv_out) == 3
     )
+
+
+def test_an_arm_that_completes_nothing_leaves_the_others_compared(
+    tmp_path: Path, scripted_arm: Callable[..., Path]
+) -> None:
+    # the case: an engine that died on its first request answers HTTP 500 to every later one
+    corpus = small_corpus(tmp_path, 3)
+    broken = scripted_arm("broken", faults={f"wal-t0{j}": "http500" for j in (1, 2, 3)})
+    fine = scripted_arm("fine", tokens=6)
+    proc = lumobench(
+        "replay", corpus, "--arm", broken, "--arm", fine, "--sequential", "--out", tmp_path / "r"
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "broken (failed)" in proc.stdout and "fine: 3 completed, 0 failed" in proc.stderr
+    assert "failed (completed nothing, left out of the matched set): broken; the other arms are compared" in (
+        proc.stdout.replace("\n", " ")
+    )
+    report = json.loads(lumobench("report", *sorted((tmp_path / "r").iterdir()), "--format", "json").stdout)
+    broken_report, fine_report = report["arms"]
+    assert (broken_report["status"], broken_report["matched"]) == ("failed", 0)
+    assert fine_report["matched"] == 3 and fine_report["pooled_tokens_per_s"] > 0
+    assert fine_report["reference"] == "fine" and fine_report["same_output"] is None  # it is the reference
 
 
 @pytest.mark.parametrize("flag", ["--boot-per-run", "--one-boot"])
