@@ -24,10 +24,10 @@ from typing import TypeVar
 import aiohttp
 import httpx
 
-from lumobench.arms import ResolvedArm
+from lumobench.arms import ResolvedArm, resolve_arm
 from lumobench.client import ServerUnreachable, new_session, send_request
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer
+from lumobench.launch import ArmServer, free_port, port_in_use
 from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
@@ -124,19 +124,38 @@ def rotation(arms: Sequence[T], run_index: int, seq: int, n_requests: int) -> li
     return [*arms[start:], *arms[:start]]
 
 
-def _start(members: Sequence[Member], on_status: Callable[[str], None]) -> None:
+def _on_free_port(m: Member, on_note: Callable[[str], None]) -> ResolvedArm:
+    """The member's arm, moved to a free port when another process holds its own: on a shared machine a
+    busy port must not cost one arm of a long interleaved group (the port used is in run.json)."""
+    arm = m.plan.arm
+    assert arm is not None
+    port = int(arm.base_url.rsplit(":", 1)[1])
+    if not port_in_use(arm.config.host, port):
+        return arm
+    moved = resolve_arm(arm.config, arm.source, port=free_port(arm.config.host), model=arm.model)
+    on_note(f"arm {arm.name}: port {port} is in use by another process; started on {moved.base_url} instead")
+    m.plan.arm, m.plan.meta.endpoint = moved, moved.base_url
+    m.plan.meta.arm.config["argv"] = moved.argv
+    m.plan.target = replace(m.plan.target, base_url=moved.base_url)
+    return moved
+
+
+def _start(
+    members: Sequence[Member], on_status: Callable[[str], None], on_note: Callable[[str], None]
+) -> None:
     """Boot each member's arm and wait until it is ready, one after another (so each start-up keeps the
     CPU it was timed with); a member that fails to start leaves the rotation with the reason."""
     for m in members:
-        arm = m.plan.arm
-        assert arm is not None
+        m.dead = None
+        arm = _on_free_port(m, on_note)
         m.server = ArmServer(arm, m.plan.run.server_log)
         try:
             m.server.start()
             m.server.wait_ready(on_wait=lambda s, a=arm.name: on_status(f"starting arm {a}: waiting for {s}"))
         except LumobenchError as exc:
             m.server.stop()
-            m.server, m.dead = None, str(exc)
+            m.server, m.dead = None, str(exc).splitlines()[0]
+            on_note(f"arm {arm.name} did not start: {m.dead}")
             continue
         m.plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
         m.plan.meta.model = m.plan.target.model or m.server.served_model
@@ -246,11 +265,11 @@ def _outcome(m: Member) -> ReplayOutcome:
     rows = m.plan.run.read_rows()
     completed = sum(r.status == "completed" for r in rows)
     failed = sum(r.status == "failed" for r in rows)
-    if m.dead:
-        return ReplayOutcome("aborted", completed, failed, m.dead)
-    if not missing_keys(m.plan.meta, rows):
-        m.plan.meta.status = "finished"
-        m.plan.run.write_meta(m.plan.meta)
+    if missing := missing_keys(m.plan.meta, rows):
+        why = m.dead or "it did not start or went away in an earlier repetition"
+        return ReplayOutcome("aborted", completed, failed, f"{len(missing)} requests not replayed ({why})")
+    m.plan.meta.status = "finished"
+    m.plan.run.write_meta(m.plan.meta)
     return ReplayOutcome("finished", completed, failed)
 
 
@@ -258,23 +277,27 @@ def run_interleaved(
     plans: Sequence[Plan],
     progress_for: Callable[[Plan], ReplayProgress | None],
     on_status: Callable[[str], None],
+    on_note: Callable[[str], None],
     quiet_wait: bool = True,
 ) -> list[ReplayOutcome]:
     """Boot the group's arms, replay every missing (repetition, request) interleaved, stop the arms.
 
-    Returns one outcome per plan; Ctrl-C propagates as KeyboardInterrupt after every server stopped.
+    Arms that boot per repetition get a fresh start (and another chance) at every repetition; the
+    others boot once and leave the rotation for good if they go away. Returns one outcome per plan;
+    Ctrl-C propagates as KeyboardInterrupt after every server stopped. `on_status`: transient boot
+    progress ("" when done); `on_note`: lines to keep (a moved port, an arm that did not start).
     """
     members = [Member(p, progress_for(p)) for p in plans]
     for m in members:
         m.todo = set(missing_keys(m.plan.meta, m.plan.run.read_rows()))
     once = [m for m in members if not m.plan.meta.boot_per_run]
     try:
-        _start([m for m in once if m.todo], on_status)
+        _start([m for m in once if m.todo], on_status, on_note)
         for run_index in sorted({k[0] for m in members for k in m.todo}):
-            fresh = [m for m in members if m.plan.meta.boot_per_run and not m.dead]
+            fresh = [m for m in members if m.plan.meta.boot_per_run]
             fresh = [m for m in fresh if any(k[0] == run_index for k in m.todo)]
             try:
-                _start(fresh, on_status)
+                _start(fresh, on_status, on_note)
                 on_status("")
                 asyncio.run(replay_repetition(members, run_index, quiet_wait))
             finally:

@@ -37,6 +37,13 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` that nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def log_tail(path: Path, lines: int = 30) -> str:
     """The last `lines` lines of a log file ('' if it does not exist)."""
     try:

@@ -137,7 +137,10 @@ def _run_interleaved(plans: list[Plan]) -> list[ReplayOutcome]:
 
         try:
             return run_interleaved(
-                plans, lambda p: RichProgress(progress, p.meta.arm.name, p.meta.runs), on_status
+                plans,
+                lambda p: RichProgress(progress, p.meta.arm.name, p.meta.runs),
+                on_status,
+                lambda note: progress.console.print(note, markup=False, highlight=False),
             )
         except KeyboardInterrupt:
             raise _interrupted(plans) from None

@@ -4,6 +4,7 @@ servers stand for engines: their timing is known, so the rotation and the pairin
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -89,11 +90,18 @@ def test_interleaved_replay_rotates_arms_per_request_and_pairs_their_rates(
     fast = scripted_arm("fast", arm_fields="memory_gb = 0.1", tokens=12, tokens_per_event=3, interval_ms=4)
     slow = scripted_arm("slow", arm_fields="memory_gb = 0.1", tokens=12, tokens_per_event=1, interval_ms=4)
     out = tmp_path / "r"
-    proc = lumobench(
-        "replay", small_corpus(tmp_path, 3), "--arm", slow, "--arm", fast, "--runs", "2", "--out", out
-    )
+    slow_port = int(slow.read_text().split("port = ")[1].split("\n")[0])
+    with socket.socket() as squatter:  # another process holds the slow arm's port on this shared machine
+        squatter.bind(("127.0.0.1", slow_port))
+        squatter.listen()
+        proc = lumobench(
+            "replay", small_corpus(tmp_path, 3), "--arm", slow, "--arm", fast, "--runs", "2", "--out", out
+        )
     assert proc.returncode == 0, proc.stderr
     assert "interleaved: 2 arms up at once" in proc.stderr
+    assert f"arm slow: port {slow_port} is in use by another process; started on" in proc.stderr.replace(
+        "\n", " "
+    )
     assert "interleaved: all arms up at once, each request sent to every arm in rotated order" in proc.stdout
     dirs = {json.loads((d / "run.json").read_text())["arm"]["name"]: d for d in out.iterdir()}
     rows = {arm: _rows(d) for arm, d in dirs.items()}
@@ -103,6 +111,7 @@ def test_interleaved_replay_rotates_arms_per_request_and_pairs_their_rates(
         )
         assert all(r.status == "completed" and r.others_cpu_s is not None for r in arm_rows)
         meta = RunDir(dirs[arm]).read_meta()
+        assert meta.endpoint.endswith(f":{slow_port}") is False  # the slow arm's run records the port it used
         assert (
             meta.interleaved_with == [d.name for d in (dirs["slow"], dirs["fast"])]
             and meta.status == "finished"
@@ -129,9 +138,10 @@ def test_an_arm_that_dies_leaves_the_rotation_and_resume_finishes_the_group(
     tmp_path: Path, scripted_arm: Callable[..., Path]
 ) -> None:
     steady = scripted_arm("steady", arm_fields="memory_gb = 0.1", tokens=8)
+    # an arm that boots per repetition dies in repetition 0, comes back fresh for repetition 1
     crashy = scripted_arm(
         "crashy",
-        arm_fields="memory_gb = 0.1",
+        arm_fields="memory_gb = 0.1\nboot_per_run = true",
         tokens=8,
         crash_once_file=str(tmp_path / "crashed"),
         crash_after=2,
@@ -143,7 +153,10 @@ def test_an_arm_that_dies_leaves_the_rotation_and_resume_finishes_the_group(
     assert "crashy: run aborted" in proc.stderr and "pooled tok/s" in proc.stdout
     dirs = {json.loads((d / "run.json").read_text())["arm"]["name"]: d for d in out.iterdir()}
     assert len(_rows(dirs["steady"])) == 8  # the other arm finished every request
-    assert len(_rows(dirs["crashy"])) == 3  # two completed, the one in flight failed
+    # repetition 0: two completed, the one in flight failed; repetition 1: all four, from a fresh boot
+    assert Counter((r.run_index, r.status) for r in _rows(dirs["crashy"])) == Counter(
+        {(0, "completed"): 2, (0, "failed"): 1, (1, "completed"): 4}
+    )
     resumed = lumobench("replay", "--resume", dirs["steady"])
     assert resumed.returncode == 0, resumed.stderr
     everything = Counter({(i, f"wal-t0{j}"): 1 for i in range(2) for j in range(1, 5)})
@@ -154,4 +167,5 @@ def test_an_arm_that_dies_leaves_the_rotation_and_resume_finishes_the_group(
         "=== lumobench: starting arm"
     ) == 1  # done: not rebooted
     segments = [(s.run_index, s.outcome) for s in RunDir(dirs["crashy"]).read_meta().segments]
-    assert segments == [(0, "aborted"), (0, "finished"), (1, "finished")]
+    assert segments == [(0, "aborted"), (1, "finished"), (0, "finished")]
+    assert (dirs["crashy"] / "server.log").read_text().count("=== lumobench: starting arm") == 3
