@@ -214,7 +214,7 @@ def _same(rep: ArmReport) -> str:
     return "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}"
 
 
-def _versus(reports: Sequence[ArmReport]) -> str:
+def versus_title(reports: Sequence[ArmReport]) -> str:
     """The ratio column's title: "vs first", or "vs ARM" when the reference is another arm."""
     ref = next((r.reference for r in reports if r.reference), None)
     return "vs first" if not reports or ref in (None, reports[0].arm) else f"vs {ref}"
@@ -232,7 +232,7 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
         "pooled tok/s",
         "95% CI",
         "per-run range",
-        _versus(reports),
+        versus_title(reports),
         "accepted/event",
         "tok/chunk",
         "same output",
@@ -274,7 +274,7 @@ def table_notes(reports: Sequence[ArmReport]) -> list[str]:
         )
     if len(reports) > 1 and ref:
         notes.append(
-            f"{_versus(reports)}: pooled rate over {ref}'s on the matched set (paired bootstrap 95% CI: "
+            f"{versus_title(reports)}: pooled rate over {ref}'s on the matched set (paired bootstrap 95% CI: "
             "requests resampled together in both arms)"
         )
     idle = [r.others_cpu_per_s for r in reports if r.others_cpu_per_s is not None]

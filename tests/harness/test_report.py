@@ -102,3 +102,18 @@ def test_interleaved_runs_report_the_idle_arms_cpu(tmp_path: Path) -> None:
     assert any(
         n.startswith("interleaved: all arms up at once") and "ms CPU per s" in n for n in table_notes(reports)
     )
+
+
+def test_the_papers_rate_table_marks_a_failed_arm_and_names_the_reference(tmp_path: Path) -> None:
+    from lumobench.analysis.tables import rate_table, to_markdown  # pandas: only the paper tables need it
+
+    broken, fast, slow = (
+        _run(tmp_path, "broken", None),
+        _run(tmp_path, "fast", 0.5),
+        _run(tmp_path, "slow", 1.0),
+    )
+    markdown = to_markdown(rate_table(build_report([broken, fast, slow])))
+    assert "| broken | 1 | 0/3 | 0 | – | – | – | failed | – | failed |" in markdown
+    assert "| fast | 1 | 3/0 | 3 | 10.00 |" in markdown and "| ref | – | ref |" in markdown
+    assert "| vs fast | paired 95% CI |" in markdown and "| 0.50x |" in markdown
+    assert "Failed (completed nothing, left out of the matched set): broken." in markdown
