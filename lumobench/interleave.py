@@ -25,9 +25,9 @@ import aiohttp
 import httpx
 
 from lumobench.arms import ResolvedArm, resolve_arm
-from lumobench.client import ServerUnreachable, new_session, send_request
+from lumobench.client import ServerUnreachable, auth_headers, new_session, send_request
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer, free_port, port_in_use
+from lumobench.launch import ArmServer, arm_redactor, free_port, port_in_use
 from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
@@ -124,7 +124,7 @@ def rotation(arms: Sequence[T], run_index: int, seq: int, n_requests: int) -> li
     return [*arms[start:], *arms[:start]]
 
 
-def _on_free_port(m: Member, on_note: Callable[[str], None]) -> ResolvedArm:
+def on_free_port(m: Member, on_note: Callable[[str], None]) -> ResolvedArm:
     """The member's arm, moved to a free port when another process holds its own: on a shared machine a
     busy port must not cost one arm of a long interleaved group (the port used is in run.json)."""
     arm = m.plan.arm
@@ -132,10 +132,12 @@ def _on_free_port(m: Member, on_note: Callable[[str], None]) -> ResolvedArm:
     port = int(arm.base_url.rsplit(":", 1)[1])
     if not port_in_use(arm.config.host, port):
         return arm
-    moved = resolve_arm(arm.config, arm.source, port=free_port(arm.config.host), model=arm.model)
+    moved = resolve_arm(
+        arm.config, arm.source, port=free_port(arm.config.host), model=arm.model, api_key_env=arm.api_key_env
+    )
     on_note(f"arm {arm.name}: port {port} is in use by another process; started on {moved.base_url} instead")
     m.plan.arm, m.plan.meta.endpoint = moved, moved.base_url
-    m.plan.meta.arm.config["argv"] = moved.argv
+    m.plan.meta.arm.config["argv"] = arm_redactor(moved).argv(moved.argv)
     m.plan.target = replace(m.plan.target, base_url=moved.base_url)
     return moved
 
@@ -147,7 +149,7 @@ def _start(
     CPU it was timed with); a member that fails to start leaves the rotation with the reason."""
     for m in members:
         m.dead = None
-        arm = _on_free_port(m, on_note)
+        arm = on_free_port(m, on_note)
         m.server = ArmServer(arm, m.plan.run.server_log)
         try:
             m.server.start()
@@ -157,7 +159,7 @@ def _start(
             m.server, m.dead = None, str(exc).splitlines()[0]
             on_note(f"arm {arm.name} did not start: {m.dead}")
             continue
-        m.plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
+        m.plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
         m.plan.meta.model = m.plan.target.model or m.server.served_model
         m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
         m.plan.run.write_meta(m.plan.meta)
@@ -212,6 +214,12 @@ async def _send(
     return row
 
 
+async def _scrape(m: Member) -> str | None:
+    """The member's /metrics (None when it has none or is unreachable), with its API key if it has one."""
+    async with httpx.AsyncClient(headers=auth_headers(m.plan.target.api_key)) as client:
+        return await scrape(client, m.plan.target.base_url)
+
+
 async def replay_repetition(members: Sequence[Member], run_index: int, quiet_wait: bool = True) -> None:
     """Send every missing request of repetition `run_index` to every live member, rotating the order.
 
@@ -223,42 +231,41 @@ async def replay_repetition(members: Sequence[Member], run_index: int, quiet_wai
         return
     request_ids = members[0].plan.meta.request_ids
     segments: dict[int, Segment] = {}
-    async with httpx.AsyncClient() as metrics_client:
+    for m in active:
+        if m.progress:
+            done = len(request_ids) - sum(k[0] == run_index for k in m.todo)
+            m.progress.run_started(run_index, len(request_ids), done)
+        segments[id(m)] = _open_segment(m, run_index)
+        if (text := await _scrape(m)) is not None:
+            m.plan.run.write_metrics(run_index, segments[id(m)].segment, "before", text)
+    sessions = {id(m): new_session(1, m.plan.target.request_timeout_s, m.plan.target.api_key) for m in active}
+    try:
+        for seq, rid in enumerate(request_ids):
+            for slot, m in enumerate(rotation(members, run_index, seq, len(request_ids))):
+                if m.dead or id(m) not in segments or (run_index, rid) not in m.todo:
+                    continue
+                others = [g for x in members if x is not m and (g := x.pgid()) is not None]
+                if quiet_wait:
+                    await asyncio.to_thread(wait_quiet, others)
+                await _send(m, sessions[id(m)], run_index, rid, slot, others)
+                m.todo.discard((run_index, rid))
+                if m.dead:
+                    _close_segment(m, segments.pop(id(m)), "aborted")
+    except asyncio.CancelledError:
         for m in active:
-            if m.progress:
-                done = len(request_ids) - sum(k[0] == run_index for k in m.todo)
-                m.progress.run_started(run_index, len(request_ids), done)
-            segments[id(m)] = _open_segment(m, run_index)
-            if (text := await scrape(metrics_client, m.plan.target.base_url)) is not None:
-                m.plan.run.write_metrics(run_index, segments[id(m)].segment, "before", text)
-        sessions = {id(m): new_session(1, m.plan.target.request_timeout_s) for m in active}
-        try:
-            for seq, rid in enumerate(request_ids):
-                for slot, m in enumerate(rotation(members, run_index, seq, len(request_ids))):
-                    if m.dead or id(m) not in segments or (run_index, rid) not in m.todo:
-                        continue
-                    others = [g for x in members if x is not m and (g := x.pgid()) is not None]
-                    if quiet_wait:
-                        await asyncio.to_thread(wait_quiet, others)
-                    await _send(m, sessions[id(m)], run_index, rid, slot, others)
-                    m.todo.discard((run_index, rid))
-                    if m.dead:
-                        _close_segment(m, segments.pop(id(m)), "aborted")
-        except asyncio.CancelledError:
-            for m in active:
-                if id(m) in segments:
-                    _close_segment(m, segments.pop(id(m)), "interrupted")
-            raise
-        finally:
-            for session in sessions.values():
-                await session.close()
-        for m in active:
-            if id(m) not in segments:
-                continue
-            segment = segments.pop(id(m))
-            if (text := await scrape(metrics_client, m.plan.target.base_url)) is not None:
-                m.plan.run.write_metrics(run_index, segment.segment, "after", text)
-            _close_segment(m, segment, "finished")
+            if id(m) in segments:
+                _close_segment(m, segments.pop(id(m)), "interrupted")
+        raise
+    finally:
+        for session in sessions.values():
+            await session.close()
+    for m in active:
+        if id(m) not in segments:
+            continue
+        segment = segments.pop(id(m))
+        if (text := await _scrape(m)) is not None:
+            m.plan.run.write_metrics(run_index, segment.segment, "after", text)
+        _close_segment(m, segment, "finished")
 
 
 def _outcome(m: Member) -> ReplayOutcome:

@@ -11,7 +11,7 @@ import pytest
 
 from lumobench.errors import LumobenchError
 from lumobench.interleave import choose_mode
-from lumobench.plan import DEFAULT_ARMS, PEER_ARMS, Plan, plan_new
+from lumobench.plan import DEFAULT_ARMS, PEER_ARMS, Plan, Timeouts, plan_new
 
 from .helpers import DEMO, REPO, small_corpus
 
@@ -21,7 +21,7 @@ DEMO_GREEDY = REPO / "corpora" / "demo-greedy.jsonl"
 def _plan(corpus: Path, out: Path, arms: list[str], with_peers: bool = False) -> list[Plan]:
     return plan_new(
         corpus, arms=arms, endpoint=None, api=None, label=None, runs=1, manifest=None, concurrency=1,
-        out=out, port=None, model=None, timeout=60, with_peers=with_peers,
+        out=out, port=None, model=None, timeouts=Timeouts(), with_peers=with_peers,
     )  # fmt: skip
 
 

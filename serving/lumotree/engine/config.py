@@ -14,8 +14,9 @@ from lumotree.tree import DEFAULT_ROWS, MAX_DEPTH
 
 DrafterKind = Literal["ar", "mtp", "tree"]
 DRAFTER_KINDS: tuple[str, ...] = ("ar", "mtp", "tree")
-KernelSet = Literal["auto", "cpu-fast", "reference", "triton"]
-KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-fast", "reference", "triton")
+KernelSet = Literal["auto", "cpu-native", "cpu-fast", "reference", "triton"]
+KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-native", "cpu-fast", "reference", "triton")
+CPU_KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-native", "cpu-fast", "reference")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -29,9 +30,12 @@ class EngineConfig:
     drafts; with the triton kernels the paper's 32, fixed shapes for GPU tiles and CUDA graphs).
     max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
     device: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
-    kernels: "auto" (triton on CUDA, cpu-fast on a CPU), "cpu-fast" (vectorised variants, tested
-    equal to the references), "reference", or "triton" (the device cycle; on a CPU only under
-    TRITON_INTERPRET=1, for tests).
+    kernels: "auto" (triton on CUDA, cpu-native on a CPU), "cpu-native" (the model's native C
+    forward, `lumotree.model.native`: every row bitwise independent of the other rows, so AR, chain
+    and tree agree bit for bit; the engine falls back to cpu-fast, saying why, when "auto" meets a
+    machine without a C compiler or a model it does not support), "cpu-fast" (vectorised PyTorch
+    variants, tested equal to the references), "reference", or "triton" (the device cycle; on a CPU
+    only under TRITON_INTERPRET=1, for tests).
     eager: no CUDA graphs on the device path (debugging; slower).
     random_weights: a shape preset (`lumotree.model.random_weights`, e.g. "qwen3.5-27b") built on
     the device from `seed` instead of loading `model` (whose tokenizer the server still uses).
@@ -95,7 +99,7 @@ class EngineConfig:
             raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
         kernels = self.kernels
         if kernels == "auto":
-            kernels = "triton" if device.startswith("cuda") else "cpu-fast"
+            kernels = "triton" if device.startswith("cuda") else "cpu-native"
         if device.startswith("cuda") and kernels != "triton":
             raise ValueError(f"the {kernels} kernels run on a CPU only; on CUDA use the triton kernels")
         if kernels == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -14,6 +14,7 @@ from lumotree.engine import DRAFTER_KINDS, AsyncEngine, EngineConfig
 from lumotree.model import default_model_path
 from lumotree.server.app import create_app
 from lumotree.server.context import ServingContext
+from lumotree.server.guards import DEFAULT_MAX_BODY_BYTES, default_allowed_hosts
 from lumotree.server.metrics import render_metrics
 
 log = logging.getLogger("lumotree.server")
@@ -54,7 +55,10 @@ def serve(
     ] = "auto",
     kernels: Annotated[
         str,
-        typer.Option(help="auto (triton on CUDA, cpu-fast on a CPU), cpu-fast, reference or triton."),
+        typer.Option(
+            help="auto (triton on CUDA, cpu-native on a CPU: cpu-fast where it cannot build), "
+            "cpu-native (the native C forward), cpu-fast (PyTorch), reference or triton."
+        ),
     ] = "auto",
     eager: Annotated[
         bool, typer.Option("--eager", help="No CUDA graphs on the GPU (debugging; slower).")
@@ -71,6 +75,16 @@ def serve(
         int | None, typer.Option(help="Seed for the seeds of requests that bring none (default: random).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    max_request_bytes: Annotated[
+        int, typer.Option(min=0, help="Largest request body in bytes, 413 beyond (0: no limit).")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated Host header names to answer ('*' any, '*.example.org' a domain); "
+            "default: loopback names when bound to loopback (against DNS rebinding), else any."
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions), SGLang's /generate,
     /v1/models, /health and /metrics (vLLM metric names) with the LumoTree engine."""
@@ -103,7 +117,13 @@ def serve(
         random_weights or folder, ctx.model_name, drafter, engine.max_model_len, dtype, engine.device,
         engine.kernels, ", eager" if eager else "", host, port, " (API key required)" if api_key else "",
     )  # fmt: skip
-    http = create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name))
+    hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None
+    http = create_app(
+        ctx,
+        lambda: render_metrics(engine.metrics(), ctx.model_name),
+        allowed_hosts=hosts or default_allowed_hosts(host),
+        max_body_bytes=max_request_bytes or None,
+    )
     try:
         uvicorn.run(http, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     finally:
