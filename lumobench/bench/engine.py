@@ -13,7 +13,9 @@ measured read bandwidth (the memory-bound limit of this model size on a CPU).
     lumobench bench engine --kernels cpu-native --kernels cpu-fast     (native C vs PyTorch forward)
 
 With several --kernels every arm runs under each kernel set, all interleaved per request; "vs AR" is
-then over the first set's AR arm, and each set reports whether its three arms gave the same tokens.
+then over the first set's AR arm, and each set reports whether its arms gave the same tokens.
+
+    lumobench bench engine --tree-shape compact --tree-shape paper     (one tree arm per shape)
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from rich.table import Table
 from tokenizers import Tokenizer
 
 from lumobench.corpus import load_corpus
-from lumotree.engine.config import CPU_KERNEL_SETS, EngineConfig
+from lumotree.engine.config import CPU_KERNEL_SETS, TREE_SHAPES, EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.model import HybridLM, default_model_path
@@ -207,6 +209,13 @@ def engine_command(
             "run every arm under each set side by side, interleaved per request (default: auto)."
         ),
     ] = None,
+    tree_shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Tree shape of the LumoTree arm (auto, paper, compact); repeat it for one tree arm "
+            "per shape (default: auto, the engine's choice for the kernels)."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark AR, chain MTP-5 and LumoTree on CPU in one process (see the module docstring)."""
     if not corpus.is_file():
@@ -217,20 +226,29 @@ def engine_command(
     if bad or len(set(sets)) != len(sets):
         console.print(f"[red]error:[/] --kernels takes distinct values of {', '.join(CPU_KERNEL_SETS)}")
         raise typer.Exit(2)
+    shapes = tree_shape or ["auto"]
+    if any(s not in TREE_SHAPES for s in shapes) or len(set(shapes)) != len(shapes):
+        console.print(f"[red]error:[/] --tree-shape takes distinct values of {', '.join(TREE_SHAPES)}")
+        raise typer.Exit(2)
     torch.set_num_threads(1)
     folder = model or default_model_path()
     requests = load_requests(corpus, folder, max_tokens, greedy)
     bandwidth = read_bandwidth_gbs()
     load_before = os.getloadavg()
-    keys = [(k, kind) for k in sets for kind in ARMS]  # (kernel set, drafter)
-    totals: dict[tuple[str, str], list[ArmRun]] = {key: [] for key in keys}
-    outputs: dict[tuple[str, str], dict[str, list[int]]] = {key: {} for key in keys}
+    # (kernel set, drafter, tree shape)
+    keys = [
+        (k, kind, shape) for k in sets for kind in ARMS for shape in (shapes if kind == "tree" else ["auto"])
+    ]
+    totals: dict[tuple[str, str, str], list[ArmRun]] = {key: [] for key in keys}
+    outputs: dict[tuple[str, str, str], dict[str, list[int]]] = {key: {} for key in keys}
     with Progress(console=console) as progress:
         task = progress.add_task("requests", total=runs * len(requests))
         for _ in range(runs):
             engines = {
-                (k, kind): LLMEngine(EngineConfig(model=folder, drafter=kind, kernels=k))  # type: ignore[arg-type]
-                for k, kind in keys
+                (k, kind, shape): LLMEngine(
+                    EngineConfig(model=folder, drafter=kind, kernels=k, tree_shape=shape)  # type: ignore[arg-type]
+                )
+                for k, kind, shape in keys
             }
             current = {key: ArmRun() for key in keys}
             for req in requests:
@@ -245,22 +263,26 @@ def engine_command(
             for key, engine in engines.items():
                 current[key].metrics = _metrics_json(engine, len(requests))
                 totals[key].append(current[key])
-    probe = engines[(sets[0], "tree")]
+    probe = engines[(sets[0], "tree", shapes[0])]
     bytes_ = weight_bytes(probe.model)
     arms = []
-    for k, kind in keys:
-        engine = engines[(k, kind)]
-        arm = summarise(kind, totals[(k, kind)], bytes_, bandwidth, engine.geometry.depth_mtp)
+    for key in keys:
+        k, kind, _ = key
+        engine = engines[key]
+        arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp)
+        if kind == "tree" and len(shapes) > 1:
+            arm["arm"] += f"[{engine.config.tree_shape}]"
         if len(sets) > 1:
             arm["arm"] += f"[{k}]"
         arm["kernels"] = engine.config.kernels  # what "auto" became on this machine
+        arm["rows"] = engine.geometry.rows
         arms.append(arm)
     ar_rate = arms[0]["pooled_tokens_per_s"]
     ar_cpu_rate = arms[0]["pooled_tokens_per_cpu_s"]
     for arm in arms:
         arm["speedup_vs_ar"] = arm["pooled_tokens_per_s"] / ar_rate
         arm["cpu_time_speedup_vs_ar"] = arm["pooled_tokens_per_cpu_s"] / ar_cpu_rate
-    same = {k: _same_outputs([outputs[(k, kind)] for kind in ARMS]) for k in sets}
+    same = {k: _same_outputs([outputs[key] for key in keys if key[0] == k]) for k in sets}
     result = {
         "command": _command_line(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -282,12 +304,12 @@ def engine_command(
         "weight_bytes": bytes_,
         "geometry": {"rows": probe.geometry.rows, "max_depth": probe.geometry.max_depth},
         "arms": arms,
-        # per kernel set: requests whose first run gave the same tokens under AR, MTP-5 and tree
+        # per kernel set: requests whose first run gave the same tokens in every arm of that set
         "same_output_requests": same,
     }
     _print_table(arms, bandwidth)
     for k, n in same.items():
-        console.print(f"{k}: same output under AR, MTP-5 and tree on {n}/{len(requests)} requests")
+        console.print(f"{k}: same output in every arm on {n}/{len(requests)} requests")
     console.print(f"vs AR: over {arms[0]['arm']}")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -77,6 +77,7 @@ class LLMEngine:
         self.model = _build_model(config, self.model_dir, self.device)
         if config.kernels == "cpu-native":
             self.config = config = replace(config, kernels=_native_or_fallback(self.model, asked))
+        self.config = config = config.shaped()
         mcfg = self.model.config
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.geometry = config.geometry()

@@ -32,6 +32,14 @@ def serve(
     mtp_depth: Annotated[
         int, typer.Option(help="MTP drafting passes (the chain length for --drafter mtp).")
     ] = 5,
+    tree_shape: Annotated[
+        str,
+        typer.Option(
+            help="The tree of --drafter tree: paper (28 rows: 5-depth MTP spine, 2 siblings, suffix "
+            "tail 6, rescues 4 and 2), compact (9 rows: spine 2, tail 4, rescue 2) or auto (compact "
+            "on the native CPU forward, where each row costs, else paper)."
+        ),
+    ] = "auto",
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[
@@ -98,7 +106,7 @@ def serve(
         config = EngineConfig(
             model=folder, drafter=drafter, mtp_depth=mtp_depth, max_model_len=max_model_len,  # type: ignore[arg-type]
             dtype=dtype, threads=threads, seed=seed, device=device, kernels=kernels,  # type: ignore[arg-type]
-            eager=eager, random_weights=random_weights,
+            eager=eager, random_weights=random_weights, tree_shape=tree_shape,  # type: ignore[arg-type]
         )  # fmt: skip
         engine = AsyncEngine.from_config(config)
     except (FileNotFoundError, ValueError) as exc:
@@ -113,9 +121,11 @@ def serve(
         config=dataclasses.asdict(config),
     )
     log.info(
-        "serving %s as %r: drafter %s, max_model_len %d, dtype %s, device %s (%s kernels%s), on http://%s:%d%s",
-        random_weights or folder, ctx.model_name, drafter, engine.max_model_len, dtype, engine.device,
-        engine.kernels, ", eager" if eager else "", host, port, " (API key required)" if api_key else "",
+        "serving %s as %r: drafter %s (%d rows), max_model_len %d, dtype %s, device %s (%s kernels%s), "
+        "on http://%s:%d%s",
+        random_weights or folder, ctx.model_name, drafter, engine.geometry.rows, engine.max_model_len, dtype,
+        engine.device, engine.kernels, ", eager" if eager else "", host, port,
+        " (API key required)" if api_key else "",
     )  # fmt: skip
     hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None
     http = create_app(
