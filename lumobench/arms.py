@@ -56,6 +56,13 @@ class RequestSettings(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
 
+class Limits(_Strict):
+    """What an arm cannot serve; replay refuses such a corpus before it sends anything."""
+
+    greedy_only: bool = False  # every record must set temperature 0
+    why: str = ""  # one line for the refusal, e.g. the engine bug and where it is written up
+
+
 class ArmConfig(_Strict):
     name: str
     engine: str  # vllm, sglang, lumotree, scripted, ...
@@ -78,6 +85,10 @@ class ArmConfig(_Strict):
     boot_per_run: bool = False
     #: shown when the command's program or the model path does not exist (how to build them)
     setup_hint: str | None = None
+    #: resident memory of the running arm's whole process group (GiB, measured): an interleaved replay
+    #: boots its arms together only when their sum fits the memory available; None = unknown
+    memory_gb: float | None = Field(default=None, gt=0)
+    limits: Limits = Field(default_factory=Limits)
 
 
 @dataclass(frozen=True)

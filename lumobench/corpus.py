@@ -160,6 +160,11 @@ class CorpusRecord(_Strict):
         """Greedy or seeded: a lossless server must give the same output under every drafter."""
         return self.temperature == 0 or self.seed is not None
 
+    @property
+    def is_greedy(self) -> bool:
+        """temperature 0, set explicitly (unset, the server's default applies, which may sample)."""
+        return self.temperature == 0
+
     def sampling(self) -> dict[str, Any]:
         """The sampling fields this record sets (unset ones are left to the server's defaults)."""
         return {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}

@@ -49,6 +49,13 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` that nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def check_port_free(host: str, port: int) -> None:
     """Refuse, as a user mistake, a port something already listens on."""
     if port_in_use(host, port):

@@ -33,6 +33,8 @@ from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, n
 #: the embedded default: LumoTree's own arms, compared on the matched set (their TOML files come
 #: with the engine)
 DEFAULT_ARMS = ("lumotree-ar", "lumotree-mtp5", "lumotree")
+#: `--with-peers`: vLLM's CPU build serving the same shipped model, plain and with its own MTP
+PEER_ARMS = ("vllm-cpu-ar", "vllm-cpu-mtp3", "vllm-cpu-mtp5")
 
 
 @dataclass
@@ -84,6 +86,19 @@ def _require_input_ids(records: list[CorpusRecord]) -> None:
     if lacking := [r.id for r in records if r.input_ids is None]:
         raise LumobenchError(
             f"the generate API replays input_ids, which these records lack: {', '.join(lacking)}"
+        )
+
+
+def _check_limits(arm: ResolvedArm, records: list[CorpusRecord], corpus: Path) -> None:
+    """Refuse, before anything is sent, a corpus with requests the arm cannot serve."""
+    limits = arm.config.limits
+    if limits.greedy_only and (sampled := [r.id for r in records if not r.is_greedy]):
+        shown = ", ".join(sampled[:3]) + (", ..." if len(sampled) > 3 else "")
+        why = f" ({limits.why})" if limits.why else ""
+        raise LumobenchError(
+            f"arm {arm.name} serves greedy requests only{why}; {len(sampled)} of {len(records)} records of "
+            f"{corpus} sample or leave temperature unset ({shown}): replay a greedy corpus such as "
+            f"corpora/demo-greedy.jsonl"
         )
 
 
@@ -208,6 +223,7 @@ def plan_new(
     timeouts: Timeouts,
     boot_per_run: bool | None = None,
     max_tokens_cap: int | None = None,
+    with_peers: bool = False,
     api_key_env: str | None = None,
 ) -> list[Plan]:
     """Validate everything up front (corpus, manifest, arms, ports, endpoint) before any server starts,
@@ -216,9 +232,14 @@ def plan_new(
     boot_per_run: start each launched arm afresh per repetition; None takes the arm file's setting.
     max_tokens_cap: lower every request's max_tokens to at most this (e.g. a corpus captured on a
     long-context arm, replayed on a small-context engine); recorded in run.json.
+    with_peers: add `PEER_ARMS` to the arms (to the default arms when none are named).
     api_key_env: the environment variable holding the API key to send (default: the arm's).
     """
     timeouts.check()
+    if with_peers and endpoint:
+        raise LumobenchError("--with-peers launches the vLLM CPU arms; it does not combine with --endpoint")
+    if with_peers:
+        arms = [*(arms or DEFAULT_ARMS), *(a for a in PEER_ARMS if a not in arms)]
     if len(arms) > 1 and endpoint:
         raise LumobenchError("--endpoint takes at most one --arm (the arm that is already running there)")
     if not arms and not endpoint:
@@ -240,6 +261,7 @@ def plan_new(
         if arms:  # an arm already running at the endpoint: use its request settings, launch nothing
             config, source = load_arm(arms[0])
             running = resolve_arm(config, source, model=model, api_key_env=api_key_env)
+            _check_limits(running, records, corpus)
         key = running.api_key if running else api_key_from_env(api_key_env, "--endpoint")
         served, engine = probe_endpoint(base, key)
         redactor = (arm_redactor(running) if running else Redactor()) | Redactor.for_launch(api_key=key)
@@ -279,6 +301,7 @@ def plan_new(
         config, source = load_arm(name)
         arm = resolve_arm(config, source, port=port, model=model, api_key_env=api_key_env)
         check_launchable(arm)
+        _check_limits(arm, records, corpus)
         resolved.append(arm)
     if any(a.config.request.api == "generate" for a in resolved):
         _require_input_ids(records)
@@ -374,3 +397,30 @@ def plan_resume(
         max_tokens_cap=meta.max_tokens_cap,
     )
     return Plan(run, meta, records, target, None)
+
+
+def plan_resume_group(
+    run_path: Path,
+    corpus: Path | None,
+    timeouts: Timeouts,
+    port: int | None = None,
+    api_key_env: str | None = None,
+) -> list[Plan]:
+    """Plans to resume: the run itself, or every member of its interleaved group (sibling directories
+    named in `interleaved_with`, in rotation order). `port`, `api_key_env`: as for `plan_resume`; a
+    group's arms take only `--port 0` (each a free port of its own)."""
+    meta = RunDir.open(run_path).read_meta()
+    if not meta.interleaved_with:
+        return [plan_resume(run_path, corpus, timeouts, port, api_key_env)]
+    if port not in (None, 0):
+        raise LumobenchError(
+            f"--port {port}: {run_path} was replayed interleaved with {len(meta.interleaved_with)} arms, "
+            "each on its own port; resume it without --port, or with --port 0 (a free port for each)"
+        )
+    paths = [run_path.parent / run_id for run_id in meta.interleaved_with]
+    if missing := [str(p) for p in paths if not (p / "run.json").is_file()]:
+        raise LumobenchError(
+            f"{run_path} was replayed interleaved with {', '.join(meta.interleaved_with)}; "
+            f"missing: {', '.join(missing)} (keep the group's directories side by side)"
+        )
+    return [plan_resume(p, corpus, timeouts, port, api_key_env) for p in paths]

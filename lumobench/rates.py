@@ -125,3 +125,10 @@ def paired_bootstrap_ratio(
         base_rate = _rate([b[i] for i in pick])
         stats.append(_rate([a[i] for i in pick]) / base_rate if base_rate > 0 else 0.0)
     return _percentiles(stats, level)
+
+
+def per_request_ratios(base: Sequence[RequestRow], rows: Sequence[RequestRow]) -> dict[str, float]:
+    """Each request's Eq. 5 rate in `rows` over its rate in `base` (all repetitions pooled per request),
+    for the requests eligible in both: the per-request view of a paired comparison."""
+    a, b = request_totals(rows), request_totals(base)
+    return {i: _rate([a[i]]) / _rate([b[i]]) for i in a if i in b and _rate([b[i]]) > 0 and a[i][1] > 0}

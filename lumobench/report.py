@@ -1,7 +1,11 @@
 """Reports over run directories: Eq. 5 per arm on the matched set, per-run ranges, server counters.
 
 One `ArmReport` per run directory. With several directories the rates pool the matched set (request
-ids completed in every repetition of every compared arm); `completed`/`failed` count all rows.
+ids completed in every repetition of every compared arm); `completed`/`failed` count all rows. An arm
+that completed nothing is reported as failed and left out of the matched set, so the others are still
+compared. The reference arm (for "vs first" ratios and output agreement) is the first arm that did not
+fail, or the one named; ratios are paired (each request's rates in both arms) with a paired bootstrap
+interval.
 Formats: a rich table, JSON (`{"arms": [...]}`, stable field names) and CSV.
 """
 
@@ -13,14 +17,23 @@ import json
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from lumobench.agreement import agreement
+from lumobench.errors import LumobenchError
 from lumobench.metrics import SpecCounters, phase_totals, spec_delta
-from lumobench.rates import bootstrap_ci, matched_ids, paired_bootstrap_ratio, pooled, run_rates
+from lumobench.rates import (
+    bootstrap_ci,
+    matched_ids,
+    paired_bootstrap_ratio,
+    per_request_ratios,
+    pooled,
+    run_rates,
+)
 from lumobench.results import RequestRow, RunDir, RunMeta
 
 
@@ -33,7 +46,8 @@ class ArmReport(BaseModel):
     matched: int  # request ids in the matched set
     pooled_tokens_per_s: float | None
     pooled_ci95: tuple[float, float] | None
-    # pooled rate over the first arm's, with a paired bootstrap interval (None for the first arm)
+    # pooled rate over the reference arm's (the first arm that completed anything), with a paired
+    # bootstrap interval: requests resampled together in both arms (None for the reference)
     ratio_vs_first: float | None = None
     ratio_ci95: tuple[float, float] | None = None
     run_rates: list[float | None]
@@ -43,10 +57,18 @@ class ArmReport(BaseModel):
     per_position_acceptance: list[float]
     tokens_per_chunk: float | None
     phase_ms: dict[str, float]  # mean ms per span by phase (target/drafter/dispatch), from /metrics
-    # greedy/seeded requests whose output equals the first arm's, of those both completed (None: first)
+    # greedy/seeded requests whose output equals the reference arm's, of those both completed
+    # (None: the reference itself, or a failed arm)
     same_output: int | None = None
     same_output_compared: int | None = None
     differing_outputs: list[str] = []
+    #: "failed": the arm completed no request; it is left out of the matched set and of every ratio
+    status: Literal["ok", "failed"] = "ok"
+    reference: str | None = None  # the arm ratios and output agreement are taken against
+    per_request_ratios: dict[str, float] = {}  # each matched request's rate over the reference's
+    interleaved: bool = False  # measured in an interleaved group (arms up at once, requests rotated)
+    # interleaved only: CPU seconds the other arms' servers used per second of this arm's requests
+    others_cpu_per_s: float | None = None
 
 
 def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
@@ -81,28 +103,52 @@ def load_run(path: Path) -> tuple[RunDir, RunMeta, list[RequestRow]]:
     return run, run.read_meta(), run.read_rows()
 
 
-def build_report(paths: Sequence[Path]) -> list[ArmReport]:
-    """One report row per run directory, rates over the matched set of all given directories."""
+def _others_cpu_per_s(rows: Sequence[RequestRow]) -> float | None:
+    measured = [r for r in rows if r.others_cpu_s is not None]
+    wall = sum((r.t_end_ns or r.t_send_ns) - r.t_send_ns for r in measured) / 1e9
+    return sum(r.others_cpu_s or 0.0 for r in measured) / wall if measured and wall > 0 else None
+
+
+def build_report(paths: Sequence[Path], reference: str | None = None) -> list[ArmReport]:
+    """One report row per run directory, rates over the matched set of all given directories.
+
+    `reference`: the arm ratios and output agreement are taken against (default: the first arm that
+    completed anything)."""
     loaded = [load_run(p) for p in paths]
     names = [
         meta.arm.name if [m.arm.name for _, m, _ in loaded].count(meta.arm.name) == 1 else meta.run_id
         for _, meta, _ in loaded
     ]
+    failed_arm = [not any(r.status == "completed" for r in rows) for _, _, rows in loaded]
     matched = matched_ids(
-        {n: (rows, meta.request_ids, meta.runs) for n, (_, meta, rows) in zip(names, loaded, strict=True)}
+        {
+            n: (rows, meta.request_ids, meta.runs)
+            for n, (_, meta, rows), failed in zip(names, loaded, failed_arm, strict=True)
+            if not failed
+        }
     )
+    ref = next((i for i, failed in enumerate(failed_arm) if not failed), None)
+    if reference is not None:
+        if reference not in names:
+            raise LumobenchError(f"--reference {reference}: no such arm among {', '.join(names)}")
+        if failed_arm[ref := names.index(reference)]:
+            raise LumobenchError(f"--reference {reference}: that arm completed nothing")
     reports = []
-    _, base_meta, base_rows = loaded[0]
-    base_set = [r for r in base_rows if r.request_id in matched]
-    base_rate = pooled(base_set).rate
     for index, (name, (run, meta, rows)) in enumerate(zip(names, loaded, strict=True)):
-        in_set = [r for r in rows if r.request_id in matched]
+        in_set = [r for r in rows if r.request_id in matched] if not failed_arm[index] else []
         total = pooled(in_set)
-        ratio = total.rate / base_rate if index and total.rate is not None and base_rate else None
         spec = spec_totals(run)
-        also = set(meta.deterministic_ids)
-        shared = [i for i in base_meta.deterministic_ids if i in also]
-        agree = agreement(base_rows, rows, shared) if index else None
+        agree = ratio = ratio_ci = None
+        per_request: dict[str, float] = {}
+        if ref is not None and index != ref and not failed_arm[index]:
+            _, ref_meta, ref_rows = loaded[ref]
+            ref_set = [r for r in ref_rows if r.request_id in matched]
+            shared = [i for i in ref_meta.deterministic_ids if i in set(meta.deterministic_ids)]
+            agree = agreement(ref_rows, rows, shared)
+            ref_rate = pooled(ref_set).rate
+            ratio = total.rate / ref_rate if total.rate is not None and ref_rate else None
+            ratio_ci = paired_bootstrap_ratio(ref_set, in_set)
+            per_request = per_request_ratios(ref_set, in_set)
         reports.append(
             ArmReport(
                 arm=name,
@@ -110,11 +156,12 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
                 runs=meta.runs,
                 completed=sum(r.status == "completed" for r in rows),
                 failed=sum(r.status == "failed" for r in rows),
-                matched=len(matched),
+                status="failed" if failed_arm[index] else "ok",
+                matched=0 if failed_arm[index] else len(matched),
                 pooled_tokens_per_s=total.rate,
                 pooled_ci95=bootstrap_ci(in_set),
                 ratio_vs_first=ratio,
-                ratio_ci95=paired_bootstrap_ratio(base_set, in_set) if index else None,
+                ratio_ci95=ratio_ci,
                 run_rates=run_rates(in_set, meta.runs),
                 tokens=total.tokens,
                 decode_s=total.seconds,
@@ -125,6 +172,10 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
                 same_output=agree.same if agree else None,
                 same_output_compared=agree.compared if agree else None,
                 differing_outputs=list(agree.differing) if agree else [],
+                reference=names[ref] if ref is not None else None,
+                per_request_ratios=per_request,
+                interleaved=bool(meta.interleaved_with),
+                others_cpu_per_s=_others_cpu_per_s(rows),
             )
         )
     return reports
@@ -150,13 +201,28 @@ def _range(rates: Sequence[float | None]) -> str:
     return f"{min(known):.2f}–{max(known):.2f}" if known else "–"
 
 
+def _ratio(rep: ArmReport) -> str:
+    if rep.ratio_vs_first is None:
+        return ""
+    ci = f" ({rep.ratio_ci95[0]:.2f}–{rep.ratio_ci95[1]:.2f})" if rep.ratio_ci95 else ""
+    return f"{rep.ratio_vs_first:.2f}x{ci}"
+
+
+def _same(rep: ArmReport) -> str:
+    if rep.status == "failed":
+        return "–"
+    return "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}"
+
+
+def versus_title(reports: Sequence[ArmReport]) -> str:
+    """The ratio column's title: "vs first", or "vs ARM" when the reference is another arm."""
+    ref = next((r.reference for r in reports if r.reference), None)
+    return "vs first" if not reports or ref in (None, reports[0].arm) else f"vs {ref}"
+
+
 def render_table(reports: Sequence[ArmReport]) -> Table:
-    """Pooled rate, interval, per-run range, counts, acceptance, tokens per chunk, output agreement."""
-    table = Table(
-        title="Eq. 5 pooled decode rate (tokens/s) over the matched set",
-        caption="vs first: pooled rate over the first arm's (paired bootstrap 95% CI); same output: greedy "
-        "or seeded requests whose output equals the first arm's",
-    )
+    """Pooled rate, interval, per-run range, counts, paired ratio, acceptance, tokens per chunk, agreement."""
+    table = Table(title="Eq. 5 pooled decode rate (tokens/s) over the matched set")
     for col in (
         "arm",
         "runs",
@@ -166,7 +232,7 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
         "pooled tok/s",
         "95% CI",
         "per-run range",
-        "vs first",
+        versus_title(reports),
         "accepted/event",
         "tok/chunk",
         "same output",
@@ -174,12 +240,9 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
     ):
         table.add_column(col, justify="left" if col == "arm" else "right")
     for rep in reports:
-        rel = "" if rep.ratio_vs_first is None else f"{rep.ratio_vs_first:.2f}x"
-        if rep.ratio_ci95:
-            rel += f" ({rep.ratio_ci95[0]:.2f}–{rep.ratio_ci95[1]:.2f})"
         ci = f"{rep.pooled_ci95[0]:.2f}–{rep.pooled_ci95[1]:.2f}" if rep.pooled_ci95 else "–"
         table.add_row(
-            rep.arm,
+            rep.arm if rep.status == "ok" else f"{rep.arm} (failed)",
             str(rep.runs),
             str(rep.completed),
             str(rep.failed),
@@ -187,10 +250,10 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
             _f(rep.pooled_tokens_per_s),
             ci,
             _range(rep.run_rates),
-            rel,
+            _ratio(rep),
             _f(rep.accepted_per_event),
             _f(rep.tokens_per_chunk),
-            "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}",
+            _same(rep),
             "/".join(_f(rep.phase_ms.get(p)) for p in ("target", "drafter", "dispatch"))
             if rep.phase_ms
             else "–",
@@ -198,14 +261,47 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
     return table
 
 
+def table_notes(reports: Sequence[ArmReport]) -> list[str]:
+    """The lines printed under the table: what the reference is, failed arms, how arms were measured."""
+    ref = next((r.reference for r in reports if r.reference), None)
+    notes = []
+    if ref and len(reports) > 1:
+        notes.append(f"same output: greedy or seeded requests whose output equals {ref}'s")
+    if failed := [r.arm for r in reports if r.status == "failed"]:
+        notes.append(
+            f"failed (completed nothing, left out of the matched set): {', '.join(failed)}"
+            + ("; the other arms are compared" if ref else "")
+        )
+    if len(reports) > 1 and ref:
+        notes.append(
+            f"{versus_title(reports)}: pooled rate over {ref}'s on the matched set (paired bootstrap 95% CI: "
+            "requests resampled together in both arms)"
+        )
+    idle = [r.others_cpu_per_s for r in reports if r.others_cpu_per_s is not None]
+    if all(r.interleaved for r in reports) and len(reports) > 1:
+        notes.append(
+            "interleaved: all arms up at once, each request sent to every arm in rotated order"
+            + (
+                f"; idle arms used at most {1000 * max(idle):.1f} ms CPU per s of measured requests"
+                if idle
+                else ""
+            )
+        )
+    elif len(reports) > 1:
+        notes.append("measured one arm after another: ratios include any drift of the machine between arms")
+    return notes
+
+
 def print_table(reports: Sequence[ArmReport], console: Console) -> None:
-    """The table, then one line per arm whose greedy/seeded outputs differ from the first arm's."""
+    """The table, its notes, then one line per arm whose greedy/seeded outputs differ from the reference's."""
     console.print(render_table(reports))
+    for note in table_notes(reports):
+        console.print(note, markup=False, highlight=False)
     for rep in reports:
         if rep.differing_outputs:
             ids = ", ".join(rep.differing_outputs)
             console.print(
-                f"{rep.arm}: output differs from {reports[0].arm} for greedy/seeded requests: {ids}",
+                f"{rep.arm}: output differs from {rep.reference} for greedy/seeded requests: {ids}",
                 style="yellow",
                 markup=False,
             )
@@ -224,10 +320,11 @@ def render_csv(reports: Sequence[ArmReport]) -> str:
         not in (
             "run_rates",
             "pooled_ci95",
-            "ratio_ci95",
             "per_position_acceptance",
             "phase_ms",
             "differing_outputs",
+            "ratio_ci95",
+            "per_request_ratios",
         )
     ]
     writer = csv.writer(buf, lineterminator="\n")

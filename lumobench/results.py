@@ -4,6 +4,8 @@ Layout of `results/<run-id>/` (DESIGN §6):
 
     run.json                  RunMeta (schema_version, arm, endpoint, corpus/manifest hashes, host, ...)
     requests.jsonl            one RequestRow per (repetition, request), appended and flushed as it completes
+                              (an interleaved replay writes one directory per arm, `interleaved_with`
+                              in run.json naming the group's sibling directories)
     failed-attempts.jsonl     rows of failed attempts that `--resume` retried (kept for the record)
     metrics/run{R}.seg{S}.{before,after}.prom   raw /metrics text around each run segment
     server.log                output of the launched arm (when lumobench started the server)
@@ -72,6 +74,10 @@ class RequestRow(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     token_ids: list[int] | None = None
     started_at: str  # wall-clock ISO time of t_send, for humans
+    # interleaved replays only: this arm's place in the request's rotation (0 = sent first) and the CPU
+    # seconds the other arms' servers used while this request was in flight (they should idle)
+    slot: int | None = None
+    others_cpu_s: float | None = None
 
     @property
     def decode_s(self) -> float | None:
@@ -125,6 +131,9 @@ class RunMeta(BaseModel):
     runs: int = Field(ge=1)
     concurrency: int = Field(ge=1, default=1)
     boot_per_run: bool = False  # a launched arm was started afresh for every repetition
+    # interleaved replay: run ids of every arm of the group (sibling directories), in rotation order;
+    # empty for a run measured on its own
+    interleaved_with: list[str] = Field(default_factory=list)
     api_key_env: str | None = None  # the environment variable holding the API key (never the key)
     stream_options: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)

@@ -1,7 +1,7 @@
 """The paper's tables over replay runs, as plain cells rendered to markdown, LaTeX or a notebook table.
 
 - `rate_table` (Tables IV/VII): pooled Eq. 5 rate with its bootstrap interval and per-run range, the
-  ratio to the first arm with its paired bootstrap interval, completed/failed/matched, same output;
+  ratio to the reference arm with its paired bootstrap interval, completed/failed/matched, same output;
 - `acceptance_table` (Tables III/IX): accepted drafts per event, the per-depth acceptance, tokens per
   streamed chunk and the phase spans (ms per span) from `/metrics`.
 Every cell is formatted from the report's own numbers (`ArmReport`), nothing is recomputed here.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from lumobench.analysis.frames import PHASES
-from lumobench.report import ArmReport
+from lumobench.report import ArmReport, versus_title
 
 DEPTHS_SHOWN = 6  # per-depth acceptance columns in the acceptance table
 
@@ -47,10 +47,14 @@ def _run_range(rates: Sequence[float | None]) -> str:
 
 
 def rate_table(reports: Sequence[ArmReport]) -> Table:
+    failed = [rep.arm for rep in reports if rep.status == "failed"]
     rows = []
     for rep in reports:
-        ratio = "ref" if rep is reports[0] else _f(rep.ratio_vs_first) + "x"
-        same = "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}"
+        if rep.status == "failed":  # completed nothing: out of the matched set and of every ratio
+            ratio = same = "failed"
+        else:
+            ratio = "ref" if rep.reference in (None, rep.arm) else _f(rep.ratio_vs_first) + "x"
+            same = "ref" if rep.same_output is None else f"{rep.same_output}/{rep.same_output_compared}"
         rows.append(
             [
                 rep.arm,
@@ -75,14 +79,19 @@ def rate_table(reports: Sequence[ArmReport]) -> Table:
             "tok/s",
             "95% CI",
             "per-run range",
-            "vs first",
+            versus_title(reports),
             "paired 95% CI",
             "same output",
         ],
         rows,
         "tok/s = Σ(n−1)/Σ(t_end−t_first) over the matched set; CI: requests resampled (all repetitions "
-        "together); vs first: the same draw of requests for both arms (paired bootstrap); same output: "
-        "greedy or seeded requests whose tokens equal the first arm's.",
+        f"together); {versus_title(reports)}: the same draw of requests for both arms (paired bootstrap); "
+        "same output: greedy or seeded requests whose tokens equal the reference arm's."
+        + (
+            f" Failed (completed nothing, left out of the matched set): {', '.join(failed)}."
+            if failed
+            else ""
+        ),
     )
 
 

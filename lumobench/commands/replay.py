@@ -16,9 +16,10 @@ from rich.status import Status
 
 from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
 from lumobench.errors import LumobenchError, user_errors
+from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
 from lumobench.launch import interrupt_on_signals, log_tail
-from lumobench.plan import Plan, Timeouts, plan_new, plan_resume
-from lumobench.replay import run_plan
+from lumobench.plan import PEER_ARMS, Plan, Timeouts, plan_new, plan_resume_group
+from lumobench.replay import ReplayOutcome, run_plan
 from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import RequestRow
 
@@ -76,6 +77,74 @@ class RichPlanUI:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
             yield RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
+
+
+def _print_abort(plan: Plan, outcome: ReplayOutcome) -> None:
+    console.print(
+        f"[red]{plan.meta.arm.name}: run aborted: {outcome.message}; kept "
+        f"{outcome.completed + outcome.failed} rows in {plan.run.path}; continue with: "
+        f"lumobench replay --resume {plan.run.path}[/]"
+    )
+    log = plan.run.server_log
+    if log.exists():
+        console.print(f"last lines of {log}:\n{log_tail(log, 15)}", markup=False)
+
+
+def _interrupted(plans: list[Plan]) -> typer.Exit:
+    kept = sum(len(p.run.read_rows()) for p in plans)
+    where = ", ".join(str(p.run.path) for p in plans)
+    console.print(
+        f"[yellow]interrupted: kept {kept} rows in {where}; continue with: "
+        f"lumobench replay --resume {plans[0].run.path}[/]"
+    )
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
+def _run_sequential(plans: list[Plan], concurrency: int) -> list[ReplayOutcome]:
+    """Arms one after another. With several arms, an arm that aborts is reported and the rest still run."""
+    outcomes = []
+    for plan in plans:
+        try:
+            with user_errors():
+                try:
+                    outcome = run_plan(plan, concurrency, RichPlanUI())
+                except LumobenchError as exc:  # did not start (busy port, exited, not ready)
+                    if len(plans) == 1:
+                        raise
+                    outcome = ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])
+        except KeyboardInterrupt:
+            raise _interrupted([plan]) from None
+        if outcome.status == "aborted" and len(plans) == 1:
+            _print_abort(plan, outcome)
+            raise typer.Exit(EXIT_ABORTED)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _run_interleaved(plans: list[Plan]) -> list[ReplayOutcome]:
+    """All arms up at once, requests sent to each in rotated order (lumobench.interleave)."""
+    group = [p.meta.run_id for p in plans]
+    for plan in plans:
+        if kept := plan.run.prepare_resume():
+            console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
+        plan.meta.interleaved_with = group
+        plan.run.write_meta(plan.meta)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
+        boot = progress.add_task("starting arms", total=None, last="")
+
+        def on_status(text: str) -> None:
+            progress.update(boot, description=text, visible=bool(text))
+
+        try:
+            return run_interleaved(
+                plans,
+                lambda p: RichProgress(progress, p.meta.arm.name, p.meta.runs),
+                on_status,
+                lambda note: progress.console.print(note, markup=False, highlight=False),
+            )
+        except KeyboardInterrupt:
+            raise _interrupted(plans) from None
 
 
 def replay(
@@ -154,6 +223,22 @@ def replay(
             "corpus captured on a long-context arm replayed on the embedded engine; kept for --resume.",
         ),
     ] = None,
+    interleaved: Annotated[
+        bool | None,
+        typer.Option(
+            "--interleaved/--sequential",
+            help="Several arms: all up at once, each request sent to every arm in rotated order, or one "
+            "arm after another; default: interleaved when the arms' memory_gb fits the memory available.",
+        ),
+    ] = None,
+    with_peers: Annotated[
+        bool,
+        typer.Option(
+            "--with-peers",
+            help="Add the vLLM CPU arms (" + ", ".join(PEER_ARMS) + ") serving the same shipped model to "
+            "the arms (default: the three lumotree arms); needs: python -m lumobench.vllm_cpu.",
+        ),
+    ] = False,
 ) -> None:
     """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
     interrupt_on_signals()
@@ -162,7 +247,7 @@ def replay(
     timeouts = Timeouts(request_timeout, request_deadline)
     with user_errors():
         if resume:
-            plans = [plan_resume(resume, corpus, timeouts, port, api_key_env)]
+            plans = plan_resume_group(resume, corpus, timeouts, port, api_key_env)
             concurrency = plans[0].meta.concurrency
         elif corpus is None:
             raise LumobenchError("give a CORPUS file (or --resume RUN_DIR)")
@@ -182,35 +267,27 @@ def replay(
                 timeouts=timeouts,
                 boot_per_run=boot_per_run,
                 max_tokens_cap=max_tokens_cap,
+                with_peers=with_peers,
                 api_key_env=api_key_env,
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
-    failed = 0
-    for plan in plans:
-        try:
-            with user_errors():
-                outcome = run_plan(plan, concurrency, RichPlanUI())
-        except KeyboardInterrupt:
-            rows = plan.run.read_rows()
-            console.print(
-                f"[yellow]interrupted: kept {len(rows)} rows in {plan.run.path}; continue with: "
-                f"lumobench replay --resume {plan.run.path}[/]"
+    if resume:  # an interleaved group resumes interleaved unless --sequential says otherwise
+        interleave, note = bool(plans[0].meta.interleaved_with) and interleaved is not False, None
+    else:
+        with user_errors():
+            interleave, note = choose_mode(
+                [p.arm for p in plans], interleaved, concurrency, available_memory_gb()
             )
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        if outcome.status == "aborted":
-            console.print(
-                f"[red]run aborted: {outcome.message}; kept {outcome.completed + outcome.failed} rows in "
-                f"{plan.run.path}; continue with: lumobench replay --resume {plan.run.path}[/]"
-            )
-            log = plan.run.server_log
-            if log.exists():
-                console.print(f"last lines of {log}:\n{log_tail(log, 15)}", markup=False)
-            raise typer.Exit(EXIT_ABORTED)
-        failed += outcome.failed
+    if note:
+        console.print(note, markup=False)
+    outcomes = _run_interleaved(plans) if interleave else _run_sequential(plans, concurrency)
+    aborted = [(p, o) for p, o in zip(plans, outcomes, strict=True) if o.status == "aborted"]
+    for plan, outcome in zip(plans, outcomes, strict=True):
         console.print(
             f"{plan.meta.arm.name}: {outcome.completed} completed, {outcome.failed} failed -> {plan.run.path}"
         )
+    failed = sum(o.failed for o in outcomes)
     with user_errors():
         print_table(build_report([p.run.path for p in plans]), table_console())
     report_hint = report_command([p.run.path for p in plans])
@@ -227,4 +304,9 @@ def replay(
             f"[red]{failed} of {total} requests failed (rows kept in requests.jsonl; "
             f"--resume RUN_DIR retries them)[/]"
         )
+    for plan, outcome in aborted:
+        _print_abort(plan, outcome)
+    if aborted:
+        raise typer.Exit(EXIT_ABORTED)
+    if failed:
         raise typer.Exit(EXIT_FAILED_ROWS)

@@ -37,20 +37,20 @@ def _stage(message: str) -> None:
     typer.echo(f"report: {message}", err=True)
 
 
-def _print_replay(inputs: list[Path], format: Format) -> None:
+def _print_replay(inputs: list[Path], format: Format, reference: str | None = None) -> None:
     if format is Format.json:
-        typer.echo(render_json(build_report(inputs)))
+        typer.echo(render_json(build_report(inputs, reference)))
     elif format is Format.csv:
-        typer.echo(render_csv(build_report(inputs)), nl=False)
+        typer.echo(render_csv(build_report(inputs, reference)), nl=False)
     elif format in (Format.markdown, Format.latex):
         from lumobench.analysis.tables import paper_tables, to_latex, to_markdown  # pandas: only when asked
 
         render = to_markdown if format is Format.markdown else to_latex
-        typer.echo("\n".join(render(t) for t in paper_tables(build_report(inputs))), nl=False)
+        typer.echo("\n".join(render(t) for t in paper_tables(build_report(inputs, reference))), nl=False)
     elif format is Format.vllm_json:
         typer.echo(render_vllm_json(inputs), nl=False)
     else:
-        print_table(build_report(inputs), table_console())
+        print_table(build_report(inputs, reference), table_console())
 
 
 def _print_agent(inputs: list[Path], format: Format) -> None:
@@ -139,6 +139,13 @@ def report(
     plots: Annotated[
         Path | None, typer.Option("--plots", help="Write the report's figures as PNGs here.")
     ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="Replay runs: the arm ratios and output agreement are taken against (default: the first "
+            "arm that completed anything)."
+        ),
+    ] = None,
 ) -> None:
     """Eq. 5 tables over run directories; with --notebook/--html/--plots, the full report."""
     outputs = bool(notebook or html or plots)
@@ -150,5 +157,10 @@ def report(
         if outputs:
             _stage(f"{len(inputs)} {kind} input(s)")
             _write_outputs(kind, inputs, notebook, html, plots)
+        if reference is not None and kind != "replay":
+            raise LumobenchError("--reference names an arm of replay runs")
         if format is not Format.table or not outputs:
-            PRINTERS[kind](inputs, format)
+            if kind == "replay":
+                _print_replay(inputs, format, reference)
+            else:
+                PRINTERS[kind](inputs, format)

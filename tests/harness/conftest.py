@@ -15,7 +15,8 @@ from .helpers import free_port
 def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
     """Write an arm TOML that launches the scripted SSE server with the given script keys."""
 
-    def make(name: str = "scripted", **script: object) -> Path:
+    def make(name: str = "scripted", arm_fields: str = "", **script: object) -> Path:
+        """`arm_fields`: extra top-level TOML (e.g. 'memory_gb = 0.1') or tables before [readiness]."""
         script_path = tmp_path / f"{name}.script.json"
         script_path.write_text(json.dumps(script))
         arm = tmp_path / f"{name}.toml"
@@ -23,6 +24,7 @@ def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
             f'engine = "scripted"\nport = {free_port()}\n'
             f'command = ["{{python}}", "-m", "lumobench.bench.client.scripted_server", "--port", "{{port}}", '
             f'"--script", "{script_path}"]\n'
+            f"{arm_fields}\n"
             "[readiness]\ntimeout_s = 30\n"
             "[request]\nstream_options = { continuous_usage_stats = true }\n"
         )

@@ -41,6 +41,22 @@ def test_shipped_arms_resolve_with_their_environment() -> None:
     assert "/override" in resolved.argv and resolved.env["HF_HUB_OFFLINE"] == "1"
 
 
+def test_vllm_cpu_peer_arms_serve_the_shipped_models_export() -> None:
+    for name, k in (("vllm-cpu-ar", None), ("vllm-cpu-mtp1", 1), ("vllm-cpu-mtp3", 3), ("vllm-cpu-mtp5", 5)):
+        config, path = load_arm(name)
+        arm = resolve_arm(config, path, environ={})
+        assert arm.model is not None and arm.model.endswith("/.cache/lumo-tiny-coder-qwen3-next")
+        assert (
+            arm.argv[0].endswith("/.cache/vllm-cpu/bin/python") and arm.served_model_name == "lumo-tiny-coder"
+        )
+        assert "--no-enable-prefix-caching" in arm.argv and config.memory_gb
+        spec = arm.argv[arm.argv.index("--speculative-config") + 1] if k else None
+        assert spec == (f'{{"method":"mtp","num_speculative_tokens":{k}}}' if k else None)
+        # vLLM 0.32 CPU's MTP cannot sample (serving/arms/vllm-cpu.md); its plain decoding can
+        assert config.limits.greedy_only is (k is not None)
+        assert "python -m lumobench.vllm_cpu" in (config.setup_hint or "")
+
+
 def test_unknown_arm_lists_known_ones(tmp_path: Path) -> None:
     with pytest.raises(LumobenchError, match=r"unknown arm 'nope'.*vllm-cpu-tiny"):
         load_arm("nope")

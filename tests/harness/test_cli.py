@@ -235,26 +235,40 @@ def test_generate_endpoint_replays_input_ids(tmp_path: Path) -> None:
     assert all(r.token_ids == list(range(100, 116)) for r in rows)
 
 
-def test_two_arms_compare_on_the_matched_set(tmp_path: Path, scripted_arm: Callable[..., Path]) -> None:
+def test_arms_compare_on_the_matched_set_and_an_arm_that_completes_nothing_is_left_out(
+    tmp_path: Path, scripted_arm: Callable[..., Path]
+) -> None:
+    # the case first: an engine that died on its first request answers HTTP 500 to every later one
+    broken = scripted_arm("broken", faults={f"wal-t0{j}": "http500" for j in (1, 2, 3, 4)})
     fast = scripted_arm("fast", tokens=12, tokens_per_event=3, faults={"wal-t02": "http500"})
     slow = scripted_arm("slow", tokens=12, tokens_per_event=1)
     corpus = small_corpus(tmp_path, 4)
     proc = lumobench(
-        "replay", corpus, "--arm", fast, "--arm", slow, "--concurrency", "2", "--out", tmp_path / "r"
-    )
+        "replay", corpus, *(a for arm in (broken, fast, slow) for a in ("--arm", arm)), "--concurrency", "2",
+        "--out", tmp_path / "r",
+    )  # fmt: skip
     assert proc.returncode == 1 and "failed: fast run 1 wal-t02: HTTP 500" in proc.stderr
-    assert "vs first" in proc.stdout
+    assert "broken (failed)" in proc.stdout and "vs fast" in proc.stdout  # the reference: the next arm
+    assert "failed (completed nothing, left out of the matched set): broken; the other arms are compared" in (
+        " ".join(proc.stdout.split())
+    )
     runs = sorted(p for p in (tmp_path / "r").iterdir())
     report = json.loads(lumobench("report", *runs, "--format", "json").stdout)["arms"]
     by_arm = {a["arm"]: a for a in report}
+    assert (by_arm["broken"]["status"], by_arm["broken"]["matched"], by_arm["broken"]["failed"]) == (
+        "failed",
+        0,
+        4,
+    )
     assert by_arm["fast"]["matched"] == by_arm["slow"]["matched"] == 3  # wal-t02 failed in one arm
     assert (by_arm["fast"]["completed"], by_arm["slow"]["completed"]) == (3, 4)
     assert by_arm["fast"]["tokens_per_chunk"] == 3.0 and by_arm["slow"]["tokens_per_chunk"] == 1.0
     assert by_arm["slow"]["tokens"] == 3 * 11  # Σ(n − 1) over the matched set only
+    assert by_arm["slow"]["reference"] == "fast" and by_arm["slow"]["ratio_vs_first"] > 0
     csv_out = lumobench("report", *runs, "--format", "csv").stdout.splitlines()
     assert (
         csv_out[0].startswith("arm,run_dir,runs,completed,failed,matched,pooled_tokens_per_s")
-        and len(csv_out) == 3
+        and len(csv_out) == 4
     )
 
 

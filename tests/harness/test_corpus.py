@@ -154,6 +154,22 @@ def test_shipped_demo_manifest_matches_demo_corpus() -> None:
     ]
 
 
+def test_greedy_demo_is_the_demo_with_all_sampling_removed() -> None:
+    """corpora/demo-greedy.jsonl (for arms that serve greedy requests only, e.g. vLLM CPU MTP): the same
+    requests in the same order, temperature 0 and no other sampling field; its manifest pins it."""
+    greedy_path = REPO / "corpora" / "demo-greedy.jsonl"
+    sampling = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty"}
+    sampling |= {"repetition_penalty", "seed"}
+    demo = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    greedy = [json.loads(line) for line in greedy_path.read_text().splitlines()]
+    assert greedy == [{k: v for k, v in r.items() if k not in sampling} | {"temperature": 0.0} for r in demo]
+    assert all(r.is_greedy for r in load_corpus(greedy_path))
+    assert sum(r.is_greedy for r in load_corpus(DEMO)) == 3  # the demo itself samples 19 of its 22
+    manifest_path = REPO / "manifests" / "demo-greedy.json"
+    selected = select_by_manifest(read_manifest(manifest_path), manifest_path, load_corpus(greedy_path))
+    assert [r.id for r in selected] == [r["id"] for r in demo]
+
+
 def _issues_of(tmp_path: Path, raw: bytes) -> list:
     path = tmp_path / "c.jsonl"
     path.write_bytes(json.dumps(_record("ok")).encode() + b"\n" + raw + b"\n")

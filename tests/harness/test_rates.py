@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from lumobench.metrics import parse_prometheus, phase_totals, spec_counters, spec_delta
-from lumobench.rates import bootstrap_ci, matched_ids, paired_bootstrap_ratio, pooled, run_rates
+from lumobench.rates import (
+    bootstrap_ci,
+    matched_ids,
+    paired_bootstrap_ratio,
+    per_request_ratios,
+    pooled,
+    run_rates,
+)
 from lumobench.results import RequestRow
 
 
@@ -62,6 +69,19 @@ def test_paired_bootstrap_ratio_resamples_requests_together_across_arms() -> Non
     ratio = pooled(noisy).rate / pooled(base).rate  # type: ignore[operator]
     assert 1.5 <= lo < ratio < hi <= 1.7
     assert paired_bootstrap_ratio(base[:1], twice) is None
+
+
+def test_paired_ratio_cancels_drift_that_moves_both_arms_alike() -> None:
+    # the machine slows down request after request, both arms alike; the arm is exactly twice as fast
+    ids = [f"r{i}" for i in range(10)]
+    ref = [row(rid, 0, 21, 1.0 + i) for i, rid in enumerate(ids)]
+    arm = [row(rid, 0, 21, (1.0 + i) / 2) for i, rid in enumerate(ids)]
+    assert paired_bootstrap_ratio(ref, arm) == (pytest.approx(2.0), pytest.approx(2.0))
+    assert per_request_ratios(ref, arm) == {rid: pytest.approx(2.0) for rid in ids}
+    # the unpaired intervals of the two rates overlap: on their own they could not tell 1.5x from 2.5x
+    (ref_lo, ref_hi), (arm_lo, arm_hi) = bootstrap_ci(ref), bootstrap_ci(arm)  # type: ignore[misc]
+    assert arm_lo / ref_hi < 1.5 and arm_hi / ref_lo > 2.5
+    assert "r0" not in per_request_ratios(ref, arm[1:])  # only requests eligible in both arms
 
 
 METRICS_BEFORE = """# HELP vllm:spec_decode_num_drafts_total drafts

