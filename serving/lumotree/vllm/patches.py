@@ -45,7 +45,9 @@ def patch_gdn_op(worker: LumoTreeWorker) -> None:
             "lumotree.vllm activated too late: vLLM already registered cpu_gdn_attention_core "
             "(activate before the model is built: LUMOTREE_VLLM=1 loads the plugin at start-up)"
         )
-    gdn_attention.cpu_gdn_attention_core = make_gdn_op(worker)
+    replacement = make_gdn_op(worker)
+    replacement.__wrapped__ = gdn_attention.cpu_gdn_attention_core  # type: ignore[attr-defined]  # for pins
+    gdn_attention.cpu_gdn_attention_core = replacement
 
 
 def patch_attention(worker: LumoTreeWorker) -> None:

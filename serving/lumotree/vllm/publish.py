@@ -43,7 +43,8 @@ def publish_accepted(
         operands.append(record.operands)
         conv = conv_state_view(layer.kv_cache[0], slot, layer.conv_kernel_size, layers.conv_dim_first)
         kernels.publish_conv(conv, record.x, path, path_len)
-    kernels.replay(states, operands, path, path_len)
+    if states:
+        kernels.replay(states, operands, path, path_len)
     if tree.is_spine_prefix(accepted):
         return  # the path's KV already sits at prefix_len .. prefix_len + path_len - 1
     src = tree.prefix_len + tree.slot_map[torch.as_tensor(accepted)]

@@ -22,6 +22,8 @@ from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
 
 _SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
+#: per-request switch (OpenAI API: "vllm_xargs": {"lumotree_drafts": 0}): verify root-only trees
+DRAFTS_ARG = "lumotree_drafts"
 _SEEDS = random.SystemRandom()
 
 
@@ -85,7 +87,8 @@ class StopRule:
 
 
 class RequestState:
-    """What LumoTree keeps about one request between vLLM steps."""
+    """What LumoTree keeps about one request between vLLM steps (drafting=False: the request asked
+    for no drafts; its steps verify root-only trees, as the "ar" drafter's do)."""
 
     def __init__(self, drafter: ARDrafter, params: object, vocab: int, max_model_len: int) -> None:
         self.drafter = drafter
@@ -99,6 +102,8 @@ class RequestState:
             max_model_len=max_model_len,
         )
         self.vocab = vocab
+        extra = getattr(params, "extra_args", None) or {}
+        self.drafting = str(extra.get(DRAFTS_ARG, 1)).lower() not in ("0", "false")
         self.prompt_seen: Tensor | None = None
         self.pending: TreeDescriptor | None = None
         self.last_hidden: Tensor | None = None  # target row of the last prefilled token

@@ -10,6 +10,8 @@ step is chunks, and vLLM samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -20,6 +22,7 @@ from lumotree.model.tree_kernels import REFERENCE, TreeKernels
 from lumotree.model.tree_kernels_cpu import CPU_FAST
 from lumotree.tree import TreeDescriptor
 from lumotree.vllm.gdn_core import gdn_core
+from lumotree.vllm.paged_kv import check_layout
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState, UnsupportedRequest
 from lumotree.vllm.sampler import StepSamples, sample_step
@@ -76,6 +79,9 @@ class LumoTreeWorker:
         self._groups = groups
         self._conv_dim_first = is_conv_state_dim_first()
         self._layers = LayerIndex(gdn, attention, self._conv_dim_first)
+        if self.trees:
+            layer = next(iter(attention.values()))[0]
+            check_layout(vllm_kv_writer(), layer.isa, layer.kv_cache.dtype)
 
     # ---- hooks -------------------------------------------------------------------------------
     def update_states(self, runner: object, scheduler_output: object) -> None:
@@ -190,8 +196,8 @@ class LumoTreeWorker:
         for req_id in batch.req_ids:
             state = self.requests.get(req_id)
             req = runner.requests[req_id]  # type: ignore[attr-defined]
-            if state is None or state.stopped or req_id in self.failed or not req.output_token_ids:
-                drafts.append([])  # mid-prompt, finished or failed
+            if state is None or state.stopped or not state.drafting or not req.output_token_ids:
+                drafts.append([])  # failed, finished, no drafts asked for, or mid-prompt
                 continue
             # every token but the pending root (the last output) is in the state now
             tree = state.drafter.propose(req.output_token_ids[-1], req.num_tokens - 1)
@@ -201,6 +207,20 @@ class LumoTreeWorker:
 
     def end_step(self) -> None:
         self.plan, self.hidden = None, None
+
+
+def vllm_kv_writer() -> Callable[..., None]:
+    """vLLM's CPU KV-cache writer with the plugin's probe signature (see paged_kv.check_layout)."""
+    from vllm import _custom_ops as ops
+
+    def write(
+        key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor, isa: str
+    ) -> None:
+        ops.cpu_attn_reshape_and_cache(
+            key, value, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
+        )
+
+    return write
 
 
 _WORKER: LumoTreeWorker | None = None

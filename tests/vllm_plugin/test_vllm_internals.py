@@ -1,0 +1,48 @@
+"""The plugin against the installed vLLM 0.32 (CPU build): inert unless asked, activated by
+LUMOTREE_VLLM=1, its pins holding (and a changed vLLM function refused by name), its KV reader
+agreeing with vLLM's own writer, and any other vLLM version refused with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lumotree.vllm.pins import PINNED_VERSION, PinError, check_version
+
+PROBE = Path(__file__).with_name("vllm_probe.py")
+
+
+@pytest.mark.integration
+def test_inert_unless_asked_pins_hold_a_changed_function_is_refused_and_the_kv_reader_agrees(
+    vllm_python: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_VLLM"} | {"HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [str(vllm_python), str(PROBE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["inert"] is True  # loaded by vLLM, touched nothing
+    assert found["activated"] is True
+    assert found["pins"] == "ok"
+    layouts = {f"{isa}/{dt}": "ok" for isa in ("vec", "vec16") for dt in ("torch.float32", "torch.bfloat16")}
+    assert found["layouts"] == layouts
+    assert found["changed"].startswith(
+        "lumotree.vllm: vLLM function vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids changed"
+    )
+
+
+def test_another_vllm_version_is_refused_with_one_line() -> None:
+    check_version(PINNED_VERSION)
+    with pytest.raises(PinError) as err:
+        check_version("0.33.0")
+    assert str(err.value) == f"lumotree.vllm supports vLLM {PINNED_VERSION} only; this is vLLM 0.33.0"
