@@ -111,7 +111,7 @@ def patch_scheduler() -> None:
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.request import RequestStatus
 
-    log = init_logger("lumotree.vllm")
+    log = init_logger("vllm.lumotree")
     original = Scheduler.update_from_output
 
     @functools.wraps(original)

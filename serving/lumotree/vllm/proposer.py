@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from lumotree.model import load_checkpoint
-from lumotree.vllm import activate
 from lumotree.vllm.settings import SettingsError
 from lumotree.vllm.worker import get_worker
 
@@ -43,10 +42,14 @@ class LumoTreeProposer:
     """vLLM's custom proposer: LumoTree's drafter (MTP spine + siblings, suffix tail and rescues)."""
 
     def __init__(self, vllm_config: Any) -> None:
-        activate()
-        check_config(vllm_config)
         worker = get_worker()
-        assert worker is not None
+        if worker is None:  # every process must load the plugin: the scheduler and API server patch too
+            raise SettingsError(
+                "lumotree.vllm is not active in this vLLM process: run the server with LUMOTREE_VLLM=1 and "
+                "the plugin installed in its environment (python -m lumobench.vllm_cpu); a stale "
+                "lumobench.egg-info on sys.path (run from the repository root without python -P) hides it"
+            )
+        check_config(vllm_config)
         self.worker = worker
         self.vllm_config = vllm_config
         self.max_rows = 1 + int(vllm_config.speculative_config.num_speculative_tokens)

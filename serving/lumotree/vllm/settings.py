@@ -1,5 +1,5 @@
 """The plugin's options, read from the environment of the vLLM processes (vLLM's own config has no
-room for them): which drafter, its MTP depth and the op set.
+room for them): which drafter, its MTP depth and the op set (LUMOTREE_VLLM=1 activates the plugin).
 
     LUMOTREE_VLLM_DRAFTER=tree        tree (paper geometry) | mtp (chain MTP-k) | ar (root-only trees)
     LUMOTREE_VLLM_MTP_DEPTH=5         MTP passes per cycle (the spine depth)
