@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.gdn import GatedDeltaNet
-from lumotree.vllm.paged_kv import _split
+from lumotree.vllm.paged_kv import _offsets
 from lumotree.vllm.steps import StepPlan
 
 
@@ -43,22 +43,25 @@ def gdn_layer(
 
 
 class PagedWriter:
-    """vLLM's CPU `do_kv_cache_update` for the "vec" layout (a fake of its C++ writer)."""
+    """vLLM's CPU `do_kv_cache_update` (a fake of its C++ writer) for the "vec" layout."""
 
     def do_kv_cache_update(
         self, layer: object, key: Tensor, value: Tensor, kv_cache: Tensor, slots: Tensor
     ) -> None:
-        keys, values = _split(kv_cache)
-        block_size = kv_cache.shape[2]
-        block, offset = slots // block_size, slots % block_size
-        keys[block, :, :, offset] = key
-        values[block, :, offset] = value
+        blocks, heads, block_size, two_d = kv_cache.shape
+        dim = two_d // 2
+        flat = kv_cache.view(blocks, heads, 2 * block_size * dim)
+        key_at, value_at = _offsets("vec", slots % block_size, block_size, dim)
+        for row, block in enumerate((slots // block_size).tolist()):
+            flat[block, :, key_at[row]] = key[row]
+            flat[block, :, block_size * dim + value_at[row]] = value[row]
 
 
 def attention_layer(blocks: int, heads: int, block_size: int, dim: int) -> SimpleNamespace:
     """A vLLM attention layer with a paged KV cache [blocks, heads, block_size, 2 * dim]."""
     return SimpleNamespace(
         layer_name="model.layers.3.self_attn.attn",
+        isa="vec",
         kv_cache=torch.zeros(blocks, heads, block_size, 2 * dim),
         impl=PagedWriter(),
     )

@@ -148,5 +148,5 @@ def test_publication_moves_the_accepted_paths_kv_rows_into_place() -> None:
     layers = LayerIndex({}, {attn.layer_name: (attn, 0)}, False)
     publish_accepted(step, req, accepted, layers, CPU_FAST)
     placed = step.kv_slots(req, 0, prefix + torch.arange(len(accepted)))
-    got_k, got_v = gather_kv(attn.kv_cache, placed)
+    got_k, got_v = gather_kv(attn.kv_cache, placed, attn.isa)
     assert torch.equal(got_k, keys[accepted]) and torch.equal(got_v, values[accepted])

@@ -126,7 +126,7 @@ def test_tree_rows_attend_to_the_prefix_their_ancestors_and_themselves() -> None
         torch.randn(flat, kv_heads, dim, generator=gen),
     )
     output = torch.zeros(flat, heads, dim)
-    tree_attention_rows(step, 0, CPU_FAST, query, key, value, attn.kv_cache, output)
+    tree_attention_rows(step, 0, CPU_FAST, query, key, value, attn.kv_cache, output, attn.isa)
     for node in range(n):  # dense reference: softmax over the prefix and the node's own path
         seen = req.rows[torch.as_tensor(tree.path_to(node))]
         ks, vs = torch.cat([prefix_k, key[seen]]), torch.cat([prefix_v, value[seen]])

@@ -34,8 +34,7 @@ def test_inert_unless_asked_pins_hold_a_changed_function_is_refused_and_the_kv_r
     assert found["inert"] is True  # loaded by vLLM, touched nothing
     assert found["activated"] is True
     assert found["pins"] == "ok"
-    layouts = {f"{isa}/{dt}": "ok" for isa in ("vec", "vec16") for dt in ("torch.float32", "torch.bfloat16")}
-    assert found["layouts"] == layouts
+    assert len(found["layouts"]) >= 4 and set(found["layouts"].values()) == {"ok"}, found["layouts"]
     assert found["changed"].startswith(
         "lumotree.vllm: vLLM function vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids changed"
     )

@@ -38,13 +38,15 @@ except pins.PinError as exc:
     result["pins"] = str(exc)
 
 layouts = {}
-for isa in ("vec", "vec16"):
-    for dtype in (torch.float32, torch.bfloat16):
-        try:
-            check_layout(vllm_kv_writer(), isa, dtype)
-            layouts[f"{isa}/{dtype}"] = "ok"
-        except RuntimeError as exc:
-            layouts[f"{isa}/{dtype}"] = str(exc)
+isas = [("vec", torch.float32), ("vec", torch.bfloat16), ("vec16", torch.float32), ("vec16", torch.bfloat16)]
+if torch.cpu._is_amx_tile_supported():  # vLLM's bf16 layout on AMX CPUs
+    isas.append(("amx", torch.bfloat16))
+for isa, dtype in isas:
+    try:
+        check_layout(vllm_kv_writer(), isa, dtype)
+        layouts[f"{isa}/{dtype}"] = "ok"
+    except RuntimeError as exc:
+        layouts[f"{isa}/{dtype}"] = str(exc)
 result["layouts"] = layouts
 
 

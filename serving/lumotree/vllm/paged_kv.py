@@ -1,10 +1,14 @@
 """Reading vLLM's CPU paged KV cache (tree attention needs the committed prefix's keys and values).
 
 vLLM 0.32's CPU attention stores one attention layer's cache as [blocks, Hkv, block_size, 2 * D];
-per (block, head) the first block_size * D elements are the keys, dimension-major ([D, block_size]),
-the next block_size * D the values, token-major ([block_size, D]) (ISAs "vec" and "vec16"; measured
-against vLLM's own writer `cpu_attn_reshape_and_cache`, which `check_layout` repeats at activation).
-Writes always go through vLLM's writer, so only reading depends on this layout.
+per (block, head) the first block_size * D elements hold the keys, the next block_size * D the
+values, in an ISA-specific order (measured against vLLM's own writer `cpu_attn_reshape_and_cache`,
+which `check_layout` repeats at activation), for token t and dimension j of a block:
+- "vec", "vec16" (fp32, and bf16 without AMX): key j * block_size + t (dimension-major),
+  value t * D + j (token-major);
+- "amx" (bf16 on AMX CPUs, VNNI pairs): key (t // 16) * 16 D + (j // 2) * 32 + (t % 16) * 2 + j % 2,
+  value (j // 16) * 16 block_size + (t // 2) * 32 + (j % 16) * 2 + t % 2.
+Writes always go through vLLM's writer, so only reading depends on these layouts.
 """
 
 from __future__ import annotations
@@ -12,34 +16,64 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-READABLE_ISAS = ("vec", "vec16")
+READABLE_ISAS = ("vec", "vec16", "amx")
 
 
-def _split(kv_cache: Tensor) -> tuple[Tensor, Tensor]:
-    blocks, heads, block_size, two_d = kv_cache.shape
+def _offsets(isa: str, t: Tensor, block_size: int, dim: int) -> tuple[Tensor, Tensor]:
+    """Element offsets [n, D] of tokens t [n] (in-block) inside the key and the value regions."""
+    t, j = t[:, None], torch.arange(dim)[None, :]
+    if isa == "amx":
+        key = (t // 16) * 16 * dim + (j // 2) * 32 + (t % 16) * 2 + j % 2
+        value = (j // 16) * 16 * block_size + (t // 2) * 32 + (j % 16) * 2 + t % 2
+        return key, value
+    return j * block_size + t, t * dim + j
+
+
+def gather_kv(kv_cache: Tensor, slots: Tensor, isa: str = "vec") -> tuple[Tensor, Tensor]:
+    """Keys and values [n, Hkv, D] at paged slots [n] (slot = block * block_size + offset)."""
+    if isa not in READABLE_ISAS:
+        raise RuntimeError(
+            f"lumotree.vllm reads vLLM's CPU KV cache for ISAs {', '.join(READABLE_ISAS)}, not {isa!r}"
+        )
+    _, heads, block_size, two_d = kv_cache.shape
     dim = two_d // 2
-    flat = kv_cache.view(blocks, heads, 2 * block_size * dim)
-    keys = flat[:, :, : block_size * dim].view(blocks, heads, dim, block_size)
-    values = flat[:, :, block_size * dim :].view(blocks, heads, block_size, dim)
+    region = block_size * dim
+    flat = kv_cache.reshape(-1)  # a view: each layer's cache is one contiguous tensor
+    base = ((slots // block_size)[:, None] * heads + torch.arange(heads)[None, :]) * 2 * region  # [n, H]
+    key_at, value_at = _offsets(isa, slots % block_size, block_size, dim)
+    keys = flat[base[:, :, None] + key_at[:, None, :]]
+    values = flat[base[:, :, None] + region + value_at[:, None, :]]
     return keys, values
 
 
-def gather_kv(kv_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-    """Keys and values [n, Hkv, D] at paged slots [n] (slot = block * block_size + offset)."""
-    keys, values = _split(kv_cache)
-    block_size = kv_cache.shape[2]
-    block, offset = slots // block_size, slots % block_size
-    return keys[block, :, :, offset], values[block, :, offset]
+def block_kv(kv_cache: Tensor, blocks: Tensor, isa: str = "vec") -> tuple[Tensor, Tensor]:
+    """Every token of whole blocks [m]: keys and values [m * block_size, Hkv, D] in block order
+    (a request's prefix is the first tokens of its block-table blocks; block copies, no per-token
+    indexing)."""
+    _, heads, block_size, two_d = kv_cache.shape
+    dim = two_d // 2
+    region = block_size * dim
+    picked = kv_cache.view(-1, heads, 2 * region)[blocks]  # [m, H, 2 * region]
+    keys, values = picked[:, :, :region], picked[:, :, region:]
+    m = blocks.shape[0]
+    if (
+        isa == "amx"
+    ):  # key (tile, dim pair, token in tile, dim low bit); value (dim tile, token pair, dim, token low bit)
+        keys = keys.reshape(m, heads, block_size // 16, dim // 2, 16, 2).permute(0, 2, 4, 1, 3, 5)
+        values = values.reshape(m, heads, dim // 16, block_size // 2, 16, 2).permute(0, 3, 5, 1, 2, 4)
+    elif isa in READABLE_ISAS:
+        keys = keys.reshape(m, heads, dim, block_size).permute(0, 3, 1, 2)
+        values = values.reshape(m, heads, block_size, dim).permute(0, 2, 1, 3)
+    else:
+        raise RuntimeError(
+            f"lumotree.vllm reads vLLM's CPU KV cache for ISAs {', '.join(READABLE_ISAS)}, not {isa!r}"
+        )
+    return keys.reshape(m * block_size, heads, dim), values.reshape(m * block_size, heads, dim)
 
 
 def check_layout(write: object, isa: str, dtype: torch.dtype) -> None:
     """Write probe rows with vLLM's writer `write(key, value, key_cache, value_cache, slots, isa)`
     and read them back; RuntimeError naming the writer if this reader does not see them."""
-    if isa not in READABLE_ISAS:
-        raise RuntimeError(
-            f"lumotree.vllm reads vLLM's CPU KV cache for ISAs {', '.join(READABLE_ISAS)}; this machine's "
-            f"attention ISA is {isa!r}"
-        )
     blocks, heads, block_size, dim = 3, 2, 32, 64
     cache = torch.zeros(blocks, heads, block_size, 2 * dim, dtype=dtype)
     key_cache, value_cache = cache.view(blocks, heads, 2 * block_size, dim).chunk(2, dim=2)
@@ -48,8 +82,14 @@ def check_layout(write: object, isa: str, dtype: torch.dtype) -> None:
     key = torch.randn(40, heads, dim, generator=gen).to(dtype)
     value = torch.randn(40, heads, dim, generator=gen).to(dtype)
     write(key, value, key_cache, value_cache, slots, isa)  # type: ignore[operator]
-    got_k, got_v = gather_kv(cache, slots)
-    if not (torch.equal(got_k, key) and torch.equal(got_v, value)):
+    got_k, got_v = gather_kv(cache, slots, isa)
+    all_k, all_v = block_kv(cache, torch.arange(blocks), isa)
+    if not (
+        torch.equal(got_k, key)
+        and torch.equal(got_v, value)
+        and torch.equal(all_k[slots], key)
+        and torch.equal(all_v[slots], value)
+    ):
         raise RuntimeError(
             "vLLM's CPU KV layout changed: vllm._custom_ops.cpu_attn_reshape_and_cache no longer writes "
             f"the layout lumotree.vllm.paged_kv reads (ISA {isa}, {dtype})"

@@ -114,6 +114,11 @@ class StepPlan:
         one slot per request, block-table column 0)."""
         return int(self.block_rows[group][req.index, 0])  # type: ignore[index]
 
+    def kv_blocks(self, req: RequestStep, group: int, tokens: int) -> Tensor:
+        """The paged-KV blocks [m] holding a request's first `tokens` positions in a group."""
+        size = self.block_sizes[group]
+        return torch.as_tensor(self.block_rows[group][req.index][: -(-tokens // size)]).to(torch.long)  # type: ignore[index]
+
     def kv_slots(self, req: RequestStep, group: int, positions: Tensor) -> Tensor:
         """Paged-KV slots of token positions [n] of a request in an attention layer group."""
         size = self.block_sizes[group]

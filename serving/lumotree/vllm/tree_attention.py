@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.tree_kernels import TreeKernels
-from lumotree.vllm.paged_kv import gather_kv
+from lumotree.vllm.paged_kv import block_kv
 from lumotree.vllm.steps import StepPlan
 
 
@@ -26,14 +26,14 @@ def tree_attention_rows(
     value: Tensor,
     kv_cache: Tensor,
     output: Tensor,
+    isa: str,
 ) -> None:
     """Overwrite output [N, Hq, D] at every tree row; query [N, Hq, D] (RoPE'd at depth positions),
-    key and value [N, Hkv, D] the step's new rows, kv_cache one layer's paged cache."""
+    key and value [N, Hkv, D] the step's new rows, kv_cache one layer's paged cache (layout `isa`)."""
     for req in plan.trees:
         assert req.tree is not None and req.rows is not None
-        prefix = torch.arange(req.prefix_len)
-        prefix_k, prefix_v = gather_kv(kv_cache, plan.kv_slots(req, group, prefix))
-        k = torch.cat([prefix_k.to(key.dtype), key[req.tokens]])
-        v = torch.cat([prefix_v.to(value.dtype), value[req.tokens]])
+        prefix_k, prefix_v = block_kv(kv_cache, plan.kv_blocks(req, group, req.prefix_len), isa)
+        k = torch.cat([prefix_k[: req.prefix_len].to(key.dtype), key[req.tokens]])
+        v = torch.cat([prefix_v[: req.prefix_len].to(value.dtype), value[req.tokens]])
         o, _ = kernels.tree_attention(query[req.rows], k, v, req.tree)
         output[req.rows] = o.to(output.dtype)

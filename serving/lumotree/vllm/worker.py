@@ -175,7 +175,7 @@ class LumoTreeWorker:
             return
         assert self._groups is not None
         group = self._groups[layer.layer_name]
-        tree_attention_rows(self.plan, group, self.kernels, query, key, value, kv_cache, output)
+        tree_attention_rows(self.plan, group, self.kernels, query, key, value, kv_cache, output, layer.isa)
 
     def sample(self, runner: object, logits: Tensor) -> StepSamples:
         """The step's tokens in place of vLLM's samplers (publication included)."""
