@@ -26,7 +26,7 @@ from lumotree.vllm.paged_kv import check_layout
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState, UnsupportedRequest
 from lumotree.vllm.sampler import StepSamples, sample_step
-from lumotree.vllm.settings import PluginSettings
+from lumotree.vllm.settings import PluginSettings, SettingsError
 from lumotree.vllm.steps import RequestStep, StepPlan, physical_tokens, scheduled_tree
 from lumotree.vllm.tree_attention import tree_attention_rows
 
@@ -66,6 +66,11 @@ class LumoTreeWorker:
     def _index(self, runner: object) -> None:
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
+        mode = runner.cache_config.mamba_cache_mode  # type: ignore[attr-defined]
+        if mode != "none":
+            raise SettingsError(
+                f"lumotree.vllm serves vLLM's mamba cache mode 'none' (no prefix caching), not {mode!r}"
+            )
         config = runner.kv_cache_config  # type: ignore[attr-defined]
         context = runner.compilation_config.static_forward_context  # type: ignore[attr-defined]
         groups = {name: g for g, group in enumerate(config.kv_cache_groups) for name in group.layer_names}
