@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from harness.helpers import DEMO, lumobench
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REPLAY_TIMEOUT_S = 3600
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(2 * REPLAY_TIMEOUT_S)]
 
 
 def _replay(corpus: Path, arms: list[str], out: Path, *extra: str) -> list[dict]:

@@ -56,10 +56,13 @@ class LumoTreeProposer:
         worker.settings.engine_config(self.max_rows)  # SettingsError when the geometry cannot fit
 
     def load_model(self, target: torch.nn.Module) -> None:
-        """Load the checkpoint's MTP head (the project's model code) for drafting."""
-        needs_mtp = self.worker.settings.drafter != "ar"
+        """Load the checkpoint's MTP head with its embedding and lm_head (the project's model code,
+        not the decoder layers: vLLM holds the target) for drafting, on the target's device."""
         model_config = self.vllm_config.model_config
-        mtp = load_checkpoint(model_config.model, dtype=model_config.dtype) if needs_mtp else None
+        mtp = None
+        if self.worker.settings.drafter != "ar":
+            device = next(target.parameters()).device
+            mtp = load_checkpoint(model_config.model, model_config.dtype, device, without_layers=True)
         if mtp is not None and mtp.mtp is None:
             raise SettingsError(f"lumotree.vllm: {model_config.model} has no MTP weights to draft with")
         self.worker.enable_trees(mtp, self.max_rows)
