@@ -54,7 +54,7 @@ class PagedWriter:
         key_at, value_at = _offsets("vec", slots % block_size, block_size, dim)
         for row, block in enumerate((slots // block_size).tolist()):
             flat[block, :, key_at[row]] = key[row]
-            flat[block, :, block_size * dim + value_at[row]] = value[row]
+            flat[block, :, value_at[row]] = value[row]
 
 
 def attention_layer(blocks: int, heads: int, block_size: int, dim: int) -> SimpleNamespace:

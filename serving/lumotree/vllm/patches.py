@@ -170,8 +170,15 @@ def install(worker: LumoTreeWorker) -> None:
     """Every patch, once per process."""
     if get_worker() is not worker:
         raise RuntimeError("install the worker before patching")
-    patch_gdn_op(worker)
-    patch_attention(worker)
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        from lumotree.vllm.gpu import patch_cuda
+
+        patch_cuda(worker)
+    else:
+        patch_gdn_op(worker)
+        patch_attention(worker)
     patch_runner(worker)
     patch_scheduler()
     patch_sampling_validation()

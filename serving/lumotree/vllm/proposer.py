@@ -32,10 +32,18 @@ def check_config(vllm_config: Any) -> None:
         "tensor parallel size 1": parallel.tensor_parallel_size == 1,
         "pipeline parallel size 1": parallel.pipeline_parallel_size == 1,
         "vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)": not vllm_config.use_v2_model_runner,
+        "no CUDA graphs (--enforce-eager: a tree changes every step)": not uses_cuda_graphs(vllm_config),
     }
     missing = [need for need, ok in problems.items() if not ok]
     if missing:
         raise SettingsError(f"lumotree.vllm needs {'; '.join(missing)}")
+
+
+def uses_cuda_graphs(vllm_config: Any) -> bool:
+    from vllm.platforms import current_platform
+
+    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+    return current_platform.is_cuda() and mode is not None and mode.name != "NONE"
 
 
 class LumoTreeProposer:

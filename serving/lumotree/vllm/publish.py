@@ -57,5 +57,5 @@ def _move_kv(layer: torch.nn.Module, src: Tensor, dst: Tensor) -> None:
     """Copy KV rows from paged slots src to dst (gathered first: a source may be a destination),
     written with vLLM's own cache writer."""
     kv_cache = layer.kv_cache
-    key, value = gather_kv(kv_cache, src, layer.isa)
+    key, value = gather_kv(kv_cache, src, getattr(layer, "isa", None) or "flash")
     layer.impl.do_kv_cache_update(layer, key.clone(), value.clone(), kv_cache, dst)

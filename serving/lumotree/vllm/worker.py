@@ -81,10 +81,20 @@ class LumoTreeWorker:
                 gdn[name] = (layer, group)
             elif hasattr(layer, "impl"):
                 attention[name] = (layer, group)
+        impls = {type(layer.impl).__name__ for layer, _ in attention.values()}
+        if not impls <= {"CPUAttentionBackendImpl", "FlashAttentionImpl"}:
+            raise SettingsError(
+                f"lumotree.vllm reads the KV cache of vLLM's CPU and FlashAttention backends, not {impls}"
+            )
         self._groups = groups
         self._conv_dim_first = is_conv_state_dim_first()
         self._layers = LayerIndex(gdn, attention, self._conv_dim_first)
-        if self.trees:
+        if runner.device.type == "cuda":  # type: ignore[attr-defined]
+            from lumotree.vllm.gpu import disable_fused_decode, triton_kernels
+
+            self.kernels = triton_kernels()
+            disable_fused_decode([layer for layer, _ in gdn.values()])
+        elif self.trees:
             layer = next(iter(attention.values()))[0]
             check_layout(vllm_kv_writer(), layer.isa, layer.kv_cache.dtype)
 
@@ -180,7 +190,9 @@ class LumoTreeWorker:
             return
         assert self._groups is not None
         group = self._groups[layer.layer_name]
-        tree_attention_rows(self.plan, group, self.kernels, query, key, value, kv_cache, output, layer.isa)
+        tree_attention_rows(
+            self.plan, group, self.kernels, query, key, value, kv_cache, output, kv_layout(layer)
+        )
 
     def sample(self, runner: object, logits: Tensor) -> StepSamples:
         """The step's tokens in place of vLLM's samplers (publication included)."""
@@ -212,6 +224,11 @@ class LumoTreeWorker:
 
     def end_step(self) -> None:
         self.plan, self.hidden = None, None
+
+
+def kv_layout(layer: object) -> str:
+    """The paged-KV layout of an attention layer: its CPU ISA, or FlashAttention's on CUDA."""
+    return getattr(layer, "isa", None) or "flash"
 
 
 def vllm_kv_writer() -> Callable[..., None]:
