@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness.helpers import DEMO, lumobench
+from harness.helpers import DEMO, free_port, lumobench
 
 REPLAY_TIMEOUT_S = 3600
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(2 * REPLAY_TIMEOUT_S)]
@@ -24,9 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(2 *
 def _replay(corpus: Path, arms: list[str], out: Path, *extra: str) -> list[dict]:
     """`lumobench replay` of the arms (compared in one table), then `lumobench report --format json`."""
     args = [a for arm in arms for a in ("--arm", arm)]
+    args += ["--port", str(free_port())]  # arms run one after another; their own ports may be taken
     proc = lumobench("replay", corpus, *args, "--out", out, *extra, timeout=REPLAY_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    runs = sorted(p for p in out.iterdir() if p.is_dir())
+    # in the arms' order: the report compares every arm's outputs with the first arm's
+    runs = [next(p for p in out.iterdir() if p.is_dir() and p.name.endswith(f"-{arm}")) for arm in arms]
     report = lumobench("report", *runs, "--format", "json", timeout=300)
     assert report.returncode == 0, report.stderr
     by_arm = {row["arm"]: row for row in json.loads(report.stdout)["arms"]}

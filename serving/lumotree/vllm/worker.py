@@ -198,8 +198,9 @@ class LumoTreeWorker:
         """The step's tokens in place of vLLM's samplers (publication included)."""
         assert self.plan is not None and self.hidden is not None and self._layers is not None
         outputs = [runner.requests[r.req_id].output_token_ids for r in self.plan.requests]  # type: ignore[attr-defined]
+        # the walk runs on the host (its Philox coins are numpy's); on a GPU that copies the rows
         samples = sample_step(
-            self.plan, logits, self.hidden, self.requests, outputs, self._layers, self.kernels
+            self.plan, logits.cpu(), self.hidden, self.requests, outputs, self._layers, self.kernels
         )
         self.failed.update(samples.failed)
         return samples
