@@ -28,7 +28,12 @@ def _replay(corpus: Path, arms: list[str], out: Path, *extra: str) -> list[dict]
     proc = lumobench("replay", corpus, *args, "--out", out, *extra, timeout=REPLAY_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # in the arms' order: the report compares every arm's outputs with the first arm's
-    runs = [next(p for p in out.iterdir() if p.is_dir() and p.name.endswith(f"-{arm}")) for arm in arms]
+    by_name = {
+        json.loads((p / "run.json").read_text())["arm"]["name"]: p
+        for p in out.iterdir()
+        if (p / "run.json").is_file()
+    }
+    runs = [by_name[arm] for arm in arms]
     report = lumobench("report", *runs, "--format", "json", timeout=300)
     assert report.returncode == 0, report.stderr
     by_arm = {row["arm"]: row for row in json.loads(report.stdout)["arms"]}
