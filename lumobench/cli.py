@@ -1,32 +1,56 @@
-"""The `lumobench` command line: one Typer sub-app per noun, verbs as commands."""
+"""The `lumobench` command line: one Typer sub-app per noun, verbs as commands.
+
+The sub-apps that compute with torch (`bench`, `verify`) are imported only when one of their commands
+runs (or the top-level help lists them): every other command (agent, record, replay, ...) starts
+without importing torch.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from lumobench import __version__
 from lumobench.agent.cli import agent_command, evaluate_command, record_command, select_command
-from lumobench.commands.bench import bench_app
 from lumobench.commands.corpus import corpus_app
 from lumobench.commands.replay import replay
 from lumobench.commands.report import report
 from lumobench.commands.serve import serve
-from lumobench.verify import app as verify_app
+
+#: sub-app name -> (module, Typer app attribute), imported on first use
+LAZY_APPS = {"bench": ("lumobench.commands.bench", "bench_app"), "verify": ("lumobench.verify", "app")}
+
+
+class LazyGroup(TyperGroup):
+    """The root command group: the `LAZY_APPS` join the eagerly registered commands when looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *LAZY_APPS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in LAZY_APPS:
+            return super().get_command(ctx, cmd_name)
+        module, attr = LAZY_APPS[cmd_name]
+        group = typer.main.get_group(getattr(importlib.import_module(module), attr))
+        group.name = cmd_name
+        return group
+
 
 app = typer.Typer(
     name="lumobench",
+    cls=LazyGroup,
     help="Benchmark and agent-workload replay harness for LumoTree, vLLM and SGLang.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(corpus_app, name="corpus")
-app.add_typer(bench_app, name="bench")
 app.command("serve")(serve)
 app.command("replay")(replay)
 app.command("report")(report)
-app.add_typer(verify_app, name="verify")
 
 
 def _version(value: bool) -> None:

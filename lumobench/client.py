@@ -35,11 +35,19 @@ class Target:
     stream_options: dict[str, Any] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
     request_timeout_s: float = 900.0  # longest silence allowed between two reads
+    #: every request's response cap becomes min(its own, this); a request without one gets this
+    max_tokens_cap: int | None = None
+
+
+def _capped(limit: int | None, cap: int | None) -> int | None:
+    return limit if cap is None else min(limit or cap, cap)
 
 
 def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) for one record; messages and tools are sent exactly as recorded."""
+    """(path, JSON body) for one record; messages and tools are sent exactly as recorded, the response
+    cap lowered to `target.max_tokens_cap` when there is one."""
     dumped = record.model_dump(mode="json", exclude_unset=True)
+    cap = target.max_tokens_cap
     if target.api == "generate":
         if record.input_ids is None:
             raise LumobenchError(f"record {record.id} has no input_ids; the generate API replays token ids")
@@ -48,7 +56,13 @@ def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, 
         if "seed" in params:
             params["sampling_seed"] = params.pop("seed")
         body = {"input_ids": record.input_ids, "sampling_params": params, "stream": True}
-        return GENERATE_PATH, body | target.extra_body | (record.extra_body or {})
+        body |= target.extra_body | (record.extra_body or {})
+        if cap is not None:
+            body["sampling_params"] = {
+                **body["sampling_params"],
+                "max_new_tokens": _capped(body["sampling_params"].get("max_new_tokens"), cap),
+            }
+        return GENERATE_PATH, body
     body = {
         "model": target.model,
         "messages": dumped["messages"],
@@ -59,7 +73,12 @@ def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, 
     for key in ("tools", "tool_choice"):
         if key in dumped:
             body[key] = dumped[key]
-    return CHAT_PATH, body | target.extra_body | (record.extra_body or {})
+    body |= target.extra_body | (record.extra_body or {})
+    if cap is not None:
+        body["max_tokens"] = _capped(body.get("max_tokens"), cap)
+        if body.get("max_completion_tokens") is not None:
+            body["max_completion_tokens"] = _capped(body["max_completion_tokens"], cap)
+    return CHAT_PATH, body
 
 
 def new_session(concurrency: int, request_timeout_s: float) -> aiohttp.ClientSession:
@@ -120,6 +139,7 @@ async def send_request(
         chunks=recorder.chunks,
         output_chunks=recorder.output_chunks,
         chunk_tokens=recorder.chunk_tokens or None,
+        chunk_ns=recorder.chunk_ns or None,
         finish_reason=recorder.finish_reason,
         token_ids=recorder.token_ids or None,
         started_at=started_at,

@@ -169,7 +169,8 @@ def launched(
 
 
 def interrupt_on_signals() -> None:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt, so `finally` blocks stop launched servers.
+    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session) raise KeyboardInterrupt, so
+    `finally` blocks stop launched servers and agents, and run files say "interrupted".
 
     SIGINT is set explicitly because a process started in the background by a non-interactive shell
     inherits it ignored.
@@ -180,3 +181,4 @@ def interrupt_on_signals() -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)

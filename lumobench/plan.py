@@ -22,7 +22,6 @@ from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, n
 #: the embedded default: LumoTree's own arms, compared on the matched set (their TOML files come
 #: with the engine)
 DEFAULT_ARMS = ("lumotree-ar", "lumotree-mtp5", "lumotree")
-EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
 
 
 @dataclass
@@ -112,6 +111,7 @@ def _new_meta(
         concurrency=concurrency,
         stream_options=target.stream_options,
         extra_body=target.extra_body,
+        max_tokens_cap=target.max_tokens_cap,
         host=host_info(),
     )
 
@@ -158,10 +158,13 @@ def plan_new(
     model: str | None,
     timeout: float,
     boot_per_run: bool | None = None,
+    max_tokens_cap: int | None = None,
 ) -> list[Plan]:
     """Validate everything up front (corpus, manifest, arms, endpoint) before any server starts.
 
     boot_per_run: start each launched arm afresh per repetition; None takes the arm file's setting.
+    max_tokens_cap: lower every request's max_tokens to at most this (e.g. a corpus captured on a
+    long-context arm, replayed on a small-context engine); recorded in run.json.
     """
     if len(arms) > 1 and endpoint:
         raise LumobenchError("--endpoint takes at most one --arm (the arm that is already running there)")
@@ -189,6 +192,7 @@ def plan_new(
             running = resolve_arm(config, source, model=model)
             target = replace(_arm_target(running, api, timeout), base_url=base, model=model or served)
             info = _arm_info(running).model_copy(update={"launched": False, "name": label or running.name})
+        target = replace(target, max_tokens_cap=max_tokens_cap)
         meta = _new_meta(
             new_run_id(info.name), info, base, target, corpus, manifest, records, runs, concurrency
         )
@@ -204,7 +208,7 @@ def plan_new(
     if any(a.config.request.api == "generate" for a in resolved):
         _require_input_ids(records)
     for arm in resolved:
-        target = _arm_target(arm, api, timeout)
+        target = replace(_arm_target(arm, api, timeout), max_tokens_cap=max_tokens_cap)
         run_id = new_run_id(arm.name if not label else f"{label}-{arm.name}")
         meta = _new_meta(
             run_id, _arm_info(arm), arm.base_url, target, corpus, manifest, records, runs, concurrency
@@ -237,7 +241,7 @@ def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
         if arm.source_sha256 != meta.arm.config_sha256:
             raise LumobenchError(f"arm file {source} changed since run {meta.run_id} started; resume refused")
         check_launchable(arm)
-        target = _arm_target(arm, meta.api, timeout)
+        target = replace(_arm_target(arm, meta.api, timeout), max_tokens_cap=meta.max_tokens_cap)
         return Plan(run, meta, records, target, arm)
     probe_endpoint(meta.endpoint)
     target = Target(
@@ -247,5 +251,6 @@ def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
         stream_options=meta.stream_options,
         extra_body=meta.extra_body,
         request_timeout_s=timeout,
+        max_tokens_cap=meta.max_tokens_cap,
     )
     return Plan(run, meta, records, target, None)

@@ -72,24 +72,56 @@ def matched_ids(arms: Mapping[str, tuple[Sequence[RequestRow], Sequence[str], in
     return set.intersection(*sets) if sets else set()
 
 
+def request_totals(rows: Iterable[RequestRow]) -> dict[str, tuple[int, int]]:
+    """Per request id over its eligible rows (all repetitions together): (Σ (n − 1), Σ decode ns)."""
+    totals: dict[str, tuple[int, int]] = {}
+    for r in eligible(rows):
+        tokens, ns = totals.get(r.request_id, (0, 0))
+        totals[r.request_id] = (tokens + r.completion_tokens - 1, ns + r.t_end_ns - r.t_first_ns)  # type: ignore[operator]
+    return totals
+
+
+def _percentiles(stats: list[float], level: float) -> tuple[float, float]:
+    stats.sort()
+    n = len(stats)
+    return stats[int((1 - level) / 2 * (n - 1))], stats[int((1 + level) / 2 * (n - 1))]
+
+
+def _rate(totals: Sequence[tuple[int, int]]) -> float:
+    ns = sum(d for _, d in totals)
+    return sum(t for t, _ in totals) / (ns / 1e9) if ns > 0 else 0.0
+
+
 def bootstrap_ci(
     rows: Sequence[RequestRow], resamples: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float] | None:
     """Percentile interval of the pooled rate, resampling requests (all repetitions of a request move
     together, since they share a prompt). None with fewer than two requests."""
-    by_id: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for r in eligible(rows):
-        by_id[r.request_id].append((r.completion_tokens - 1, r.t_end_ns - r.t_first_ns))  # type: ignore[operator]
-    totals = [(sum(t for t, _ in v), sum(d for _, d in v)) for v in by_id.values()]
+    totals = list(request_totals(rows).values())
     if len(totals) < 2:
+        return None
+    rng = random.Random(seed)
+    return _percentiles([_rate(rng.choices(totals, k=len(totals))) for _ in range(resamples)], level)
+
+
+def paired_bootstrap_ratio(
+    base: Sequence[RequestRow],
+    rows: Sequence[RequestRow],
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile interval of pooled rate(rows) / pooled rate(base), resampling request ids that are
+    eligible in both: one draw picks the same requests for both arms (a paired bootstrap), so the
+    prompts' own spread cancels out of the ratio. None with fewer than two shared requests."""
+    a, b = request_totals(rows), request_totals(base)
+    ids = sorted(a.keys() & b.keys())
+    if len(ids) < 2:
         return None
     rng = random.Random(seed)
     stats = []
     for _ in range(resamples):
-        pick = rng.choices(totals, k=len(totals))
-        ns = sum(d for _, d in pick)
-        stats.append(sum(t for t, _ in pick) / (ns / 1e9) if ns > 0 else 0.0)
-    stats.sort()
-    lo = stats[int((1 - level) / 2 * (resamples - 1))]
-    hi = stats[int((1 + level) / 2 * (resamples - 1))]
-    return lo, hi
+        pick = rng.choices(ids, k=len(ids))
+        base_rate = _rate([b[i] for i in pick])
+        stats.append(_rate([a[i] for i in pick]) / base_rate if base_rate > 0 else 0.0)
+    return _percentiles(stats, level)

@@ -4,21 +4,31 @@ run) into a replay corpus (DESIGN §6, paper §VI).
 With a corpus, every `POST /v1/chat/completions` the upstream accepts (HTTP 200) becomes one
 `CorpusRecord`, appended and flushed in capture order, with `source` = {task, conversation, turn,
 captured_at}. Either way the proxy counts answered chat requests and the completion tokens of the
-upstream's usage reports (that is how agent runs count an arm's work). Responses are passed through
+upstream's usage reports (that is how agent runs count an arm's work); with a `request_log` it also
+writes one `ProxiedRequest` per chat request (its timeline). Responses are passed through
 byte for byte as they arrive (no re-chunking, no decompression), so a streaming client sees the
 upstream's events with one extra local hop. Every other path is forwarded unrecorded.
 
 `conversation` is a stable hash of the task label, the run label and the conversation's opening (its
 first system and first user message): successive requests of one agent conversation share it, and a
 sub-agent (different system prompt) gets its own. `turn` counts that conversation's earlier requests.
+
+A client that goes away (an agent's request timeout, Ctrl-C) takes its upstream request with it: the
+proxy's handler is cancelled and closes the upstream connection, so a one-request-at-a-time engine
+aborts it instead of finishing an answer nobody reads. With `fit_context` (agent runs) a chat
+request whose prompt + `max_tokens` exceeds the upstream's context gets `max_tokens` lowered to the
+room its prompt leaves, measured with the upstream's `/tokenize` (vLLM's and LumoTree's), instead
+of an HTTP 400; the corpus records what the upstream received.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -27,10 +37,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from lumobench.corpus import SAMPLING_FIELDS, CorpusRecord, check_corpus
 from lumobench.errors import LumobenchError
+from lumobench.results import append_jsonl
 
 RECORDED_PATH = "/v1/chat/completions"
 # Request fields the corpus record carries itself; everything else except transport settings goes
@@ -108,6 +119,19 @@ class CorpusWriter:
             return record
 
 
+class ProxiedRequest(BaseModel):
+    """One chat request through the proxy. Times are wall-clock seconds since the epoch (`time.time()`):
+    when the request arrived, when the arm's first response bytes came back, when the response ended."""
+
+    task: str | None
+    run: int | None
+    http_status: int | None  # None: the arm could not be reached
+    sent_s: float
+    first_byte_s: float | None
+    end_s: float
+    completion_tokens: int | None
+
+
 @dataclass
 class TrafficCounts:
     """Chat requests the upstream answered with 200 and the completion tokens its usage reported."""
@@ -115,6 +139,7 @@ class TrafficCounts:
     requests: int = 0
     completion_tokens: int = 0
     without_usage: int = 0  # answered requests whose response carried no usage
+    capped: int = 0  # requests whose max_tokens was lowered to fit the upstream's context
 
 
 def completion_tokens_of(body: bytes) -> int | None:
@@ -143,13 +168,20 @@ class RecordingProxy:
     driver sets them per task)."""
 
     def __init__(
-        self, upstream: str, corpus: Path | None, task: str | None = None, run: int | None = None
+        self,
+        upstream: str,
+        corpus: Path | None,
+        task: str | None = None,
+        run: int | None = None,
+        fit_context: bool = False,
     ) -> None:
         self.upstream = upstream.rstrip("/").removesuffix("/v1")
         self.writer = CorpusWriter(corpus) if corpus is not None else None
         self.task = task
         self.run = run
+        self.fit_context = fit_context
         self.recorded = 0
+        self.request_log: Path | None = None  # where each chat request's ProxiedRequest goes (if set)
         self._counts = TrafficCounts()
         self._counts_lock = threading.Lock()
         self._session: aiohttp.ClientSession | None = None
@@ -183,18 +215,25 @@ class RecordingProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         body = await request.read()
+        sent = time.time()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         url = self.upstream + request.rel_url.path_qs
+        is_chat = request.method == "POST" and request.path == RECORDED_PATH
+        if self.fit_context and is_chat:
+            body = await self._fit(body, headers)
         try:
             upstream = await self._session.request(request.method, url, data=body, headers=headers)
         except aiohttp.ClientError:
+            if is_chat:
+                self._log(None, sent, None, None)
             # mirror the upstream's state: its client sees a dropped connection, as it would without us
             # (an HTTP 502 would instead send agents into long retry back-offs)
             if request.transport is not None:
                 request.transport.abort()
             return web.Response(status=502)
+        first_byte = None
         async with upstream:
-            chat = request.method == "POST" and request.path == RECORDED_PATH and upstream.status == 200
+            chat = is_chat and upstream.status == 200
             if chat:
                 self._record(body)
             response = web.StreamResponse(
@@ -206,13 +245,59 @@ class RecordingProxy:
             received = bytearray()
             # forward each read as it arrives: SSE events keep the upstream's timing and bytes
             async for chunk in upstream.content.iter_any():
+                first_byte = first_byte or time.time()
                 await response.write(chunk)
                 if chat:
                     received += chunk
             await response.write_eof()
-        if chat:
-            self._count(bytes(received), upstream.headers.get("Content-Encoding"))
+        tokens = self._count(bytes(received), upstream.headers.get("Content-Encoding")) if chat else None
+        if is_chat:
+            self._log(upstream.status, sent, first_byte, tokens)
         return response
+
+    def _log(self, status: int | None, sent: float, first_byte: float | None, tokens: int | None) -> None:
+        if self.request_log is not None:
+            row = ProxiedRequest(
+                task=self.task,
+                run=self.run,
+                http_status=status,
+                sent_s=sent,
+                first_byte_s=first_byte,
+                end_s=time.time(),
+                completion_tokens=tokens,
+            )
+            append_jsonl(self.request_log, row)
+
+    async def _fit(self, body: bytes, headers: dict[str, str]) -> bytes:
+        """`body` with max_tokens lowered to the room its prompt leaves in the upstream's context (as
+        given); an upstream without /tokenize turns fitting off for the rest of the run."""
+        assert self._session is not None
+        try:
+            chat = json.loads(body)
+            field = "max_completion_tokens" if chat.get("max_completion_tokens") else "max_tokens"
+            wanted = int(chat.get(field) or 0)
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+            return body
+        if wanted <= 0:
+            return body
+        probe = {k: chat[k] for k in ("model", "messages", "tools", "chat_template_kwargs") if k in chat}
+        try:
+            async with self._session.post(
+                self.upstream + "/tokenize", json={**probe, "add_generation_prompt": True}, headers=headers
+            ) as resp:
+                if resp.status == 404:
+                    self.fit_context = False
+                answer = await resp.json() if resp.status == 200 else {}
+        except (aiohttp.ClientError, json.JSONDecodeError, ValueError):
+            return body
+        prompt, context = answer.get("count"), answer.get("max_model_len")
+        fits = not (isinstance(prompt, int) and isinstance(context, int)) or prompt + wanted <= context
+        if fits or prompt >= context:  # unknown, fitting, or no room at all (the upstream says so)
+            return body
+        chat[field] = context - prompt
+        with self._counts_lock:
+            self._counts.capped += 1
+        return json.dumps(chat, ensure_ascii=False).encode()
 
     def _record(self, body: bytes) -> None:
         if self.writer is None:
@@ -224,7 +309,8 @@ class RecordingProxy:
         if isinstance(parsed, dict) and self.writer.record(parsed, self.task, self.run) is not None:
             self.recorded += 1
 
-    def _count(self, response: bytes, encoding: str | None) -> None:
+    def _count(self, response: bytes, encoding: str | None) -> int | None:
+        """Count one answered chat request; its completion tokens (None without a readable usage)."""
         tokens = None if encoding else completion_tokens_of(response)
         with self._counts_lock:
             self._counts.requests += 1
@@ -232,6 +318,7 @@ class RecordingProxy:
                 self._counts.without_usage += 1
             else:
                 self._counts.completion_tokens += tokens
+        return tokens
 
 
 class BackgroundProxy:
@@ -251,7 +338,7 @@ class BackgroundProxy:
         return f"http://{self.host}:{self.port}/v1"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(self.proxy.app(), shutdown_timeout=1.0)
+        self._runner = web.AppRunner(self.proxy.app(), shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port)
         await site.start()
@@ -274,5 +361,20 @@ class BackgroundProxy:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
+        """Cancel what still runs on the loop (a stream cut by Ctrl-C), wait for it, stop and close the
+        loop: a task left pending would be reported as "destroyed but pending" at exit."""
+
+        async def cancel_the_rest() -> None:
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        if self._loop.is_running():
+            with contextlib.suppress(TimeoutError):
+                asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()

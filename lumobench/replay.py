@@ -1,24 +1,32 @@
-"""Replay execution: send every missing (repetition, request) of a run directory and record its rows.
+"""Replay execution: carry out a plan (`run_plan`: launch its arm once or afresh per repetition,
+record what the server reports in the run metadata) and send every missing (repetition, request) of
+its run directory, recording the rows (`execute`).
 
 The paper's protocol is one active request at a time (`concurrency=1`). Each repetition is one or
 more segments (a resumed repetition opens a new one); `/metrics` is scraped before and after each
 segment. A failed request is recorded and the run continues; a server that is gone (connection
-refused, or the launched process exited) aborts the run, keeping every row written so far.
+refused, or the launched process exited) aborts the run, keeping every row written so far. The
+command line (`lumobench.commands.replay`) only shows what happens, through a `PlanUI`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal, Protocol
 
 import httpx
 
+from lumobench.arms import ResolvedArm
 from lumobench.client import ServerUnreachable, Target, new_session, send_request
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
+from lumobench.launch import ArmServer, launched
 from lumobench.metrics import scrape
+from lumobench.plan import Plan, probe_endpoint
 from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys, now_iso
 
 
@@ -152,3 +160,69 @@ async def execute(
         meta.status = "finished"
     run.write_meta(meta)
     return ReplayOutcome("finished", completed, failed)
+
+
+class PlanUI(Protocol):
+    """What `run_plan` tells the person watching: a resumed run, an arm starting, the replay."""
+
+    def resuming(self, run_path: Path, kept_rows: int) -> None: ...
+    def arm_starting(self, arm: str, log: Path, waiting_for: str | None) -> None: ...
+    def arm_started(self) -> None: ...  # also after a failed start; may be called twice
+    def replaying(self, plan: Plan) -> AbstractContextManager[ReplayProgress]: ...
+
+
+def run_plan(plan: Plan, concurrency: int, ui: PlanUI) -> ReplayOutcome:
+    """Launch the plan's arm if there is one (once, or afresh per repetition when the run boots per
+    repetition), replay what is missing, stop the arm. Ctrl-C propagates as KeyboardInterrupt."""
+    kept = plan.run.prepare_resume()
+    if kept:
+        ui.resuming(plan.run.path, len(kept))
+    if plan.arm is None:
+        return _replay(plan, concurrency, None, None, ui)
+    if not plan.meta.boot_per_run:
+        return _launch_and_replay(plan, plan.arm, concurrency, None, ui)
+    pending = sorted({run_index for run_index, _ in missing_keys(plan.meta, plan.run.read_rows())})
+    outcome = ReplayOutcome("finished", len(kept), 0)
+    for run_index in pending:
+        outcome = _launch_and_replay(plan, plan.arm, concurrency, [run_index], ui)
+        if outcome.status != "finished":
+            break
+    return outcome
+
+
+def _launch_and_replay(
+    plan: Plan, arm: ResolvedArm, concurrency: int, run_indices: list[int] | None, ui: PlanUI
+) -> ReplayOutcome:
+    """Start the plan's arm, record its engine version and served model, replay `run_indices`
+    (None: all), stop the arm."""
+    log = plan.run.server_log
+    ui.arm_starting(arm.name, log, None)
+    try:
+        with launched(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting)) as server:
+            ui.arm_started()
+            plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
+            plan.meta.model = plan.target.model or server.served_model
+            plan.target = replace(plan.target, model=plan.meta.model)
+            plan.run.write_meta(plan.meta)
+            return _replay(plan, concurrency, server, run_indices, ui)
+    finally:
+        ui.arm_started()
+
+
+def _replay(
+    plan: Plan, concurrency: int, server: ArmServer | None, run_indices: list[int] | None, ui: PlanUI
+) -> ReplayOutcome:
+    alive = None if server is None else (lambda: server.exit_code() is None)
+    with ui.replaying(plan) as progress:
+        return asyncio.run(
+            execute(
+                plan.run,
+                plan.meta,
+                plan.records,
+                plan.target,
+                concurrency=concurrency,
+                server_alive=alive,
+                progress=progress,
+                run_indices=run_indices,
+            )
+        )

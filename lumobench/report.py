@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from lumobench.agreement import agreement
 from lumobench.metrics import SpecCounters, phase_totals, spec_delta
-from lumobench.rates import bootstrap_ci, matched_ids, pooled, run_rates
+from lumobench.rates import bootstrap_ci, matched_ids, paired_bootstrap_ratio, pooled, run_rates
 from lumobench.results import RequestRow, RunDir, RunMeta
 
 
@@ -32,6 +33,9 @@ class ArmReport(BaseModel):
     matched: int  # request ids in the matched set
     pooled_tokens_per_s: float | None
     pooled_ci95: tuple[float, float] | None
+    # pooled rate over the first arm's, with a paired bootstrap interval (None for the first arm)
+    ratio_vs_first: float | None = None
+    ratio_ci95: tuple[float, float] | None = None
     run_rates: list[float | None]
     tokens: int  # Σ (n − 1) over the matched, eligible rows
     decode_s: float  # Σ (t_end − t_first) over the same rows
@@ -51,7 +55,8 @@ def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
     return tokens / chunks if chunks else None
 
 
-def _spec_totals(run: RunDir) -> SpecCounters | None:
+def spec_totals(run: RunDir) -> SpecCounters | None:
+    """Speculative counter deltas summed over the run's metric segments (None: no counters)."""
     total: SpecCounters | None = None
     for _, _, before, after in run.metric_segments():
         delta = spec_delta(before, after)
@@ -88,10 +93,13 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
     )
     reports = []
     _, base_meta, base_rows = loaded[0]
+    base_set = [r for r in base_rows if r.request_id in matched]
+    base_rate = pooled(base_set).rate
     for index, (name, (run, meta, rows)) in enumerate(zip(names, loaded, strict=True)):
         in_set = [r for r in rows if r.request_id in matched]
         total = pooled(in_set)
-        spec = _spec_totals(run)
+        ratio = total.rate / base_rate if index and total.rate is not None and base_rate else None
+        spec = spec_totals(run)
         also = set(meta.deterministic_ids)
         shared = [i for i in base_meta.deterministic_ids if i in also]
         agree = agreement(base_rows, rows, shared) if index else None
@@ -105,6 +113,8 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
                 matched=len(matched),
                 pooled_tokens_per_s=total.rate,
                 pooled_ci95=bootstrap_ci(in_set),
+                ratio_vs_first=ratio,
+                ratio_ci95=paired_bootstrap_ratio(base_set, in_set) if index else None,
                 run_rates=run_rates(in_set, meta.runs),
                 tokens=total.tokens,
                 decode_s=total.seconds,
@@ -118,6 +128,11 @@ def build_report(paths: Sequence[Path]) -> list[ArmReport]:
             )
         )
     return reports
+
+
+def report_command(paths: Sequence[Path]) -> str:
+    """The command that turns these run directories into a shareable report page."""
+    return "lumobench report " + " ".join(shlex.quote(str(p)) for p in paths) + " --html report.html"
 
 
 def table_console(stderr: bool = False) -> Console:
@@ -139,7 +154,8 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
     """Pooled rate, interval, per-run range, counts, acceptance, tokens per chunk, output agreement."""
     table = Table(
         title="Eq. 5 pooled decode rate (tokens/s) over the matched set",
-        caption="same output: greedy or seeded requests whose output equals the first arm's",
+        caption="vs first: pooled rate over the first arm's (paired bootstrap 95% CI); same output: greedy "
+        "or seeded requests whose output equals the first arm's",
     )
     for col in (
         "arm",
@@ -157,13 +173,10 @@ def render_table(reports: Sequence[ArmReport]) -> Table:
         "spans ms (target/drafter/dispatch)",
     ):
         table.add_column(col, justify="left" if col == "arm" else "right")
-    base = reports[0].pooled_tokens_per_s if reports else None
     for rep in reports:
-        rel = (
-            f"{(rep.pooled_tokens_per_s / base - 1) * 100:+.1f}%"
-            if base and rep.pooled_tokens_per_s is not None and rep is not reports[0]
-            else ""
-        )
+        rel = "" if rep.ratio_vs_first is None else f"{rep.ratio_vs_first:.2f}x"
+        if rep.ratio_ci95:
+            rel += f" ({rep.ratio_ci95[0]:.2f}–{rep.ratio_ci95[1]:.2f})"
         ci = f"{rep.pooled_ci95[0]:.2f}–{rep.pooled_ci95[1]:.2f}" if rep.pooled_ci95 else "–"
         table.add_row(
             rep.arm,
@@ -207,22 +220,34 @@ def render_csv(reports: Sequence[ArmReport]) -> str:
     fields = [
         f
         for f in ArmReport.model_fields
-        if f not in ("run_rates", "pooled_ci95", "per_position_acceptance", "phase_ms", "differing_outputs")
+        if f
+        not in (
+            "run_rates",
+            "pooled_ci95",
+            "ratio_ci95",
+            "per_position_acceptance",
+            "phase_ms",
+            "differing_outputs",
+        )
     ]
     writer = csv.writer(buf, lineterminator="\n")
     phases = ("target", "drafter", "dispatch")
     writer.writerow(
-        [*fields, "ci95_low", "ci95_high", "run_rate_min", "run_rate_max", "run_rates"]
+        [*fields, "ci95_low", "ci95_high", "ratio_ci95_low", "ratio_ci95_high"]
+        + ["run_rate_min", "run_rate_max", "run_rates"]
         + [f"{p}_ms" for p in phases]
     )
     for rep in reports:
         known = [r for r in rep.run_rates if r is not None]
         ci = rep.pooled_ci95 or (None, None)
+        ratio_ci = rep.ratio_ci95 or (None, None)
         writer.writerow(
             [getattr(rep, f) for f in fields]
             + [
                 ci[0],
                 ci[1],
+                ratio_ci[0],
+                ratio_ci[1],
                 min(known, default=None),
                 max(known, default=None),
                 " ".join("" if r is None else f"{r:.6g}" for r in rep.run_rates),

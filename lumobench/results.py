@@ -41,7 +41,8 @@ class RequestRow(BaseModel):
 
     `completion_tokens` (n in Eq. 5) is the server's usage count; `chunk_tokens` holds the cumulative
     completion-token count after each output chunk where the server reports it (vLLM's
-    `continuous_usage_stats`, SGLang's `meta_info`), which shows servers that hold output back.
+    `continuous_usage_stats`, SGLang's `meta_info`), which shows servers that hold output back;
+    `chunk_ns` the arrival time of each output chunk (rows written before it existed have None).
     """
 
     run_index: int = Field(ge=0)
@@ -58,6 +59,7 @@ class RequestRow(BaseModel):
     chunks: int = 0  # SSE data events received, excluding [DONE]
     output_chunks: int = 0  # events that carried content, reasoning, tool calls or new tokens
     chunk_tokens: list[int] | None = None
+    chunk_ns: list[int] | None = None
     finish_reason: str | None = None
     text: str = ""
     reasoning: str = ""
@@ -119,6 +121,7 @@ class RunMeta(BaseModel):
     boot_per_run: bool = False  # a launched arm was started afresh for every repetition
     stream_options: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    max_tokens_cap: int | None = Field(default=None, ge=1)  # --max-tokens-cap (kept for --resume)
     host: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list)
     status: Literal["running", "finished", "interrupted", "aborted"] = "running"

@@ -28,6 +28,7 @@ class StreamRecorder:
         self.chunks = 0
         self.output_chunks = 0
         self.chunk_tokens: list[int] = []
+        self.chunk_ns: list[int] = []  # arrival of each output chunk (the ITL gaps of vLLM's bench)
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.finish_reason: str | None = None
@@ -111,6 +112,7 @@ class ChatRecorder(StreamRecorder):
             self.t_first_ns = t_ns
         if visible or (new_tokens and obj.get("choices")):
             self.output_chunks += 1
+            self.chunk_ns.append(t_ns)
             if usage and usage.get("completion_tokens") is not None:
                 self.chunk_tokens.append(usage["completion_tokens"])
 
@@ -149,6 +151,7 @@ class GenerateRecorder(StreamRecorder):
             if self.t_first_ns is None:
                 self.t_first_ns = t_ns
             self.output_chunks += 1
+            self.chunk_ns.append(t_ns)
             self.chunk_tokens.append(count)
         if count is not None:
             self.completion_tokens = count

@@ -16,7 +16,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lumobench.agent import evaluate as ev
-from lumobench.agent.driver import PAPER_SAMPLING, AgentSettings, execute, new_run
+from lumobench.agent.driver import (
+    PAPER_SAMPLING,
+    AgentSettings,
+    execute,
+    find_mirrors,
+    new_run,
+    pending,
+    resume_settings,
+)
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.qwen_code import DEFAULT_VERSION
 from lumobench.agent.rundir import ATTEMPTED, RUN_FILE, AgentRunDir, TaskRow, evaluation_path
@@ -25,6 +33,7 @@ from lumobench.agent.tasks import Task, resolve_tasks
 from lumobench.corpus import load_corpus
 from lumobench.corpus_select import freeze_selection
 from lumobench.errors import LumobenchError, user_errors
+from lumobench.launch import interrupt_on_signals
 from lumobench.manifest import write_manifest
 from lumobench.record import RecordingProxy
 
@@ -91,12 +100,20 @@ def agent_command(
         typer.Option(help="Sampling override KEY=VALUE (repeatable); default: the paper's agent sampling."),
     ] = None,
     repos: Annotated[
-        Path,
-        typer.Option(help="Folder of repository mirrors (owner__name, owner/name or name; bare or not)."),
-    ] = CACHE_DIR / "repos",
+        Path | None,
+        typer.Option(
+            help="Folder of repository mirrors (owner__name, owner/name or name; bare or not) "
+            f"[default: {CACHE_DIR / 'repos'}; --resume: the run's]."
+        ),
+    ] = None,
     clone: Annotated[
-        bool, typer.Option(help="Clone a missing repository from GitHub into --repos (needs network).")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--clone/--no-clone",
+            help="Clone a missing repository from GitHub into --repos (needs network) [default: clone; "
+            "--resume: the run's].",
+        ),
+    ] = None,
     record: Annotated[
         Path | None, typer.Option(help="Record every model request into this corpus (JSONL) while running.")
     ] = None,
@@ -110,30 +127,25 @@ def agent_command(
         str, typer.Option(help="Qwen Code npm release (installed once into .cache/qwen-code/).")
     ] = DEFAULT_VERSION,
     keep_workdirs: Annotated[
-        bool, typer.Option(help="Keep each attempt's working copy under the run's work/ folder.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--keep-workdirs/--no-keep-workdirs",
+            help="Keep each attempt's working copy under the run's work/ folder [default: no; --resume: "
+            "the run's].",
+        ),
+    ] = None,
 ) -> None:
     """Run Qwen Code on SWE-bench tasks against an arm; write rows, predictions and the task table."""
+    interrupt_on_signals()  # SIGTERM and SIGHUP end the run as Ctrl-C does: agent, arm and run.json
     with user_errors():
-        settings = AgentSettings(
-            runs=runs,
-            budget_s=budget_s,
-            max_tokens=max_tokens,
-            sampling=_sampling(sampling or []),
-            qwen_code_version=qwen_code_version,
-            repos_dir=repos,
-            allow_clone=clone,
-            keep_workdirs=keep_workdirs,
-        )
         if resume is not None:
             run = AgentRunDir.open(resume)
             meta = run.read_meta()
             task_list = resolve_tasks(meta.tasks)
             if [t.instance_id for t in task_list] != meta.task_ids:
                 raise LumobenchError(f"the tasks {meta.tasks} no longer resolve to the run's task ids")
-            settings.runs, settings.budget_s, settings.max_tokens = meta.runs, meta.budget_s, meta.max_tokens
-            settings.sampling = dict(meta.sampling)
-            settings.qwen_code_version = meta.agent.split("@", 1)[1]
+            settings = resume_settings(meta, repos, clone, keep_workdirs)
+            mirrors = find_mirrors(pending(meta, run, task_list), settings)
             if arm is None and endpoint is None:
                 arm, endpoint = (meta.arm_spec, None) if meta.arm_spec else (None, meta.endpoint)
             model = model or (meta.model if endpoint else None)
@@ -144,12 +156,23 @@ def agent_command(
                 )
             if (arm is None) == (endpoint is None):
                 raise LumobenchError("give exactly one of --arm and --endpoint")
+            settings = AgentSettings(
+                runs=runs,
+                budget_s=budget_s,
+                max_tokens=max_tokens,
+                sampling=_sampling(sampling or []),
+                qwen_code_version=qwen_code_version,
+                repos_dir=(repos or CACHE_DIR / "repos").absolute(),
+                allow_clone=True if clone is None else clone,
+                keep_workdirs=bool(keep_workdirs),
+            )
             # task files are kept as absolute paths so --resume works from any folder
             specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in _split(tasks)]
             task_list = resolve_tasks(specs)
+            mirrors = find_mirrors([(r, t) for r in range(runs) for t in task_list], settings)
             run = new_run(out, task_list, specs, settings, arm, endpoint, record, sys.argv)
         err.print(f"agent run: {run.path}", highlight=False)
-        _run_with_progress(run, task_list, settings, arm, endpoint, model)
+        _run_with_progress(run, task_list, settings, arm, endpoint, model, mirrors)
 
 
 def _run_with_progress(
@@ -159,6 +182,7 @@ def _run_with_progress(
     arm: str | None,
     endpoint: str | None,
     model: str | None,
+    mirrors: dict[str, Path | str],
 ) -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
@@ -183,7 +207,7 @@ def _run_with_progress(
             _print_row(row)
 
         try:
-            meta = execute(run, tasks, settings, arm, endpoint, model, err.print, on_attempt, done)
+            meta = execute(run, tasks, settings, arm, endpoint, model, err.print, on_attempt, done, mirrors)
         except KeyboardInterrupt:
             err.print(
                 f"interrupted; recorded attempts are kept. Continue with: lumobench agent --resume {run.path}"
@@ -219,6 +243,16 @@ def _print_table(run: AgentRunDir) -> None:
     out.print(table)
 
 
+def _run_task_specs(folder: Path) -> list[str]:
+    """The --tasks of the agent run whose predictions lie in `folder` ([] for any other folder)."""
+    if not (folder / RUN_FILE).is_file():
+        return []
+    try:
+        return AgentRunDir.open(folder).read_meta().tasks
+    except (LumobenchError, ValueError):  # another kind of run, or unreadable metadata
+        return []
+
+
 def evaluate_command(
     predictions: Annotated[
         Path, typer.Argument(help="SWE-bench predictions JSONL (e.g. a run's predictions.jsonl).")
@@ -226,7 +260,9 @@ def evaluate_command(
     tasks: Annotated[
         list[str] | None,
         typer.Option(
-            "--tasks", help="Where the predicted instances are defined (default: the shipped lists)."
+            "--tasks",
+            help="Where the predicted instances are defined (default: the --tasks of the agent run the "
+            "predictions belong to, else the shipped lists).",
         ),
     ] = None,
     logs: Annotated[
@@ -242,7 +278,8 @@ def evaluate_command(
     with user_errors():
         preds = ev.read_predictions(predictions)
         ids = [p.instance_id for p in preds]
-        task_map = {t.instance_id: t for t in resolve_tasks([*_split(tasks or []), *ids])}
+        specs = _split(tasks or []) or _run_task_specs(predictions.parent)
+        task_map = {t.instance_id: t for t in resolve_tasks([*specs, *ids])}
         if logs is not None:
             evaluations = ev.grade(preds, task_map, ev.find_test_logs(logs))
         elif why := ev.docker_unavailable():
@@ -282,7 +319,7 @@ def record_command(
         proxy = RecordingProxy(upstream, out_corpus, task=task)
 
     async def serve() -> None:
-        runner = web.AppRunner(proxy.app(), shutdown_timeout=1.0)
+        runner = web.AppRunner(proxy.app(), shutdown_timeout=1.0, handler_cancellation=True)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

@@ -4,10 +4,18 @@ the patch, and write the row, the predictions and the task table as the task end
 
 The arm is either launched from its TOML (and stopped at the end) or an already-running `--endpoint`.
 A run directory can be resumed: attempts already recorded as the agent's work are kept, the rest run.
+
+Before the run starts, every task's repository mirror is found (or cloned, `find_mirrors`): when
+none can be had the command stops with that one line. Once the arm answers, its context window is
+read (`/v1/models` `max_model_len`): Qwen Code is told it (so it compresses its history in time)
+and the proxy fits each request's `max_tokens` into it (`RecordingProxy(fit_context=True)`); an arm
+that cannot hold Qwen Code's first prompt, or whose context `--max-tokens` cannot fit without
+`/tokenize`, stops the run before the first attempt.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +30,7 @@ from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.process import ProcessOutcome
 from lumobench.agent.qwen_code import AgentEndpoint, AgentReport, ensure_qwen_code, run_qwen_code
 from lumobench.agent.repos import collect_patch, ensure_mirror, prepare_workspace, uncommitted_changes
-from lumobench.agent.rundir import ATTEMPTED, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
+from lumobench.agent.rundir import ATTEMPTED, REQUESTS_LOG, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
 from lumobench.agent.table import write_task_table
 from lumobench.agent.tasks import Task
 from lumobench.arms import check_launchable, load_arm, resolve_arm
@@ -39,6 +47,9 @@ PAPER_SAMPLING: dict[str, float | int] = {
     "top_k": 20,
     "presence_penalty": 1.0,
 }
+#: Qwen Code 0.15.10's first request (system prompt + ~15 tool definitions + the task): 20,051 tokens
+#: with lumo-tiny-coder's tokenizer (measured); other tokenizers land near it.
+FIRST_PROMPT_TOKENS = 20_000
 
 
 @dataclass
@@ -53,6 +64,23 @@ class AgentSettings:
     repos_dir: Path = CACHE_DIR / "repos"
     allow_clone: bool = True
     keep_workdirs: bool = False
+
+
+def resume_settings(
+    meta: AgentRunMeta, repos: Path | None, clone: bool | None, keep_workdirs: bool | None
+) -> AgentSettings:
+    """The settings a run was started with (run.json); `--repos`, `--clone/--no-clone` and
+    `--keep-workdirs` given again on `--resume` override theirs (None: not given)."""
+    return AgentSettings(
+        runs=meta.runs,
+        budget_s=meta.budget_s,
+        max_tokens=meta.max_tokens,
+        sampling=dict(meta.sampling),
+        qwen_code_version=meta.agent.split("@", 1)[1],
+        repos_dir=repos.absolute() if repos is not None else Path(meta.repos_dir),
+        allow_clone=meta.allow_clone if clone is None else clone,
+        keep_workdirs=meta.keep_workdirs if keep_workdirs is None else keep_workdirs,
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,51 @@ def _served_model(base_url: str) -> str:
         ) from None
 
 
+@dataclass(frozen=True)
+class ArmContext:
+    """The arm's context window (`max_model_len` of /v1/models, as vLLM and LumoTree list it; None when
+    it says nothing) and whether its /tokenize answers chat requests (then the proxy can fit each
+    request's max_tokens into the context)."""
+
+    max_model_len: int | None
+    can_fit: bool
+
+
+def probe_context(base_url: str, model: str) -> ArmContext:
+    """Ask the arm for its context window and try its /tokenize once."""
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        try:
+            cards = client.get("/v1/models").json()["data"]
+            card = next((c for c in cards if c.get("id") == model), cards[0])
+            context = card.get("max_model_len")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, AttributeError, TypeError):
+            context = None
+        try:
+            probe = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            can_fit = isinstance(client.post("/tokenize", json=probe).json().get("count"), int)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            can_fit = False
+    return ArmContext(context if isinstance(context, int) else None, can_fit)
+
+
+def check_context(context: ArmContext, max_tokens: int, arm: str) -> None:
+    """Fail fast, in one line, when no attempt could get an answer from the arm."""
+    room = None if context.max_model_len is None else context.max_model_len - FIRST_PROMPT_TOKENS
+    if room is None:
+        return
+    if room <= 0:
+        raise LumobenchError(
+            f"arm {arm} has a context of {context.max_model_len} tokens: Qwen Code's first prompt alone "
+            f"is ~{FIRST_PROMPT_TOKENS:,} tokens; serve it with a longer context (e.g. --max-model-len 32768)"
+        )
+    if not context.can_fit and max_tokens > room:
+        raise LumobenchError(
+            f"--max-tokens {max_tokens} and Qwen Code's ~{FIRST_PROMPT_TOKENS:,}-token first prompt exceed "
+            f"arm {arm}'s context of {context.max_model_len} tokens, and the arm has no /tokenize to fit "
+            f"each request: pass --max-tokens {room} or less"
+        )
+
+
 @contextmanager
 def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path) -> Iterator[Serving]:
     """Launch `arm` (until the block ends) or use the running `endpoint`; resolve the served model."""
@@ -98,15 +171,35 @@ def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path)
         yield Serving(info, resolved.base_url, served, server, dict(config.request.extra_body))
 
 
-def classify(outcome: ProcessOutcome, report: AgentReport, stderr: Path) -> tuple[TaskStatus, str | None]:
-    """The attempt's status from how the process ended and what the agent reported."""
+_ERROR_LINE = re.compile(r"\w*(Error|Exception)\b|\bE[A-Z]{3,}\b")
+
+
+def agent_error_line(stderr: Path) -> str:
+    """The line of the agent's stderr that says what went wrong: its last error message (Node's
+    `Error: ENOENT: ...`), never a stack frame (`at ...`); '' for an empty stderr."""
+    lines = [line.strip() for line in log_tail(stderr, lines=200).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("at ")]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return (errors or lines or [""])[-1][:400]
+
+
+def classify(
+    outcome: ProcessOutcome, report: AgentReport, stderr: Path, requests: int
+) -> tuple[TaskStatus, str | None]:
+    """The attempt's status from how the process ended, what the agent reported and how many of its
+    model requests the arm answered. An agent that dies before its first model request never
+    worked on the task: that is an "error" (retried by --resume, not a prediction), not a crash."""
     if outcome.timed_out:
         return "timeout", f"wall budget reached after {outcome.wall_s:.0f} s"
     if report.api_errors:
         return "api-error", report.api_errors[-1][:500]
     if outcome.exit_code != 0 or report.result is None:
-        tail = log_tail(stderr, lines=3).strip()
-        return "agent-crash", f"exit code {outcome.exit_code}" + (f": {tail[-400:]}" if tail else "")
+        why = agent_error_line(stderr)
+        detail = f"exit code {outcome.exit_code}"
+        if requests == 0 and report.requests == 0:
+            detail += " before its first model request"
+            return "error", f"Qwen Code {detail}" + (f": {why}" if why else "")
+        return "agent-crash", detail + (f": {why}" if why else "")
     return "completed", None
 
 
@@ -134,6 +227,8 @@ class AgentRunner:
     arm_url: str
     sampling: dict[str, Any]
     note: Callable[[str], None]
+    mirrors: dict[str, Path | str]  # repository -> its mirror, or why there is none
+    context_window: int | None = None
 
     def _metrics(self, log_dir: Path, when: str) -> str | None:
         text = snapshot(self.arm_url)
@@ -163,8 +258,10 @@ class AgentRunner:
             )
 
         notes: list[str] = []
+        mirror = self.mirrors[task.repo]
+        if isinstance(mirror, str):
+            return row("error", mirror)
         try:
-            mirror = ensure_mirror(task.repo, self.settings.repos_dir, self.settings.allow_clone)
             if changed := uncommitted_changes(mirror):
                 notes.append(
                     f"mirror {mirror} has uncommitted changes ({len(changed)} paths); the task ran on a "
@@ -175,6 +272,7 @@ class AgentRunner:
         except LumobenchError as exc:
             return row("error", str(exc), notes=notes)
         self.proxy.task, self.proxy.run = task.instance_id, run_index + 1
+        self.proxy.request_log = log_dir / REQUESTS_LOG
         self.proxy.take_counts()
         recorded_before = self.proxy.recorded
         metrics_before = self._metrics(log_dir, "before")
@@ -189,10 +287,11 @@ class AgentRunner:
                 log_dir,
                 self.settings.budget_s,
                 on_tick=on_tick,
+                context_window=self.context_window,
             )
             counts = self.proxy.take_counts()
             arm_counters = counter_deltas(metrics_before, self._metrics(log_dir, "after"))
-            status, error = classify(outcome, report, log_dir / "agent.stderr")
+            status, error = classify(outcome, report, log_dir / "agent.stderr", counts.requests)
             try:
                 patch = collect_patch(workdir, task.base_commit)
             except LumobenchError as exc:
@@ -210,6 +309,7 @@ class AgentRunner:
             requests=counts.requests,
             output_tokens=counts.completion_tokens,
             responses_without_usage=counts.without_usage,
+            capped_requests=counts.capped,
             counter_requests=arm_counters.requests,
             counter_output_tokens=arm_counters.output_tokens,
             accepted_per_event=arm_counters.accepted_per_event,
@@ -264,10 +364,30 @@ def new_run(
         budget_s=settings.budget_s,
         max_tokens=settings.max_tokens,
         sampling=settings.sampling,
+        repos_dir=str(settings.repos_dir.absolute()),
+        allow_clone=settings.allow_clone,
+        keep_workdirs=settings.keep_workdirs,
         record=str(record.resolve()) if record else None,
         host=host_info(),
     )
-    return AgentRunDir.create(out / run_id, meta)
+    # absolute: Qwen Code runs inside the task's clone, where a relative HOME would point elsewhere
+    return AgentRunDir.create(out.absolute() / run_id, meta)
+
+
+def find_mirrors(todo: list[tuple[int, Task]], settings: AgentSettings) -> dict[str, Path | str]:
+    """The mirror of every repository the pending attempts need (cloned once if allowed), or why
+    there is none; raises the first reason when no attempt could start."""
+    mirrors: dict[str, Path | str] = {}
+    for _, task in todo:
+        if task.repo not in mirrors:
+            try:
+                mirrors[task.repo] = ensure_mirror(task.repo, settings.repos_dir, settings.allow_clone)
+            except LumobenchError as exc:
+                mirrors[task.repo] = str(exc)
+    reasons = [m for m in mirrors.values() if isinstance(m, str)]
+    if mirrors and len(reasons) == len(mirrors):
+        raise LumobenchError(reasons[0])
+    return mirrors
 
 
 def execute(
@@ -280,18 +400,22 @@ def execute(
     note: Callable[[str], None],
     progress: Callable[[int, int, Task, int], Callable[[float, int], None]],
     done: Callable[[TaskRow], None],
+    mirrors: dict[str, Path | str],
 ) -> AgentRunMeta:
-    """Run every pending attempt of `run`.
+    """Run every pending attempt of `run`, with the `mirrors` of `find_mirrors`.
 
     `progress(i, n, task, run_index)` returns the tick callback (elapsed seconds, requests so far) of
     that attempt; `done(row)` sees each row once written. Returns the final metadata; run.json says
-    finished, interrupted (Ctrl-C, re-raised) or aborted (arm failure, re-raised as `LumobenchError`).
+    finished, interrupted (Ctrl-C, SIGTERM, SIGHUP; re-raised) or aborted (arm failure, re-raised as
+    `LumobenchError`).
     """
     meta = run.read_meta()
     todo = pending(meta, run, tasks)
     try:
         cli = ensure_qwen_code(settings.qwen_code_version)
         with serving(arm, endpoint, model, run.path / "server.log") as served:
+            context = probe_context(served.base_url, served.model)
+            check_context(context, settings.max_tokens, served.arm.name)
             meta = meta.model_copy(
                 update={
                     "arm": served.arm,
@@ -303,10 +427,21 @@ def execute(
             )
             run.write_meta(meta)
             sampling = {**served.extra_body, **settings.sampling, "max_tokens": settings.max_tokens}
-            proxy = RecordingProxy(served.base_url, Path(meta.record) if meta.record else None)
+            record = Path(meta.record) if meta.record else None
+            proxy = RecordingProxy(served.base_url, record, fit_context=context.can_fit)
             with BackgroundProxy(proxy) as background:
                 runner = AgentRunner(
-                    run, meta, settings, cli, proxy, background.url, served.base_url, sampling, note
+                    run,
+                    meta,
+                    settings,
+                    cli,
+                    proxy,
+                    background.url,
+                    served.base_url,
+                    sampling,
+                    note,
+                    mirrors,
+                    context.max_model_len,
                 )
                 for i, (run_index, task) in enumerate(todo):
                     row = runner.attempt(task, run_index, progress(i, len(todo), task, run_index))

@@ -4,10 +4,15 @@ The harness (`swebench`, an optional dependency) runs tests in Docker containers
 Docker daemon nothing is run: non-empty patches are marked "not-evaluated". Empty patches count as
 unresolved without evaluation, as in the paper (§VI). Grading reads the harness's per-instance
 `test_output.txt` logs with swebench's own grader, which works offline.
+
+swebench 5 records carry `image`, `eval_script`, `log_parser` and `eval_type`; classic SWE-bench records
+(princeton-nlp/SWE-bench, _Lite, _Verified) do not. Their logs are graded with the parser swebench
+maps their repository to and its evaluation type; running the harness needs the swebench 5 record.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -15,12 +20,18 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lumobench.agent.tasks import Task
 from lumobench.errors import LumobenchError
 
+if TYPE_CHECKING:  # swebench is optional: imported where it is used
+    from swebench.types import TestSpec
+
 RESOLVED, UNRESOLVED, EMPTY_PATCH, NOT_EVALUATED = "resolved", "unresolved", "empty-patch", "not-evaluated"
 TEST_LOG = "test_output.txt"  # swebench's per-instance log name (harness/constants LOG_TEST_OUTPUT)
+HARNESS_FIELDS = ("image", "eval_script", "log_parser", "eval_type")  # what swebench 5 records add
+_PARSER_MODULES = ("python", "javascript", "c", "go", "java", "php", "ruby", "rust")
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,51 @@ def find_test_logs(logs_dir: Path) -> dict[str, Path]:
     return {log.parent.name: log for log in sorted(logs_dir.rglob(TEST_LOG))}
 
 
+def _classic_log_parser(task: Task) -> str:
+    """The name (in swebench's parser registry) of the log parser swebench maps the task's repository to."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    for name in _PARSER_MODULES:
+        module = importlib.import_module(f"swebench.harness.log_parsers.{name}")
+        for attr in dir(module):
+            if attr.startswith("MAP_REPO_TO_PARSER") and task.repo in getattr(module, attr):
+                parser = getattr(module, attr)[task.repo]
+                return next(key for key, fn in PARSER_REGISTRY.items() if fn is parser)
+    raise LumobenchError(
+        f"task {task.instance_id} is a classic SWE-bench record without log_parser, and swebench knows no "
+        f"log parser for {task.repo}; give its swebench 5 record (with {', '.join(HARNESS_FIELDS)})"
+    )
+
+
+def grading_spec(task: Task) -> TestSpec:
+    """swebench's TestSpec for grading the task's log: from a swebench 5 record as is, from a classic
+    record with its repository's parser (image and eval script are not needed to grade)."""
+    from swebench.harness.constants import FAIL_ONLY_REPOS, EvalType
+    from swebench.harness.utils import make_test_spec
+    from swebench.types import TestSpec
+
+    record = task.record
+    if all(field in record for field in HARNESS_FIELDS):
+        return make_test_spec(record)
+
+    def tests(key: str) -> list[str]:
+        value = record.get(key) or "[]"
+        return json.loads(value) if isinstance(value, str) else list(value)
+
+    eval_type = EvalType.FAIL_ONLY if task.repo in FAIL_ONLY_REPOS else EvalType.PASS_AND_FAIL
+    return TestSpec(
+        instance_id=task.instance_id,
+        image="",
+        eval_script_list=[],
+        repo=task.repo,
+        version=str(record.get("version", "")),
+        FAIL_TO_PASS=tests("FAIL_TO_PASS"),
+        PASS_TO_PASS=tests("PASS_TO_PASS"),
+        log_parser=_classic_log_parser(task),
+        eval_type=eval_type.value,
+    )
+
+
 def grade(
     predictions: Sequence[Prediction], tasks: dict[str, Task], logs: dict[str, Path]
 ) -> list[Evaluation]:
@@ -97,7 +153,6 @@ def grade(
     without evaluation, predictions without a log are not evaluated."""
     try:
         from swebench.harness.grading import get_eval_report
-        from swebench.harness.utils import make_test_spec
     except ImportError:
         raise LumobenchError(
             "grading needs the swebench package (pip install 'lumobench[swebench]')"
@@ -111,7 +166,7 @@ def grade(
         if log is None:
             results.append(Evaluation(prediction.instance_id, NOT_EVALUATED, "no harness log"))
             continue
-        spec = make_test_spec(tasks[prediction.instance_id].record)
+        spec = grading_spec(tasks[prediction.instance_id])
         report = get_eval_report(spec, asdict(prediction), str(log), include_tests_status=False)
         entry = report[prediction.instance_id]
         detail = "" if entry["patch_successfully_applied"] else "patch did not apply or tests did not run"
@@ -131,8 +186,16 @@ def run_harness(
 ) -> Path:
     """Run `swebench.harness.run_evaluation` (needs Docker) on the non-empty predictions, in `work_dir`;
     returns the folder its logs are under."""
-    work_dir.mkdir(parents=True, exist_ok=True)
     evaluated = [p for p in predictions if p.model_patch.strip()]
+    classic = [
+        p.instance_id for p in evaluated if not all(f in tasks[p.instance_id].record for f in HARNESS_FIELDS)
+    ]
+    if classic:
+        raise LumobenchError(
+            f"the SWE-bench harness (swebench 5) needs records with {', '.join(HARNESS_FIELDS)}; "
+            f"{', '.join(classic)} are classic records (grade their harness logs offline with --logs)"
+        )
+    work_dir.mkdir(parents=True, exist_ok=True)
     dataset = work_dir / "tasks.jsonl"
     dataset.write_text("".join(json.dumps(tasks[p.instance_id].record) + "\n" for p in evaluated))
     preds = work_dir / "predictions.jsonl"

@@ -27,6 +27,9 @@ DEFAULT_VERSION = "0.15.10"
 INSTALL_CACHE = CACHE_DIR / "qwen-code"
 SETTINGS_TEMPLATE = AGENTS_DIR / "qwen-code" / "settings.json"
 API_ERROR_PREFIX = "[API Error"
+_NPM_PREFIX = re.compile(r"^npm (?:error|ERR!) ?")
+# npm's lines that say nothing about the cause: stack frames, fields of an error object, the log hint
+_NPM_NOISE = re.compile(r"^(at |code |syscall |errno |A complete log of this run|[{}]|\w+: ['\d])")
 
 
 def _cli_path(root: Path) -> Path:
@@ -68,6 +71,20 @@ def _check_engines(root: Path, version: str) -> None:
             )
 
 
+def npm_failure(stderr: str, returncode: int) -> str:
+    """What went wrong, in one line, from npm's stderr: its error code and first message
+    (`ETARGET: No matching version found for ...`), never the "complete log" pointer."""
+    lines = [_NPM_PREFIX.sub("", line).strip() for line in stderr.splitlines() if _NPM_PREFIX.match(line)]
+    code = next((line.split()[1] for line in lines if line.startswith("code ") and " " in line), None)
+    messages = [line for line in lines if line and not _NPM_NOISE.match(line)]
+    # npm prefixes continued messages with a lowercase category ("notarget No matching ...")
+    message = re.sub(r"^[a-z0-9]+ (?=[A-Z])", "", messages[0]) if messages else ""
+    if not (code or message):
+        rest = [line.strip() for line in stderr.splitlines() if line.strip()]
+        return rest[-1] if rest else f"npm exit {returncode}"
+    return ": ".join(part for part in (code, message) if part)
+
+
 def ensure_qwen_code(version: str = DEFAULT_VERSION, cache: Path = INSTALL_CACHE) -> Path:
     """Path of Qwen Code's `cli.js` for `version`, installing it with npm into `cache/<version>` if absent.
 
@@ -104,8 +121,7 @@ def ensure_qwen_code(version: str = DEFAULT_VERSION, cache: Path = INSTALL_CACHE
             stdin=subprocess.DEVNULL,
         )
         if out.returncode != 0 or _installed_version(staging) != version:
-            lines = [line for line in out.stderr.splitlines() if line.strip()]
-            why = lines[-1] if lines else f"npm exit {out.returncode}"
+            why = npm_failure(out.stderr, out.returncode)
             raise LumobenchError(f"installing {PACKAGE}@{version} with npm failed: {why}")
         _check_engines(staging, version)
         shutil.rmtree(root, ignore_errors=True)
@@ -115,12 +131,25 @@ def ensure_qwen_code(version: str = DEFAULT_VERSION, cache: Path = INSTALL_CACHE
     return _cli_path(root)
 
 
-def write_settings(home: Path, model: str, sampling: dict[str, Any]) -> Path:
+def write_settings(
+    home: Path,
+    model: str,
+    sampling: dict[str, Any],
+    budget_s: float,
+    context_window: int | None = None,
+) -> Path:
     """Write `home/.qwen/settings.json` from the shipped template: the arm's model and sampling (which
-    must include `max_tokens`, the response cap). Returns the settings path."""
+    must include `max_tokens`, the response cap), a request timeout of the whole wall budget (Qwen
+    Code's default, 120 s, abandons and resends any slower answer, which a CPU arm's long prompts
+    always are) and, when known, the arm's context window (so it compresses its history before the
+    arm refuses it). Returns the settings path."""
     settings = json.loads(SETTINGS_TEMPLATE.read_text())
     settings["model"]["name"] = model
-    settings["model"]["generationConfig"]["samplingParams"] = dict(sampling)
+    generation = settings["model"]["generationConfig"]
+    generation["samplingParams"] = dict(sampling)
+    generation["timeout"] = max(1, round(budget_s * 1000))  # milliseconds
+    if context_window is not None:
+        generation["contextWindowSize"] = context_window
     path = home / ".qwen" / "settings.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=2) + "\n")
@@ -194,11 +223,14 @@ def run_qwen_code(
     log_dir: Path,
     budget_s: float,
     on_tick: Callable[[float], None] | None = None,
+    context_window: int | None = None,
 ) -> tuple[ProcessOutcome, AgentReport]:
     """Run Qwen Code headless (yolo approval) on `workdir` with `prompt`, its own HOME under `log_dir`
-    (settings, chat recordings, debug logs stay there) and output in `log_dir/agent.{jsonl,stderr}`."""
+    (settings, chat recordings, debug logs stay there) and output in `log_dir/agent.{jsonl,stderr}`.
+    Paths are made absolute: the agent runs inside `workdir`."""
+    log_dir, workdir = log_dir.absolute(), workdir.absolute()
     home = log_dir / "home"
-    write_settings(home, endpoint.model, sampling)
+    write_settings(home, endpoint.model, sampling, budget_s, context_window)
     base_url = endpoint.base_url.rstrip("/")
     env = {
         **os.environ,

@@ -6,7 +6,8 @@ appended and fsync'd as each task ends), SWE-bench predictions, the task table a
     predictions.jsonl                SWE-bench predictions (predictions-run{k}.jsonl when --runs > 1)
     evaluation.jsonl                 written by `lumobench evaluate` beside its predictions file
     task-table.md, task-table.csv    the Table VII-style task table
-    tasks/<instance>.run{k}/         agent.jsonl (its stream-json events), agent.stderr, patch.diff, home/
+    tasks/<instance>.run{k}/         agent.jsonl (its stream-json events), agent.stderr, patch.diff, home/,
+                                     requests.jsonl (one ProxiedRequest per chat request: its timeline)
     server.log                       the arm's output, when lumobench launched it
 """
 
@@ -19,16 +20,18 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from lumobench import __version__
+from lumobench.agent.paths import CACHE_DIR
 from lumobench.errors import LumobenchError
 from lumobench.results import ArmInfo, append_jsonl, make_run_path, read_jsonl, write_json_atomic
 
 AGENT_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 TASKS_FILE = "tasks.jsonl"
+REQUESTS_LOG = "requests.jsonl"  # per attempt, in its log folder
 RunStatus = Literal["running", "finished", "interrupted", "aborted"]
 #: completed: the agent finished; timeout: the wall budget ended it; api-error: it reported that the
-#: arm failed ("[API Error: ...]"); agent-crash: it exited abnormally; error: the attempt could not
-#: start (repository, setup).
+#: arm failed ("[API Error: ...]"); agent-crash: it exited abnormally after working on the task; error:
+#: the attempt could not start (repository, setup, or the agent died before its first model request).
 TaskStatus = Literal["completed", "timeout", "api-error", "agent-crash", "error"]
 #: statuses that describe the agent's work (and so enter predictions); `--resume` retries the others
 ATTEMPTED: tuple[TaskStatus, ...] = ("completed", "timeout", "agent-crash")
@@ -55,6 +58,9 @@ class AgentRunMeta(BaseModel):
     budget_s: float = Field(gt=0)
     max_tokens: int = Field(ge=1)
     sampling: dict[str, float | int] = Field(default_factory=dict)
+    repos_dir: str = str(CACHE_DIR / "repos")  # --repos (absolute), --clone/--no-clone, --keep-workdirs:
+    allow_clone: bool = True  # what --resume continues with unless given again
+    keep_workdirs: bool = False
     record: str | None = None  # corpus the recording proxy wrote
     host: dict[str, object] = Field(default_factory=dict)
     status: RunStatus = "running"
@@ -78,6 +84,7 @@ class TaskRow(BaseModel):
     requests: int | None = None
     output_tokens: int | None = None
     responses_without_usage: int | None = None
+    capped_requests: int | None = None  # requests whose max_tokens the proxy fitted into the context
     counter_requests: int | None = None  # Δ of the arm's /metrics request counter
     counter_output_tokens: int | None = None  # Δ of its generation-token counter
     accepted_per_event: float | None = None  # Δaccepted drafts / Δspeculative events
@@ -105,7 +112,7 @@ class AgentRunDir:
     """An agent run directory on disk (layout in the module docstring)."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path = path.absolute()  # the agent's HOME lies below it and the agent runs elsewhere
 
     @classmethod
     def create(cls, path: Path, meta: AgentRunMeta) -> AgentRunDir:

@@ -1,12 +1,14 @@
-"""`lumobench bench ...`: benchmarks of lumobench's own parts (`bench_app`)."""
+"""`lumobench bench ...`: the project's benchmarks (`bench_app`); each lives in lumobench/bench/."""
 
 from __future__ import annotations
 
 import typer
 
-from lumobench.bench.client import client_command
-from lumobench.bench.kernels import kernels_command
+from lumobench.bench.client.command import client_command
+from lumobench.bench.engine import engine_command
+from lumobench.bench.kernels.command import kernels_command
 
-bench_app = typer.Typer(help="Benchmarks (client overhead, kernels).", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (client overhead, kernels, engine).", no_args_is_help=True)
 bench_app.command("client")(client_command)
 bench_app.command("kernels")(kernels_command)
+bench_app.command("engine")(engine_command)

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lumobench.corpus import check_corpus, load_corpus
+from lumobench.corpus import TextPart, check_corpus, load_corpus
 from lumobench.errors import user_errors
 from lumobench.manifest import freeze_manifest, write_manifest
 
@@ -45,6 +45,13 @@ def freeze(
     typer.echo(f"froze {len(records)} records of {file} into {out}")
 
 
+def _content_chars(content: str | list[TextPart] | None) -> int:
+    """Characters of a message's content: a string, or the texts of its content parts."""
+    if isinstance(content, str):
+        return len(content)
+    return sum(len(part.text) for part in content or ())
+
+
 def _dist(values: list[int]) -> str:
     if not values:
         return "–"
@@ -56,7 +63,7 @@ def stats(file: CorpusFile) -> None:
     """Describe a corpus: sizes, tools, tool calls in histories, sampling settings, sources."""
     with user_errors():
         records = load_corpus(file)
-    chars = [sum(len(m.content) if isinstance(m.content, str) else 0 for m in r.messages) for r in records]
+    chars = [sum(_content_chars(m.content) for m in r.messages) for r in records]
     calls = [sum(len(m.tool_calls or ()) for m in r.messages) for r in records]
     sampling = Counter(
         ", ".join(f"{k}={v}" for k, v in r.sampling().items() if k not in ("max_tokens", "seed"))

@@ -1,23 +1,25 @@
-"""`lumobench replay`: replay a frozen corpus against arms (launched here) or a running endpoint."""
+"""`lumobench replay`: replay a frozen corpus against arms (launched) or a running endpoint; the user
+interface only: the options, the terminal's status and progress, the outcome and exit codes. What
+runs is `lumobench.plan` (what to do) and `lumobench.replay.run_plan` (doing it)."""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.status import Status
 
-from lumobench.arms import ResolvedArm
 from lumobench.errors import LumobenchError, user_errors
-from lumobench.launch import ArmServer, interrupt_on_signals, launched, log_tail
-from lumobench.plan import Plan, plan_new, plan_resume, probe_endpoint
-from lumobench.replay import ReplayOutcome, execute
-from lumobench.report import build_report, print_table, table_console
-from lumobench.results import RequestRow, missing_keys
+from lumobench.launch import interrupt_on_signals, log_tail
+from lumobench.plan import Plan, plan_new, plan_resume
+from lumobench.replay import run_plan
+from lumobench.report import build_report, print_table, report_command, table_console
+from lumobench.results import RequestRow
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
 
@@ -44,74 +46,35 @@ class RichProgress:
         self.progress.update(self.task, advance=1, last=last)
 
 
-def _execute(
-    plan: Plan, concurrency: int, server: ArmServer | None, run_indices: list[int] | None = None
-) -> ReplayOutcome:
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[last]}"),
-        console=console,
-    ) as progress:
-        ui = RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
-        alive = None if server is None else (lambda: server.exit_code() is None)
-        return asyncio.run(
-            execute(
-                plan.run,
-                plan.meta,
-                plan.records,
-                plan.target,
-                concurrency=concurrency,
-                server_alive=alive,
-                progress=ui,
-                run_indices=run_indices,
-            )
+class RichPlanUI:
+    """`run_plan`'s events on the terminal: a status line while an arm starts, progress bars."""
+
+    def __init__(self) -> None:
+        self.status: Status | None = None
+
+    def resuming(self, run_path: Path, kept_rows: int) -> None:
+        console.print(f"resuming {run_path}: {kept_rows} completed rows kept")
+
+    def arm_starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
+        text = (
+            f"starting arm {arm}" + (f": waiting for {waiting_for}" if waiting_for else "") + f" (log: {log})"
         )
+        if self.status is None:
+            self.status = console.status(text)
+            self.status.start()
+        else:
+            self.status.update(text)
 
+    def arm_started(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
 
-def _launch_and_execute(
-    plan: Plan, arm: ResolvedArm, concurrency: int, run_indices: list[int] | None
-) -> ReplayOutcome:
-    """Start the plan's arm, replay `run_indices` (None: all), stop the arm."""
-    log = plan.run.server_log
-    status = console.status(f"starting arm {arm.name} (log: {log})")
-    status.start()
-    try:
-        with launched(
-            arm,
-            log,
-            on_wait=lambda s: status.update(f"starting arm {arm.name}: waiting for {s} (log: {log})"),
-        ) as server:
-            status.stop()
-            plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
-            plan.meta.model = plan.target.model or server.served_model
-            plan.target = replace(plan.target, model=plan.meta.model)
-            plan.run.write_meta(plan.meta)
-            return _execute(plan, concurrency, server, run_indices)
-    finally:
-        status.stop()
-
-
-def run_plan(plan: Plan, concurrency: int) -> ReplayOutcome:
-    """Launch the arm if there is one (once, or afresh per repetition), replay, stop the arm.
-
-    Ctrl-C propagates as KeyboardInterrupt."""
-    kept = plan.run.prepare_resume()
-    if kept:
-        console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
-    if plan.arm is None:
-        return _execute(plan, concurrency, None)
-    if not plan.meta.boot_per_run:
-        return _launch_and_execute(plan, plan.arm, concurrency, None)
-    pending = sorted({run_index for run_index, _ in missing_keys(plan.meta, plan.run.read_rows())})
-    outcome = ReplayOutcome("finished", len(kept), 0)
-    for run_index in pending:
-        outcome = _launch_and_execute(plan, plan.arm, concurrency, [run_index])
-        if outcome.status != "finished":
-            break
-    return outcome
+    @contextmanager
+    def replaying(self, plan: Plan) -> Iterator[RichProgress]:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
+            yield RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
 
 
 def replay(
@@ -160,6 +123,14 @@ def replay(
             "file's boot_per_run (true for the lumotree arms, whose suffix cache learns earlier outputs).",
         ),
     ] = None,
+    max_tokens_cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Send every request with max_tokens at most this (records without one get it), e.g. a "
+            "corpus captured on a long-context arm replayed on the embedded engine; kept for --resume.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a corpus with streaming timers; several arms print a comparison over the matched set."""
     interrupt_on_signals()
@@ -186,6 +157,7 @@ def replay(
                 model=model,
                 timeout=request_timeout,
                 boot_per_run=boot_per_run,
+                max_tokens_cap=max_tokens_cap,
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
@@ -193,7 +165,7 @@ def replay(
     for plan in plans:
         try:
             with user_errors():
-                outcome = run_plan(plan, concurrency)
+                outcome = run_plan(plan, concurrency, RichPlanUI())
         except KeyboardInterrupt:
             rows = plan.run.read_rows()
             console.print(
@@ -216,6 +188,8 @@ def replay(
         )
     with user_errors():
         print_table(build_report([p.run.path for p in plans]), table_console())
+    report_hint = report_command([p.run.path for p in plans])
+    console.print(f"full report (tables, figures): {report_hint}", markup=False, soft_wrap=True)
     if failed:
         for plan in plans:
             for row in (r for r in plan.run.read_rows() if r.status == "failed"):

@@ -1,35 +1,154 @@
-"""`lumobench report RUN_DIR...`: Eq. 5 tables over one or more run directories."""
+"""`lumobench report INPUT...`: tables, an executed report notebook, its HTML page or its figures.
+
+Inputs are replay run directories (a comparison), agent run directories or `lumobench bench kernels`
+result files (results/h200/*.json); each kind has its notebook source in `analysis/`.
+"""
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from lumobench.errors import user_errors
+from lumobench.agent.rundir import AgentRunDir
+from lumobench.agent.table import table_rows, to_csv, to_markdown
+from lumobench.analysis.sources import Kind, report_kind
+from lumobench.analysis.vllm_json import render_vllm_json
+from lumobench.bench.kernels.report import render_markdown
+from lumobench.errors import LumobenchError, user_errors
 from lumobench.report import build_report, print_table, render_csv, render_json, table_console
+
+EXIT_NOTEBOOK_FAILED = 1
 
 
 class Format(StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
+    markdown = "markdown"
+    latex = "latex"
+    vllm_json = "vllm-json"
+
+
+def _stage(message: str) -> None:
+    typer.echo(f"report: {message}", err=True)
+
+
+def _print_replay(inputs: list[Path], format: Format) -> None:
+    if format is Format.json:
+        typer.echo(render_json(build_report(inputs)))
+    elif format is Format.csv:
+        typer.echo(render_csv(build_report(inputs)), nl=False)
+    elif format in (Format.markdown, Format.latex):
+        from lumobench.analysis.tables import paper_tables, to_latex, to_markdown  # pandas: only when asked
+
+        render = to_markdown if format is Format.markdown else to_latex
+        typer.echo("\n".join(render(t) for t in paper_tables(build_report(inputs))), nl=False)
+    elif format is Format.vllm_json:
+        typer.echo(render_vllm_json(inputs), nl=False)
+    else:
+        print_table(build_report(inputs), table_console())
+
+
+def _print_agent(inputs: list[Path], format: Format) -> None:
+    if format not in (Format.table, Format.markdown, Format.csv):
+        raise LumobenchError(
+            f"--format {format.value} is for replay runs; agent runs have table, markdown, csv"
+        )
+    for path in inputs:
+        run = AgentRunDir.open(path)
+        rows = table_rows(run.read_meta(), run)
+        typer.echo(to_csv(rows) if format is Format.csv else to_markdown(rows), nl=False)
+
+
+def _print_kernels(inputs: list[Path], format: Format) -> None:
+    if format not in (Format.table, Format.markdown):
+        raise LumobenchError(f"--format {format.value} is for replay runs; kernel results have markdown")
+    typer.echo("\n".join(render_markdown(json.loads(p.read_text())) for p in inputs))
+
+
+PRINTERS = {"replay": _print_replay, "agent": _print_agent, "kernels": _print_kernels}
+
+
+def _write_outputs(
+    kind: Kind, inputs: list[Path], notebook: Path | None, html: Path | None, plots: Path | None
+) -> None:
+    """Execute the kind's notebook source once and write what was asked for."""
+    # pandas, matplotlib and nbclient load only when a report needs them, not with every command
+    import nbformat
+
+    from lumobench.analysis.html import notebook_title, render_html
+    from lumobench.analysis.notebook import NotebookFailed, execute, figures, load_source, source_path
+
+    source = source_path(kind)
+    if not source.is_file():
+        raise LumobenchError(f"report source {source} is missing (is this a lumobench checkout?)")
+    nb = load_source(source, {"RUNS": [str(p.resolve()) for p in inputs]})
+    _stage(
+        f"executing {source.relative_to(source.parents[1])} on {len(inputs)} input(s) ({len(nb.cells)} cells)"
+    )
+    try:
+        nb = execute(nb, source)
+    except NotebookFailed as failed:
+        kept = notebook or Path("report-failed.ipynb")
+        nbformat.write(failed.notebook, kept)
+        typer.secho(
+            f"error: {failed} (the notebook with the traceback: {kept})", err=True, fg=typer.colors.RED
+        )
+        raise typer.Exit(EXIT_NOTEBOOK_FAILED) from None
+    found = figures(nb)
+    _stage(f"executed: {len(found)} figures")
+    if notebook:
+        nbformat.write(nb, notebook)
+        _stage(f"wrote {notebook}")
+    if html:
+        html.write_text(render_html(nb, notebook_title(nb), [str(p) for p in inputs]))
+        _stage(f"wrote {html} ({html.stat().st_size / 1024:.0f} KB, figures embedded)")
+    if plots:
+        plots.mkdir(parents=True, exist_ok=True)
+        for name, png in found:
+            (plots / f"{name}.png").write_bytes(png)
+        _stage(f"wrote {len(found)} PNGs to {plots}")
 
 
 def report(
-    run_dirs: Annotated[
-        list[Path], typer.Argument(help="Run directories (results/<run-id>); several = comparison.")
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Replay run directories (results/<run-id>; several = comparison, the first is the "
+            "reference), agent run directories, or kernel result files (results/h200/*.json).",
+        ),
     ],
-    format: Annotated[Format, typer.Option("--format", help="table (terminal), json or csv.")] = Format.table,
+    format: Annotated[
+        Format,
+        typer.Option(
+            "--format",
+            help="table (terminal), json, csv, markdown or latex (the paper's tables), vllm-json "
+            "(vllm bench serve --save-result field names, one object per run directory and line).",
+        ),
+    ] = Format.table,
+    notebook: Annotated[
+        Path | None, typer.Option("--notebook", help="Write the executed report notebook (.ipynb).")
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Write the report as one self-contained HTML page.")
+    ] = None,
+    plots: Annotated[
+        Path | None, typer.Option("--plots", help="Write the report's figures as PNGs here.")
+    ] = None,
 ) -> None:
-    """Pooled Eq. 5 rate, per-run range, completed/failed, accepted drafts per event, tokens per chunk."""
+    """Eq. 5 tables over run directories; with --notebook/--html/--plots, the full report."""
+    outputs = bool(notebook or html or plots)
     with user_errors():
-        reports = build_report(run_dirs)
-    if format is Format.json:
-        typer.echo(render_json(reports))
-    elif format is Format.csv:
-        typer.echo(render_csv(reports), nl=False)
-    else:
-        print_table(reports, table_console())
+        kind = report_kind(inputs)
+        for out in (notebook, html):
+            if out is not None and not out.parent.is_dir():
+                raise LumobenchError(f"cannot write {out}: {out.parent} is not a directory")
+        if outputs:
+            _stage(f"{len(inputs)} {kind} input(s)")
+            _write_outputs(kind, inputs, notebook, html, plots)
+        if format is not Format.table or not outputs:
+            PRINTERS[kind](inputs, format)

@@ -20,7 +20,7 @@ from scipy.stats import chi2
 from torch import Tensor
 
 from lumobench.verify.report import CheckResult
-from lumobench.verify.trees import SHAPES, paper_tree, random_tree
+from lumotree.drafting.random_trees import SHAPES, paper_tree, random_tree
 from lumotree.sampling.logits import (
     SamplingParams,
     apply_penalties,

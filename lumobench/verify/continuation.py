@@ -29,7 +29,7 @@ from lumobench.verify.toy import (
     toy_publish,
     toy_verify,
 )
-from lumobench.verify.trees import paper_tree
+from lumotree.drafting.random_trees import paper_tree
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.paired import PairedResult, paired_check_envelope
 

@@ -14,9 +14,15 @@ from torch import Tensor
 
 from lumobench.verify import hf_reference
 from lumobench.verify.report import CheckResult
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnOperands, gdn_sequential_reference, gdn_verify, replay_accepted_
+from lumotree.verify.gdn.reference import (
+    GdnInputs,
+    GdnOperands,
+    gdn_sequential_reference,
+    gdn_verify,
+    replay_accepted_,
+)
 from lumotree.verify.paired import PairedResult, paired_check
 
 FLOAT64_TOL = 1e-12
@@ -42,14 +48,17 @@ class GdnCase:
     dt_bias: Tensor  # [HV] float32 parameter
     state: Tensor  # [HV, V, K] float32 durable state
 
-    def inputs(self, dtype: torch.dtype) -> tuple[Tensor, ...]:
-        """(q, k, v, a, b) in `dtype`, then A_log, dt_bias, state in the compute dtype."""
+    def inputs(self, dtype: torch.dtype) -> tuple[GdnInputs, Tensor]:
+        """(the verifier's inputs, the durable state): q, k, v, a, b in `dtype`, A_log, dt_bias and
+        the state in the compute dtype. `verify(*case.inputs(dtype), case.tree)` reads as the call."""
         cd = torch.float64 if dtype == torch.float64 else torch.float32
-        return (*(x.to(dtype) for x in self.raw), self.A_log.to(cd), self.dt_bias.to(cd), self.state.to(cd))
+        x = GdnInputs(*(t.to(dtype) for t in self.raw), self.A_log.to(cd), self.dt_bias.to(cd))
+        return x, self.state.to(cd)
 
-    def truth(self, dtype: torch.dtype) -> tuple[Tensor, ...]:
+    def truth(self, dtype: torch.dtype) -> tuple[GdnInputs, Tensor]:
         """The same inputs after rounding to `dtype`, in float64: what the float64 reference sees."""
-        return tuple(x.double() for x in self.inputs(dtype))
+        x, state = self.inputs(dtype)
+        return x.map(Tensor.double), state.double()
 
 
 def make_case(tree: TreeDescriptor, dims: GdnDims, gen: torch.Generator) -> GdnCase:
@@ -70,17 +79,6 @@ def make_case(tree: TreeDescriptor, dims: GdnDims, gen: torch.Generator) -> GdnC
     dt_bias = (0.5 * randn(dims.HV)).float()
     state = (0.5 * randn(dims.HV, dims.V, dims.K)).float()
     return GdnCase(tree, raw, A_log, dt_bias, state)
-
-
-def parallel_keys_case(tree: TreeDescriptor, dims: GdnDims, gen: torch.Generator) -> GdnCase:
-    """The hard case for a tree-parallel solve: nearly parallel keys (cosine ~0.997), no decay and
-    beta ~1, so every power of the ancestry matrix A matters along the deepest path."""
-    base = make_case(tree, dims, gen)
-    q, k, v, a, _ = base.raw
-    key = torch.randn(1, dims.H, dims.K, generator=gen, dtype=torch.float64)
-    k = key + 0.05 * torch.randn(k.shape, generator=gen, dtype=torch.float64)
-    b = torch.full_like(a, 8.0)
-    return GdnCase(tree, (q, k, v, a, b), torch.full_like(base.A_log, -20.0), base.dt_bias, base.state)
 
 
 def cases(n_per_shape: int, dims: GdnDims, seed: int, shapes: Sequence[str] = SHAPES) -> list[GdnCase]:
@@ -112,10 +110,11 @@ def check_against_transformers(all_cases: Sequence[GdnCase]) -> CheckResult:
         return result
     worst = 0.0
     for case in all_cases:
-        q, k, v, a, b, A_log, dt_bias, state = case.inputs(torch.float64)
-        ref_o, ref_s = gdn_sequential_reference(q, k, v, a, b, A_log, dt_bias, state, case.tree)
-        scan_o = gdn_verify(q, k, v, a, b, A_log, dt_bias, state, case.tree).o
-        g = -torch.exp(A_log) * F.softplus(a + dt_bias)  # the model's gate formula, spelled independently
+        x, state = case.inputs(torch.float64)
+        q, k, v, a, b = x.q, x.k, x.v, x.a, x.b
+        ref_o, ref_s = gdn_sequential_reference(x, state, case.tree)
+        scan_o = gdn_verify(x, state, case.tree).o
+        g = -torch.exp(x.A_log) * F.softplus(a + x.dt_bias)  # the model's gate formula, spelled independently
         err = 0.0
         for node in range(case.tree.n_active):
             path = case.tree.path_to(node)
@@ -139,10 +138,10 @@ def check_scan_float64(all_cases: Sequence[GdnCase]) -> CheckResult:
     result = CheckResult("GDN scan + replay f64")
     worst = 0.0
     for case in all_cases:
-        q, k, v, a, b, A_log, dt_bias, state = case.inputs(torch.float64)
+        x, state = case.inputs(torch.float64)
         before = state.clone()
-        res = gdn_verify(q, k, v, a, b, A_log, dt_bias, state, case.tree)
-        ref_o, ref_s = gdn_sequential_reference(q, k, v, a, b, A_log, dt_bias, state, case.tree)
+        res = gdn_verify(x, state, case.tree)
+        ref_o, ref_s = gdn_sequential_reference(x, state, case.tree)
         n = case.tree.n_active
         errs = [float((res.o[:n] - ref_o[:n]).abs().max())]
         if len(case.tree.paths.cut_nodes):
@@ -159,9 +158,9 @@ def check_scan_float64(all_cases: Sequence[GdnCase]) -> CheckResult:
 def paired_gdn(case: GdnCase, dtype: torch.dtype) -> PairedResult:
     """Paired rule on every output cell, cut-state cell and published-state cell of one case."""
     tree, n = case.tree, case.tree.n_active
-    q, k, v, a, b, A_log, dt_bias, state = case.inputs(dtype)
-    res = gdn_verify(q, k, v, a, b, A_log, dt_bias, state, tree)
-    nat_o, nat_s = gdn_sequential_reference(q, k, v, a, b, A_log, dt_bias, state, tree)
+    x, state = case.inputs(dtype)
+    res = gdn_verify(x, state, tree)
+    nat_o, nat_s = gdn_sequential_reference(x, state, tree)
     ref_o, ref_s = gdn_sequential_reference(*case.truth(dtype), tree)
     out = paired_check(res.o[:n], nat_o[:n].to(dtype), ref_o[:n], 2, dtype)
     cuts = tree.paths.cut_nodes
@@ -202,9 +201,9 @@ def check_publication_controls(
     result = CheckResult("GDN publication controls")
     for case in all_cases:
         tree = case.tree
-        q, k, v, a, b, A_log, dt_bias, state = case.inputs(dtype)
-        res = gdn_verify(q, k, v, a, b, A_log, dt_bias, state, tree)
-        _, nat_s = gdn_sequential_reference(q, k, v, a, b, A_log, dt_bias, state, tree)
+        x, state = case.inputs(dtype)
+        res = gdn_verify(x, state, tree)
+        _, nat_s = gdn_sequential_reference(x, state, tree)
         _, ref_s = gdn_sequential_reference(*case.truth(dtype), tree)
 
         def rejects(published: Tensor, node: int, ref_s: Tensor = ref_s, nat_s: Tensor = nat_s) -> bool:
@@ -224,9 +223,10 @@ def check_publication_controls(
         on_path = torch.zeros(tree.rows, dtype=torch.bool)
         on_path[tree.path_to(deepest)] = True
         poisoned = [
-            torch.where(on_path.view(-1, *([1] * (x.dim() - 1))), x, torch.nan) for x in (q, k, v, a, b)
+            torch.where(on_path.view(-1, *([1] * (t.dim() - 1))), t, torch.nan)
+            for t in (x.q, x.k, x.v, x.a, x.b)
         ]
-        bad = gdn_verify(*poisoned, A_log, dt_bias, state, tree)
+        bad = gdn_verify(GdnInputs(*poisoned, x.A_log, x.dt_bias), state, tree)
         path = frontiers(tree)[deepest]
         same = torch.equal(_replayed(state, bad.operands, path), _replayed(state, res.operands, path))
         result.case(same and torch.equal(bad.o[on_path], res.o[on_path]))

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from lumobench.verify.gdn_checks import FLOAT64_TOL, frontiers
 from lumobench.verify.report import CheckResult
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.attention.reference import publish_kv_, tree_attention, write_tree_kv_
 from lumotree.verify.conv.reference import publish_conv_state_, tree_conv

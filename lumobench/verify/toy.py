@@ -23,6 +23,7 @@ from lumotree.verify.attention.reference import (
 )
 from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
 from lumotree.verify.gdn.reference import (
+    GdnInputs,
     GdnVerifyResult,
     gdn_sequential_reference,
     gdn_verify,
@@ -201,7 +202,9 @@ def toy_verify(model: ToyHybrid, state: ToyState, tree: TreeDescriptor) -> ToyVe
     for layer, s, cs in zip(model.gdn, state.gdn, state.conv, strict=True):
         x = h @ layer.w_in
         y = tree_conv(x, cs, layer.conv_w, layer.conv_b, tree)
-        results.append(gdn_verify(*_split(model, y, h, layer), layer.A_log, layer.dt_bias, s, tree))
+        results.append(
+            gdn_verify(GdnInputs(*_split(model, y, h, layer), layer.A_log, layer.dt_bias), s, tree)
+        )
         xs.append(x)
     q, k, v = _qkv_attn(model, h, tree.position)
     write_tree_kv_(state.k_cache, state.v_cache, k, v, tree)
@@ -258,9 +261,8 @@ def decode_step(model: ToyHybrid, state: ToyState, token: int) -> StepOutputs:
         ]
         state.conv[i] = window[:, 1:].clone()
         single = chain_tree([token], prefix_len=state.length)
-        o, s = gdn_sequential_reference(
-            *_split(model, y[None], h, layer), layer.A_log, layer.dt_bias, state.gdn[i], single
-        )
+        inputs = GdnInputs(*_split(model, y[None], h, layer), layer.A_log, layer.dt_bias)
+        o, s = gdn_sequential_reference(inputs, state.gdn[i], single)
         state.gdn[i] = s[0]
         outs.append(o[0].to(model.dtype))
     pos = torch.tensor([state.length])

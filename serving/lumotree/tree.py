@@ -16,8 +16,10 @@ of a path node are evaluated from the path's state tile and need neither a path 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -63,7 +65,7 @@ class TreeDescriptor:
     ancestry [R, R] bool, ancestry[i, j] = j is i or an ancestor of i (padding: itself only);
     ancestor_at_depth [R, max_depth + 1] int64, the ancestor of i at each depth (-1 below i);
     child_nodes / child_tokens [R, Cmax] int64, each row's children and their tokens (-1 padded);
-    spine [S] int64 logical nodes of the spine path; paths: the GDN scan schedule;
+    spine [S] int64 logical nodes of the spine path; paths (planned on first use): the GDN scan schedule;
     conv_gather [R, W] int64 window of each row into cat(conv_state.T, x): entries < W-1 are
     committed conv-state columns, entry W-1+r is tree row r (padding rows reuse the root's window).
     merges: duplicate proposals merged by the builder.
@@ -80,7 +82,6 @@ class TreeDescriptor:
     child_nodes: Tensor
     child_tokens: Tensor
     spine: Tensor
-    paths: PathPlan
     conv_gather: Tensor
     n_active: int
     prefix_len: int
@@ -90,6 +91,12 @@ class TreeDescriptor:
     @property
     def rows(self) -> int:
         return int(self.tokens.shape[0])
+
+    @cached_property
+    def paths(self) -> PathPlan:
+        """The GDN path-scan schedule, planned on first use (the device path never needs it)."""
+        children = [[c for c in row if c >= 0] for row in self.child_nodes.tolist()]
+        return _plan_paths(children, self.spine.tolist(), self.n_active)
 
     def path_to(self, node: int) -> list[int]:
         """Logical nodes root..node."""
@@ -101,6 +108,20 @@ class TreeDescriptor:
         out = torch.full((self.max_depth + 1,), -1, dtype=torch.long)
         out[: len(nodes)] = torch.as_tensor(list(nodes), dtype=torch.long)
         return out
+
+    def without_padding(self) -> TreeDescriptor:
+        """The same tree without its padding rows (active rows come first in logical and physical
+        order): every per-row field cut to the n_active rows (ancestry in both dims); spine and
+        paths only name active rows already."""
+        n = self.n_active
+        if n == self.rows:
+            return self
+        rows = {
+            f.name: value[:n]
+            for f in fields(self)
+            if isinstance(value := getattr(self, f.name), Tensor) and f.name != "spine"
+        }
+        return replace(self, **rows | {"ancestry": self.ancestry[:n, :n]})
 
     def is_spine_prefix(self, nodes: Sequence[int]) -> bool:
         """True when `nodes` is root, spine[1], ..., i.e. its KV already sits contiguously."""
@@ -160,13 +181,17 @@ def build_tree(
     max_depth: int = MAX_DEPTH,
     conv_width: int = CONV_WIDTH,
     merges: int = 0,
+    trusted_depth: Sequence[int] | None = None,
 ) -> TreeDescriptor:
     """Descriptor of an arbitrary validated tree, padded to `rows` (default: no padding).
 
     The spine is root -> lowest-index child -> ... ; builders list the principal child first.
+    trusted_depth: each node's depth, from a builder whose trie cannot produce an invalid
+    topology (`TreeBuilder`): validation is skipped (it is most of a small tree's build time).
     """
     tokens, parents = [int(t) for t in tokens], [int(p) for p in parents]
-    depth = validate_topology(tokens, parents, max_depth)
+    trusted = trusted_depth is not None
+    depth = list(trusted_depth) if trusted else validate_topology(tokens, parents, max_depth)
     n = len(tokens)
     rows = n if rows is None else rows
     if rows < n:
@@ -181,46 +206,49 @@ def build_tree(
     while children[spine[-1]]:
         spine.append(children[spine[-1]][0])
 
-    pad = rows - n
-    tok = torch.tensor(tokens + [PAD_TOKEN] * pad, dtype=torch.long)
-    par = torch.tensor(parents + [-1] * pad, dtype=torch.long)
-    dep = torch.tensor(depth + [0] * pad, dtype=torch.long)
-    active = torch.arange(rows) < n
+    # Built with numpy and wrapped once (torch.from_numpy): this runs every cycle, and small
+    # per-field torch constructions or per-element tensor writes cost microseconds each.
+    tok = np.full(rows, PAD_TOKEN, dtype=np.int64)
+    tok[:n] = tokens
+    par = np.full(rows, -1, dtype=np.int64)
+    par[:n] = parents
+    dep = np.zeros(rows, dtype=np.int64)
+    dep[:n] = depth
 
     on_spine = set(spine)
     physical_order = spine + [i for i in range(n) if i not in on_spine] + list(range(n, rows))
-    slot_map = torch.empty(rows, dtype=torch.long)
-    slot_map[torch.tensor(physical_order, dtype=torch.long)] = torch.arange(rows)
+    slot_map = np.empty(rows, dtype=np.int64)
+    slot_map[physical_order] = np.arange(rows)
 
-    # Built as Python lists and converted once: per-element tensor writes cost ~1 us each.
-    anc_rows = [[-1] * (max_depth + 1) for _ in range(rows)]
-    ancestry_rows = [[i == j for j in range(rows)] for i in range(rows)]
-    for i in range(n):
-        j = i
-        while j != -1:
-            anc_rows[i][depth[j]] = j
-            ancestry_rows[i][j] = True
-            j = parents[j]
-    anc_at = torch.tensor(anc_rows, dtype=torch.long)
-    ancestry = torch.tensor(ancestry_rows, dtype=torch.bool)
+    # every active node's ancestors, found by walking all nodes up one level at a time
+    anc_at = np.full((rows, max_depth + 1), -1, dtype=np.int64)
+    ancestry = np.eye(rows, dtype=bool)
+    nodes = np.arange(n)
+    up = nodes.copy()
+    while up.size:
+        anc_at[nodes, dep[up]] = up
+        ancestry[nodes, up] = True
+        keep = par[up] >= 0
+        nodes, up = nodes[keep], par[up[keep]]
     cmax = max(1, max(len(c) for c in children))
-    child_nodes = torch.tensor([cs + [-1] * (cmax - len(cs)) for cs in children], dtype=torch.long)
-    child_tokens = torch.where(child_nodes >= 0, tok[child_nodes.clamp(min=0)], -1)
+    child_nodes = np.full((rows, cmax), -1, dtype=np.int64)
+    for i in range(n):
+        child_nodes[i, : len(children[i])] = children[i]
+    child_tokens = np.where(child_nodes >= 0, tok[child_nodes.clip(min=0)], -1)
 
     return TreeDescriptor(
-        tokens=tok,
-        parent=par,
-        depth=dep,
-        position=prefix_len + dep,
-        active=active,
-        slot_map=slot_map,
-        ancestry=ancestry,
-        ancestor_at_depth=anc_at,
-        child_nodes=child_nodes,
-        child_tokens=child_tokens,
+        tokens=torch.from_numpy(tok),
+        parent=torch.from_numpy(par),
+        depth=torch.from_numpy(dep),
+        position=torch.from_numpy(prefix_len + dep),
+        active=torch.arange(rows) < n,
+        slot_map=torch.from_numpy(slot_map),
+        ancestry=torch.from_numpy(ancestry),
+        ancestor_at_depth=torch.from_numpy(anc_at),
+        child_nodes=torch.from_numpy(child_nodes),
+        child_tokens=torch.from_numpy(child_tokens),
         spine=torch.tensor(spine, dtype=torch.long),
-        paths=_plan_paths(children, spine, n),
-        conv_gather=_conv_gather(anc_rows, depth, rows, conv_width),
+        conv_gather=torch.from_numpy(_conv_gather(anc_at, dep, n, conv_width)),
         n_active=n,
         prefix_len=prefix_len,
         max_depth=max_depth,
@@ -309,23 +337,8 @@ class TreeBuilder:
             max_depth=self.max_depth,
             conv_width=conv_width,
             merges=self.merges,
+            trusted_depth=[self.depths[o] for o in order],
         )
-
-
-def tree_from_paths(
-    root_token: int,
-    paths: Sequence[Sequence[int]],
-    *,
-    prefix_len: int,
-    rows: int | None = None,
-    max_depth: int = MAX_DEPTH,
-) -> TreeDescriptor:
-    """Tree whose root-to-leaf token paths (below the root) are `paths`; shared prefixes merge."""
-    builder = TreeBuilder(root_token, max_nodes=rows or 1 + sum(len(p) for p in paths), max_depth=max_depth)
-    for p in paths:
-        if builder.extend(0, p) is None:
-            raise TreeError(f"path {list(p)} does not fit in {rows} rows / depth {max_depth}")
-    return builder.build(prefix_len=prefix_len, rows=rows)
 
 
 def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan:
@@ -381,14 +394,13 @@ def _plan_paths(children: list[list[int]], spine: list[int], n: int) -> PathPlan
     )
 
 
-def _conv_gather(anc_at: list[list[int]], depth: list[int], rows: int, width: int) -> Tensor:
-    gather = []
-    for i in range(rows):
-        d = depth[i] if i < len(depth) else 0
-        src = i if i < len(depth) else 0
-        taps = []
-        for t in range(width):
-            rel = d - (width - 1) + t  # depth of the token under tap t, relative to the root
-            taps.append(width - 1 + rel if rel < 0 else width - 1 + anc_at[src][rel])
-        gather.append(taps)
-    return torch.tensor(gather, dtype=torch.long)
+def _conv_gather(anc_at: np.ndarray, depth: np.ndarray, n: int, width: int) -> np.ndarray:
+    """[R, W] window of each row: tap t holds the token at relative depth d - (W-1) + t; taps above
+    the root index the committed conv state (< W-1), the others tree row W-1 + ancestor. Padding
+    rows (>= n) reuse the root's window."""
+    rows = anc_at.shape[0]
+    src = np.where(np.arange(rows) < n, np.arange(rows), 0)
+    d = depth[src]
+    rel = d[:, None] - (width - 1) + np.arange(width)[None, :]
+    ancestor = np.take_along_axis(anc_at[src], rel.clip(min=0), axis=1)
+    return np.where(rel < 0, width - 1 + rel, width - 1 + ancestor)

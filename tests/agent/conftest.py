@@ -149,9 +149,10 @@ def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def lumobench(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """The real `lumobench` CLI in a subprocess, with room for agent runs (minutes on a loaded machine)."""
-    return run_cli(*args, timeout=600)
+def lumobench(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real `lumobench` CLI in a subprocess, with room for agent runs (minutes on a loaded machine);
+    `cwd` is where it runs (default: the repository)."""
+    return run_cli(*args, timeout=600, **({"cwd": cwd} if cwd else {}))
 
 
 def only_run_dir(out: Path) -> Path:

@@ -13,8 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import pytest
+from typer.testing import CliRunner
 
+from lumobench.analysis.notebook import figures, tables
+from lumobench.cli import app
 from lumobench.corpus import check_corpus
 
 from .conftest import (
@@ -73,23 +77,27 @@ def fix_run(qwen_cli, tmp_path_factory) -> FixRun:
     arm = make_scripted_arm(root, FIX_TURNS)
     tasks = write_tasks(root / "tasks.jsonl", [calc.task()])
     corpus = root / "captured.jsonl"
+    # relative paths, run from the user's folder, as the README's commands are (the default --out
+    # is the relative "results"): the agent's HOME must not be resolved inside the task's clone
     result = lumobench(
         "agent",
         "--tasks",
-        tasks,
+        "tasks.jsonl",
         "--arm",
         arm,
         "--repos",
-        calc.mirrors,
-        "--out",
-        root / "results",
+        "mirrors",
         "--budget-s",
         120,
         "--record",
-        corpus,
+        "captured.jsonl",
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr
-    return FixRun(root, calc, arm, only_run_dir(root / "results"), corpus)
+    run = only_run_dir(root / "results")
+    assert f"agent run: {run}\n" in result.stderr  # absolute, so it can be used from anywhere
+    assert tasks.is_file() and corpus.is_file()
+    return FixRun(root, calc, arm, run, corpus)
 
 
 def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(fix_run: FixRun):
@@ -128,6 +136,34 @@ def test_agent_fixes_failing_test_and_its_patch_makes_it_pass(fix_run: FixRun):
     assert "| local__calc-1 | 1 | completed |" in (run / "task-table.md").read_text()
     meta = json.loads((run / "run.json").read_text())
     assert (meta["status"], meta["agent"], meta["model"]) == ("finished", "qwen-code@0.15.10", "scripted")
+
+
+def test_agent_report_notebook_shows_the_task_table_and_each_request_on_a_timeline(fix_run: FixRun):
+    out = fix_run.root / "agent-report.ipynb"
+    result = CliRunner().invoke(app, ["report", str(fix_run.run), "--notebook", str(out)])
+    assert result.exit_code == 0, result.output[-3000:]
+    nb = nbformat.read(out, as_version=4)
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert [name for name, _ in figures(nb)] == ["request_timeline"]
+    shown = tables(nb)
+    [row] = read_jsonl(fix_run.run / "tasks.jsonl")
+    [task] = shown["tasks"]
+    assert (task["task"], task["requests"], task["output_tokens"], task["patch"]) == (
+        "local__calc-1",
+        row["requests"],
+        row["output_tokens"],
+        "non-empty",
+    )
+    assert task["agent_min"] == pytest.approx(row["agent_s"] / 60)
+    # the proxy's request log: one entry per request it counted, inside the attempt's wall time
+    logged = read_jsonl(fix_run.run / row["log_dir"] / "requests.jsonl")
+    [summary] = shown["request_summary"]
+    assert len(logged) == summary["requests"] == row["requests"]
+    assert summary["completion_tokens"] == row["output_tokens"]
+    assert all(r["http_status"] == 200 and r["sent_s"] <= r["first_byte_s"] <= r["end_s"] for r in logged)
+    assert 0 < summary["busy_s"] <= row["agent_s"]
+    table = CliRunner().invoke(app, ["report", str(fix_run.run), "--format", "markdown"]).stdout
+    assert "| local__calc-1 | 1 | completed |" in table and "**total (1 attempts)**" in table
 
 
 def test_recorded_corpus_passes_check_and_replays_against_the_same_server(fix_run: FixRun):
@@ -295,6 +331,7 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
         "--repos",
         calc_repo.mirrors,
         "--no-clone",
+        "--keep-workdirs",
         "--out",
         tmp_path / "results",
         "--budget-s",
@@ -313,8 +350,10 @@ def test_resume_retries_unfinished_tasks_and_keeps_what_was_recorded(
     assert (calc_repo.mirror / "calc.py").read_text() == "my local edits\n"
 
     os.symlink(calc_repo.mirror, calc_repo.mirrors / "other__calc")
-    second = lumobench("agent", "--resume", run, "--repos", calc_repo.mirrors, "--no-clone")
+    # --resume continues with the run's --repos, --no-clone and --keep-workdirs (run.json)
+    second = lumobench("agent", "--resume", run)
     assert second.returncode == 0, second.stderr
+    assert (run / "work" / "other__calc-2.run1" / "NOTES.md").is_file()
     rows = read_jsonl(run / "tasks.jsonl")
     assert [(r["instance_id"], r["status"]) for r in rows] == [
         ("local__calc-1", "completed"),
@@ -362,8 +401,9 @@ def test_unknown_task_id_is_one_clear_line_and_creates_no_run(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
-def test_ctrl_c_stops_agent_and_arm_and_marks_the_run_interrupted(
-    qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_ctrl_c_and_sigterm_stop_agent_and_arm_and_mark_the_run_interrupted(
+    signum: signal.Signals, qwen_cli, calc_repo: CalcRepo, scripted_arm, tmp_path
 ):
     tasks = write_tasks(tmp_path / "tasks.jsonl", [calc_repo.task()])
     out = tmp_path / "results"
@@ -386,10 +426,11 @@ def test_ctrl_c_stops_agent_and_arm_and_marks_the_run_interrupted(
     while not any(log.stat().st_size for log in out.glob("*/tasks/*/agent.jsonl")):  # the agent is running
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "--resume" in stderr
     run = only_run_dir(out)
+    assert proc.returncode == 130 and f"lumobench agent --resume {run}\n" in stderr
+    assert "Task was destroyed" not in stderr and "Traceback" not in stderr, stderr
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert not (run / "tasks.jsonl").exists()  # the interrupted attempt is not a result; --resume reruns it
     assert _marked_processes(str(run / "tasks")) == []

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from lumobench.agent import evaluate as ev
+from lumobench.agent.driver import AgentSettings, new_run
 from lumobench.agent.tasks import resolve_tasks
 from lumobench.errors import LumobenchError
+
+from .conftest import lumobench
 
 pytest.importorskip("swebench", reason="grading needs the swebench package (dev extra)")
 
@@ -102,3 +105,32 @@ def test_bad_predictions_are_reported_with_their_line(tmp_path):
     )
     with pytest.raises(LumobenchError, match="line 2: not a SWE-bench prediction"):
         ev.read_predictions(path)
+
+
+def test_evaluate_grades_a_classic_record_from_the_tasks_its_run_recorded(tmp_path):
+    # a classic SWE-bench Verified row (no image, eval_script, log_parser, eval_type), under an id that
+    # no shipped list holds, in the task file the agent run was started with
+    classic = {k: v for k, v in resolve_tasks([TASK])[0].record.items() if k not in ev.HARNESS_FIELDS}
+    classic["instance_id"] = task_id = "astropy__astropy-12907-classic"
+    task_file = tmp_path / "classic.jsonl"
+    task_file.write_text(json.dumps(classic) + "\n")
+    [task] = resolve_tasks([str(task_file)])
+    run = new_run(
+        tmp_path / "results", [task], [str(task_file)], AgentSettings(), None, "http://x/v1", None, []
+    )
+    (run.path / "predictions.jsonl").write_text(
+        json.dumps({"instance_id": task_id, "model_name_or_path": "m", "model_patch": "diff --git a/x b/x\n"})
+        + "\n"
+    )
+    f2p, p2p = json.loads(classic["FAIL_TO_PASS"]), json.loads(classic["PASS_TO_PASS"])
+    _harness_log(tmp_path / "logs", task_id, {t: "PASSED" for t in f2p + p2p}, 0)
+    result = lumobench("evaluate", run.path / "predictions.jsonl", "--logs", tmp_path / "logs")
+    assert result.returncode == 0, result.stderr  # no --tasks: the run's own
+    assert "1 resolved" in result.stdout
+    [row] = [json.loads(line) for line in (run.path / "evaluation.jsonl").read_text().splitlines()]
+    assert (row["instance_id"], row["status"]) == (task_id, ev.RESOLVED)
+    # the harness itself (Docker) needs swebench 5 records: a classic one is refused in one line first
+    prediction = ev.Prediction(task_id, "m", "diff --git a/x b/x\n")
+    with pytest.raises(LumobenchError, match=r"astropy__astropy-12907-classic are classic records"):
+        ev.run_harness([prediction], {task_id: task}, tmp_path / "harness", "r")
+    assert not (tmp_path / "harness").exists()

@@ -73,7 +73,7 @@ def test_pinned_release_is_installed_once_and_reused(qwen_cli):
 
 
 def test_settings_turn_off_statistics_and_memory_and_cap_responses(tmp_path):
-    path = write_settings(tmp_path, "m", {"max_tokens": 24000, "presence_penalty": 1.0})
+    path = write_settings(tmp_path, "m", {"max_tokens": 24000, "presence_penalty": 1.0}, 900, 32768)
     settings = json.loads(path.read_text())
     assert path == tmp_path / ".qwen" / "settings.json"
     assert settings["privacy"]["usageStatisticsEnabled"] is False
@@ -83,6 +83,11 @@ def test_settings_turn_off_statistics_and_memory_and_cap_responses(tmp_path):
         "presence_penalty": 1.0,
     }
     assert settings["model"]["name"] == "m"
+    # slow CPU answers are waited for (no abandon-and-resend after 120 s); history is compressed in time
+    assert settings["model"]["generationConfig"]["timeout"] == 900_000
+    assert settings["model"]["generationConfig"]["contextWindowSize"] == 32768
+    unknown = json.loads(write_settings(tmp_path / "b", "m", {"max_tokens": 8}, 60).read_text())
+    assert "contextWindowSize" not in unknown["model"]["generationConfig"]
 
 
 def test_stream_report_counts_responses_and_separates_api_errors(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from lumobench.corpus import check_corpus
-from lumobench.record import BackgroundProxy, RecordingProxy
+from lumobench.record import BackgroundProxy, ProxiedRequest, RecordingProxy
 
 from .conftest import free_port
 from .scripted_server import Script, ScriptedServer
@@ -205,3 +205,125 @@ def test_unreachable_upstream_drops_the_connection_and_records_nothing(tmp_path)
     with BackgroundProxy(proxy) as background, pytest.raises(httpx.RemoteProtocolError):
         _chat(background.url, [{"role": "user", "content": "hi"}])
     assert not corpus.exists()
+
+
+def test_request_log_times_every_chat_request_in_order(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    messages = [{"role": "user", "content": "hi"}]
+    with ScriptedServer(Script(turns=[{"content": "ok"}])) as server:
+        proxy = RecordingProxy(server.url, None, task="t1", run=2)
+        proxy.request_log = log
+        with BackgroundProxy(proxy) as background:
+            before = time.time()
+            assert _chat(background.url, messages).is_success
+            assert _chat(background.url, messages, max_tokens=1).is_success
+            assert httpx.get(background.url + "/models").is_success  # not a chat request: not logged
+            after = time.time()
+    rows = [ProxiedRequest.model_validate_json(line) for line in log.read_text().splitlines()]
+    assert [(r.task, r.run, r.http_status, r.completion_tokens) for r in rows] == [("t1", 2, 200, 1)] * 2
+    for r in rows:
+        assert before <= r.sent_s <= r.first_byte_s <= r.end_s <= after  # type: ignore[operator]
+    assert rows[0].end_s <= rows[1].sent_s
+
+
+class StallingUpstream:
+    """A test upstream that answers a chat request with headers, then stays silent (a long prefill, or a
+    request queued behind another); it notes when the request's connection is gone."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.started = threading.Event()
+        self.gone = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _start(self) -> None:
+        async def chat(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            self.started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:  # the server cancels a handler whose client went away
+                self.gone.set()
+                raise
+            return response
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+
+
+def test_a_client_that_goes_away_takes_its_upstream_request_with_it(tmp_path):
+    upstream = StallingUpstream()
+    with BackgroundProxy(RecordingProxy(f"http://127.0.0.1:{upstream.port}", None)) as background:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", background.url + "/chat/completions", json=body, timeout=30):
+            assert upstream.started.wait(10)
+        # the agent gave up (its request timeout, Ctrl-C): the upstream must not keep working for nobody
+        assert upstream.gone.wait(5), "the proxy kept the abandoned upstream request open"
+
+
+@pytest.mark.integration
+def test_max_tokens_is_fitted_into_the_context_of_the_real_engine(live_url: str, tmp_path):
+    messages = [{"role": "user", "content": "Write a haiku about write-ahead logs."}]
+    prompt = httpx.post(live_url + "/tokenize", json={"messages": messages}).json()
+    body = {"messages": messages, "max_tokens": 24000, "temperature": 0, "stop": ["\n"]}
+    direct = httpx.post(live_url + "/v1/chat/completions", json=body, timeout=60)
+    assert direct.status_code == 400 and direct.json()["error"]["code"] == "context_length_exceeded"
+    corpus = tmp_path / "captured.jsonl"
+    proxy = RecordingProxy(live_url, corpus, fit_context=True)
+    with BackgroundProxy(proxy) as background:
+        fitted = httpx.post(background.url + "/chat/completions", json=body, timeout=120)
+    assert fitted.status_code == 200, fitted.text
+    assert proxy.take_counts().capped == 1
+    [captured] = check_corpus(corpus)[0]
+    # what the engine received: the room the prompt leaves in its context
+    assert captured.max_tokens == prompt["max_model_len"] - prompt["count"]
+
+
+STOP_MID_STREAM = """
+import asyncio, threading, httpx
+from aiohttp import web
+from lumobench.record import BackgroundProxy, RecordingProxy
+
+started = threading.Event()
+
+async def chat(request):
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    started.set()
+    await asyncio.sleep(60)  # a long prefill
+    return response
+
+async def serve():
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner.addresses[0][1]
+
+loop = asyncio.new_event_loop()
+threading.Thread(target=loop.run_forever, daemon=True).start()
+port = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+client = httpx.Client(timeout=30)
+with BackgroundProxy(RecordingProxy(f"http://127.0.0.1:{port}", None)) as proxy:
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client.stream("POST", proxy.url + "/chat/completions", json=body):
+        assert started.wait(10)
+    # the agent is gone (killed), its upstream request still runs, then the proxy stops
+print("proxy stopped mid-stream")
+"""
+
+
+def test_stopping_the_proxy_mid_stream_leaves_no_pending_task():
+    # what Ctrl-C during an agent's request does: the agent is killed, then the background proxy stops
+    proc = subprocess.run([sys.executable, "-c", STOP_MID_STREAM], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "proxy stopped mid-stream" in proc.stdout, proc.stderr
+    assert "Task was destroyed but it is pending" not in proc.stderr, proc.stderr

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks, hf_reference
-from lumobench.verify.trees import SHAPES
+from lumotree.drafting.random_trees import SHAPES
 from lumotree.tree import build_tree, chain_tree
-from lumotree.verify.gdn import gdn_sequential_reference, gdn_verify, replay_accepted_
+from lumotree.verify.gdn import GdnInputs, gdn_sequential_reference, gdn_verify, replay_accepted_
 from lumotree.verify.paired import paired_check
 
 DIMS = gdn_checks.GdnDims()
@@ -80,9 +80,9 @@ def test_paired_rule_rejects_a_perturbed_or_non_finite_implementation(
 ) -> None:
     case = cases[-1]
     n = case.tree.n_active
-    q, k, v, a, b, A_log, dt_bias, state = case.inputs(torch.float32)
-    o = gdn_verify(q, k, v, a, b, A_log, dt_bias, state, case.tree).o[:n]
-    native, _ = gdn_sequential_reference(q, k, v, a, b, A_log, dt_bias, state, case.tree)
+    x, state = case.inputs(torch.float32)
+    o = gdn_verify(x, state, case.tree).o[:n]
+    native, _ = gdn_sequential_reference(x, state, case.tree)
     ref, _ = gdn_sequential_reference(*case.truth(torch.float32), case.tree)
     assert paired_check(o, native[:n], ref[:n], 2, torch.float32).ok
     nudged = o.clone()
@@ -94,15 +94,15 @@ def test_paired_rule_rejects_a_perturbed_or_non_finite_implementation(
 
 def test_verify_never_writes_the_durable_state_and_replay_publishes_in_place() -> None:
     case = gdn_checks.cases(1, DIMS, seed=5, shapes=["paper"])[0]
-    q, k, v, a, b, A_log, dt_bias, state = case.inputs(torch.float32)
+    x, state = case.inputs(torch.float32)
     durable = state.clone()
-    res = gdn_verify(q, k, v, a, b, A_log, dt_bias, durable, case.tree)
+    res = gdn_verify(x, durable, case.tree)
     assert torch.equal(durable, state)
     node = int(case.tree.spine[4])
     path = gdn_checks.frontiers(case.tree)[node]
     pointer = durable.data_ptr()
     replay_accepted_(durable, res.operands, path, 5)
-    _, states = gdn_sequential_reference(q, k, v, a, b, A_log, dt_bias, state, case.tree)
+    _, states = gdn_sequential_reference(x, state, case.tree)
     assert durable.data_ptr() == pointer
     assert torch.allclose(durable, states[node], atol=1e-5)
     # padding entries past path_len are never read
@@ -123,18 +123,14 @@ def test_shape_and_dtype_mistakes_are_reported() -> None:
     gates = torch.randn(2, 4)
     with pytest.raises(ValueError, match="state must be"):
         gdn_verify(
-            q,
-            q,
-            v,
-            gates,
-            gates,
-            torch.zeros(4),
-            torch.zeros(4),
+            GdnInputs(q, q, v, gates, gates, torch.zeros(4), torch.zeros(4)),
             torch.zeros(4, 8, 8, dtype=torch.float64),
             tree,
         )
     with pytest.raises(ValueError, match="expected q, k"):
-        gdn_verify(q, q[:1], v, gates, gates, torch.zeros(4), torch.zeros(4), torch.zeros(4, 8, 8), tree)
+        gdn_verify(
+            GdnInputs(q, q[:1], v, gates, gates, torch.zeros(4), torch.zeros(4)), torch.zeros(4, 8, 8), tree
+        )
 
 
 def test_scan_covers_branch_paths_that_recompute_shared_prefixes() -> None:

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from lumobench.verify import audit
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.sampling import (
     SamplingParams,
     exponential_race,
@@ -139,6 +139,15 @@ def test_penalties_follow_vllm_formulas() -> None:
     assert out.tolist() == [1.0, -4.75, -0.75, 1.0]
 
 
+def test_logit_bias_is_added_before_the_penalties_as_vllm_does() -> None:
+    logits = torch.tensor([2.0, -2.0, 1.0, 1.0])
+    params = SamplingParams(repetition_penalty=2.0, logit_bias=((0, 2.0), (3, -100.0)))
+    out = row_penalized_logits(logits, prompt=[0], generated=[3], params=params)
+    # vLLM's sampler: logits processors (logit bias) first, then the repetition penalty
+    assert out.tolist() == [(2.0 + 2.0) / 2.0, -2.0, 1.0, (1.0 - 100.0) * 2.0]
+    assert logits.tolist() == [2.0, -2.0, 1.0, 1.0]  # the caller's logits are not modified
+
+
 def test_invalid_sampling_params_are_rejected() -> None:
     for bad in (
         {"temperature": -1.0},
@@ -146,13 +155,16 @@ def test_invalid_sampling_params_are_rejected() -> None:
         {"top_k": -2},
         {"min_p": 1.5},
         {"repetition_penalty": 0.0},
+        {"logit_bias": ((-1, 1.0),)},
+        {"logit_bias": ((3, float("nan")),)},
     ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "repeated_subtrees"])
-def test_tree_rows_equal_single_row_decoding_with_each_rows_own_path_history(shape: str) -> None:
+@pytest.mark.parametrize("bias", [(), ((2, 1.5), (5, -100.0), (11, 0.4))])
+def test_tree_rows_equal_single_row_decoding_with_each_rows_own_path_history(shape: str, bias: tuple) -> None:
     rng, gen = random.Random(3), torch.Generator().manual_seed(3)
     tree = random_tree(shape, rng, vocab=24)
     prompt, generated = [rng.randrange(24) for _ in range(10)], [rng.randrange(24) for _ in range(5)]
@@ -166,6 +178,7 @@ def test_tree_rows_equal_single_row_decoding_with_each_rows_own_path_history(sha
         presence_penalty=1.0,
         frequency_penalty=0.3,
         repetition_penalty=1.3,
+        logit_bias=bias,
     )
     rows = tree_probabilities(logits, tree, prompt, generated, params)
     for u in range(tree.n_active):

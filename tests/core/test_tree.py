@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
-from lumobench.verify.trees import SHAPES, random_tree
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree, tree_from_paths
+from lumotree.drafting.random_trees import SHAPES, paper_tree, random_tree
+from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree
 from lumotree.verify.attention.reference import tree_attention_mask
 
 
@@ -167,12 +167,40 @@ def test_conv_gather_reads_committed_state_above_the_root() -> None:
     assert tree.conv_gather.tolist() == [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6], [4, 5, 6, 7]]
 
 
-def test_tree_from_paths_merges_shared_prefixes() -> None:
-    tree = tree_from_paths(1, [[2, 3, 4], [2, 3, 5], [6]], prefix_len=0)
-    assert tree.n_active == 6 and tree.merges == 2
-    assert tree.tokens[tree.spine].tolist() == [1, 2, 3, 4]
-
-
 def test_descriptor_check_rejects_every_invalid_tree() -> None:
     result = check_descriptor(1, seed=3)
     assert result.ok and result.faults_planted == len(INVALID_TREES)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_without_padding_equals_the_same_tree_built_without_padding(shape: str) -> None:
+    tree = random_tree(shape, random.Random(7))
+    n = tree.n_active
+    bare = build_tree(
+        tree.tokens[:n].tolist(),
+        tree.parent[:n].tolist(),
+        prefix_len=tree.prefix_len,
+        max_depth=tree.max_depth,
+    )
+    cut = tree.without_padding()
+    assert cut.rows == n and (cut is tree) == (n == tree.rows)
+    for name in ("tokens", "parent", "depth", "position", "active", "slot_map", "ancestry",
+                 "ancestor_at_depth", "child_nodes", "child_tokens", "spine", "conv_gather"):  # fmt: skip
+        assert torch.equal(getattr(cut, name), getattr(bare, name)), name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_builder_trees_skip_validation_but_equal_the_validated_build(seed: int) -> None:
+    tree = paper_tree(random.Random(seed), vocab=50, prefix_len=9)  # TreeBuilder: trusted depths
+    n = tree.n_active
+    validated = build_tree(
+        tree.tokens[:n].tolist(),
+        tree.parent[:n].tolist(),
+        prefix_len=9,
+        rows=tree.rows,
+        max_depth=tree.max_depth,
+    )
+    for name in ("tokens", "parent", "depth", "position", "active", "slot_map", "ancestry",
+                 "ancestor_at_depth", "child_nodes", "child_tokens", "spine", "conv_gather"):  # fmt: skip
+        assert torch.equal(getattr(tree, name), getattr(validated, name)), name
+    assert torch.equal(tree.paths.nodes, validated.paths.nodes)

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
 
+from lumobench.bench.engine import load_requests
 from lumotree.engine import GenerationRequest
-from lumotree.engine.bench import load_requests
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 
 DEMO = Path(__file__).resolve().parents[2] / "corpora" / "demo.jsonl"
@@ -36,5 +35,4 @@ def model() -> HybridLM:
 @pytest.fixture(scope="package")
 def demo_prompts() -> list[GenerationRequest]:
     """The demo corpus as the engine receives it (chat template applied, a seed per request)."""
-    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
-    return load_requests(DEMO, tokenizer, max_tokens=None, greedy=False)
+    return load_requests(DEMO, default_model_path(), max_tokens=None, greedy=False)

@@ -5,16 +5,16 @@ distributions (bitwise), the lazy acceptance walk (same walks), and the MTP chai
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.drafting.selection import ordered_topk
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.acceptance import RowSampler, history_counts, support_coins, walk
-from lumotree.engine.fast_select import ordered_topk_fast, probabilities_fast, probabilities_rows
-from lumotree.model.tree_kernels_cpu import gdn_verify_wy, replay_layers_, tree_attention_gqa
-from lumotree.model.tree_mode import mtp_chain_step
+from lumotree.model.mtp import mtp_chain_step
 from lumotree.sampling import (
     SamplingParams,
     greedy_walk,
@@ -24,18 +24,23 @@ from lumotree.sampling import (
     tree_probabilities,
     uniform_coins,
 )
+from lumotree.sampling.logits_fast import probabilities_fast, probabilities_rows
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.attention.gqa import tree_attention_gqa
 from lumotree.verify.attention.reference import tree_attention
-from lumotree.verify.gdn.reference import gdn_sequential_reference, gdn_verify, replay_accepted_
+from lumotree.verify.gdn.reference import GdnInputs, gdn_sequential_reference, gdn_verify, replay_accepted_
+from lumotree.verify.gdn.stacked_replay import replay_layers_
+from lumotree.verify.gdn.tree_wy import gdn_verify_wy
 from lumotree.verify.paired import paired_check
 
 H, HV, K, V = 2, 4, 64, 64
 
 
-def _gdn_inputs(tree: TreeDescriptor, seed: int) -> list[torch.Tensor]:
+def _gdn_inputs(tree: TreeDescriptor, seed: int) -> tuple[GdnInputs, torch.Tensor]:
+    """(a layer's inputs, its durable state)."""
     g = torch.Generator().manual_seed(seed)
     r = tree.rows
-    return [
+    inputs = GdnInputs(
         torch.randn(r, H, K, generator=g),
         torch.randn(r, H, K, generator=g),
         torch.randn(r, HV, V, generator=g),
@@ -43,8 +48,12 @@ def _gdn_inputs(tree: TreeDescriptor, seed: int) -> list[torch.Tensor]:
         torch.randn(r, HV, generator=g),
         torch.rand(HV, generator=g) * 2,
         torch.randn(HV, generator=g),
-        torch.randn(HV, V, K, generator=g) * 0.5,
-    ]
+    )
+    return inputs, torch.randn(HV, V, K, generator=g) * 0.5
+
+
+def _to(args: tuple[GdnInputs, torch.Tensor], dtype: torch.dtype) -> tuple[GdnInputs, torch.Tensor]:
+    return args[0].map(lambda t: t.to(dtype)), args[1].to(dtype)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -54,7 +63,7 @@ def test_wy_verify_is_within_the_paired_rule_of_the_float64_scan(shape: str) -> 
         tree = random_tree(shape, rng, prefix_len=9)
         args = _gdn_inputs(tree, seed)
         fast, native = gdn_verify_wy(*args, tree), gdn_verify(*args, tree)
-        ref_o, ref_states = gdn_sequential_reference(*(x.double() for x in args), tree)
+        ref_o, ref_states = gdn_sequential_reference(*_to(args, torch.float64), tree)
         act = tree.active
         assert paired_check(fast.o[act], native.o[act], ref_o[act], 2, torch.float32).ok
         cut = tree.paths.cut_nodes
@@ -69,9 +78,10 @@ def test_wy_verify_is_within_the_paired_rule_of_the_float64_scan(shape: str) -> 
 def test_paired_check_rejects_a_wy_verify_of_a_perturbed_node() -> None:
     tree = random_tree("paper", random.Random(3), prefix_len=9)
     args = _gdn_inputs(tree, 0)
-    bad = [x.clone() for x in args]
-    bad[2][int(tree.spine[2])] += 0.05  # one spine node's value, as a wrong gather would
-    ref_o, _ = gdn_sequential_reference(*(x.double() for x in args), tree)
+    bad_v = args[0].v.clone()
+    bad_v[int(tree.spine[2])] += 0.05  # one spine node's value, as a wrong gather would
+    bad = (replace(args[0], v=bad_v), args[1])
+    ref_o, _ = gdn_sequential_reference(*_to(args, torch.float64), tree)
     act = tree.active
     result = paired_check(
         gdn_verify_wy(*bad, tree).o[act], gdn_verify(*args, tree).o[act], ref_o[act], 2, torch.float32
@@ -84,7 +94,7 @@ def test_layer_batched_replay_equals_reference_replay_bitwise(dtype: torch.dtype
     rng = random.Random(1)
     for shape in ("chain", "paper", "deep_and_wide"):
         tree = random_tree(shape, rng, prefix_len=9)
-        layers = [gdn_verify(*(x.to(dtype) for x in _gdn_inputs(tree, s)), tree) for s in range(3)]
+        layers = [gdn_verify(*_to(_gdn_inputs(tree, s), dtype), tree) for s in range(3)]
         for node in (0, tree.n_active - 1, int(tree.spine[-1])):
             path = tree.path_to(node)
             accepted = tree.padded_path(path)
@@ -180,6 +190,9 @@ def test_lazy_walk_equals_the_core_walks(shape: str) -> None:
             SamplingParams(0.0, presence_penalty=0.7),
             SamplingParams(0.9, top_k=12, frequency_penalty=0.3),
             SamplingParams(1.0, top_p=0.8, repetition_penalty=1.2),
+            # a bias that moves argmaxes and samples: the lazy walk applies it as the core does
+            SamplingParams(0.0, logit_bias=((1, 3.0), (7, -100.0))),
+            SamplingParams(0.8, top_k=20, logit_bias=((1, 3.0), (7, -100.0), (30, 1.0))),
         ):
             logits, prompt, generated = _walk_case(tree, case, params)
             seen = history_counts(prompt, logits.shape[1]) > 0

@@ -21,7 +21,7 @@ def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
         arm = tmp_path / f"{name}.toml"
         arm.write_text(
             f'engine = "scripted"\nport = {free_port()}\n'
-            f'command = ["{{python}}", "-m", "lumobench.bench.scripted_server", "--port", "{{port}}", '
+            f'command = ["{{python}}", "-m", "lumobench.bench.client.scripted_server", "--port", "{{port}}", '
             f'"--script", "{script_path}"]\n'
             "[readiness]\ntimeout_s = 30\n"
             "[request]\nstream_options = { continuous_usage_stats = true }\n"

@@ -20,7 +20,7 @@ def free_port() -> int:
 
 
 def lumobench(
-    *args: str | Path, timeout: float = 120, env: dict[str, str] | None = None
+    *args: str | Path, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
     """Run the CLI in a fresh process (as a user would), capturing its output; `env` adds variables."""
     return subprocess.run(
@@ -28,7 +28,7 @@ def lumobench(
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         env=None if env is None else {**os.environ, **env},
     )

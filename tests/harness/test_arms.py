@@ -94,7 +94,7 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     child_pid_file = tmp_path / "child.pid"
     command = (
         f'["sh", "-c", "sleep 300 & echo $! > {child_pid_file}; '
-        f'exec {sys.executable} -m lumobench.bench.scripted_server --port {{port}}"]'
+        f'exec {sys.executable} -m lumobench.bench.client.scripted_server --port {{port}}"]'
     )
     with launched(_arm(tmp_path, command).arm, tmp_path / "server.log") as server:
         assert server.served_model == "scripted"

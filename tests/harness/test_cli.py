@@ -14,7 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from lumobench.cli import app
 from lumobench.metrics import spec_counters
 from lumobench.results import RunDir
 
@@ -212,7 +214,9 @@ def test_generate_endpoint_replays_input_ids(tmp_path: Path) -> None:
         "".join(json.dumps(r | {"input_ids": list(range(5 + i))}) + "\n" for i, r in enumerate(records))
     )
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "lumobench.bench.scripted_server", "--port", str(port)])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lumobench.bench.client.scripted_server", "--port", str(port)]
+    )
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -297,3 +301,36 @@ def test_boot_per_run_with_an_endpoint_is_one_clear_line(tmp_path: Path) -> None
         "replay", small_corpus(tmp_path, 1), "--endpoint", "http://127.0.0.1:9", "--boot-per-run"
     )
     _one_clear_line(proc, "--boot-per-run needs arms that lumobench launches")
+
+
+def test_corpus_stats_count_the_text_of_content_parts(tmp_path: Path) -> None:
+    parts = [{"type": "text", "text": "abcd"}, {"type": "text", "text": "efg"}]
+    record = {"id": "p", "messages": [{"role": "user", "content": parts}, {"role": "user", "content": "hi"}]}
+    corpus = tmp_path / "parts.jsonl"
+    corpus.write_text(json.dumps(record) + "\n")
+    stats = CliRunner().invoke(app, ["corpus", "stats", str(corpus)], env={"COLUMNS": "120"})
+    assert stats.exit_code == 0, stats.output
+    [line] = [line for line in stats.output.splitlines() if "message characters" in line]
+    assert "9 / 9 / 9" in line  # 4 + 3 in parts, 2 in the string
+
+
+def test_commands_that_do_not_compute_do_not_import_torch() -> None:
+    argvs = [
+        ["record", "--help"],
+        ["agent", "--help"],
+        ["evaluate", "--help"],
+        ["replay", "--help"],
+        ["serve", "--help"],
+        ["report", "--help"],
+        ["corpus", "stats", str(DEMO)],
+    ]
+    code = (
+        "import sys\nfrom lumobench.cli import app\n"
+        f"for argv in {argvs!r}:\n"
+        "    try:\n        app(argv, standalone_mode=False)\n    except SystemExit:\n        pass\n"
+        "heavy = sorted(m for m in ('torch', 'scipy', 'triton') if m in sys.modules)\n"
+        "print('heavy:', heavy, file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "heavy: []"

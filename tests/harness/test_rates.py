@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lumobench.metrics import parse_prometheus, phase_totals, spec_counters, spec_delta
-from lumobench.rates import bootstrap_ci, matched_ids, pooled, run_rates
+from lumobench.rates import bootstrap_ci, matched_ids, paired_bootstrap_ratio, pooled, run_rates
 from lumobench.results import RequestRow
 
 
@@ -44,6 +44,24 @@ def test_bootstrap_interval_brackets_the_pooled_rate() -> None:
     lo, hi = bootstrap_ci(rows)  # type: ignore[misc]
     assert lo < pooled(rows).rate < hi  # type: ignore[operator]
     assert bootstrap_ci(rows[:1]) is None
+
+
+def test_paired_bootstrap_ratio_resamples_requests_together_across_arms() -> None:
+    # prompts of very different speed; the second arm is exactly twice as fast on every request
+    base = [row(f"r{i}", 0, 10 + 40 * i, 0.2 + 1.5 * (i % 4)) for i in range(10)]  # 27-1645 tok/s
+    twice = [row(r.request_id, 0, r.completion_tokens, r.decode_s / 2) for r in base]  # type: ignore[arg-type,operator]
+    assert paired_bootstrap_ratio(base, twice) == (pytest.approx(2.0), pytest.approx(2.0))
+    # while the two arms' own intervals overlap: pairing is what makes the ratio sharp
+    assert bootstrap_ci(twice)[0] < bootstrap_ci(base)[1]  # type: ignore[index]
+    # a noisy speed-up: the interval brackets the pooled ratio; only requests eligible in both count
+    noisy = [
+        row(r.request_id, 0, r.completion_tokens, r.decode_s / (1.5 + 0.1 * (i % 3)))
+        for i, r in enumerate(base)
+    ]  # type: ignore[arg-type,operator]
+    lo, hi = paired_bootstrap_ratio(base, [*noisy, row("extra", 0, 500, 0.01)])  # type: ignore[misc]
+    ratio = pooled(noisy).rate / pooled(base).rate  # type: ignore[operator]
+    assert 1.5 <= lo < ratio < hi <= 1.7
+    assert paired_bootstrap_ratio(base[:1], twice) is None
 
 
 METRICS_BEFORE = """# HELP vllm:spec_decode_num_drafts_total drafts

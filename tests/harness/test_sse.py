@@ -84,6 +84,7 @@ def test_t_first_skips_role_only_and_empty_chunks_and_counts_reasoning() -> None
     assert (rec.t_first_ns, rec.t_end_ns) == (300, 500)
     assert rec.completion_tokens == 4 and rec.prompt_tokens == 5 and rec.finish_reason == "length"
     assert rec.output_chunks == 3 and rec.chunk_tokens == [1, 2, 4] and rec.token_ids == [9, 4, 5, 6]
+    assert rec.chunk_ns == [250, 300, 400]  # arrival of each output chunk
     assert rec.text_fields()["text"] == "hi" and rec.text_fields()["reasoning"] == "hmm"
     assert rec.failure() is None
 
@@ -124,5 +125,5 @@ def test_generate_t_first_is_first_increase_of_completion_tokens() -> None:
     rec.feed(ev("abc", [1, 2, 3], 3, {"type": "length"}), 30)
     rec.feed(b"data: [DONE]\n\n", 40)
     assert (rec.t_first_ns, rec.t_end_ns, rec.completion_tokens) == (20, 40, 3)
-    assert rec.chunk_tokens == [1, 3] and rec.output_chunks == 2
+    assert rec.chunk_tokens == [1, 3] and rec.output_chunks == 2 and rec.chunk_ns == [20, 30]
     assert rec.token_ids == [1, 2, 3] and rec.text_fields()["text"] == "abc" and rec.finish_reason == "length"

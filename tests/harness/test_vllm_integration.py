@@ -134,7 +134,8 @@ def test_vllm_replay_twice_matches_server_counters(served: str, tmp_path: Path) 
 
 
 def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: Path) -> None:
-    corpus = small_corpus(tmp_path, 16, max_tokens=128)
+    requests = 24  # killed after the first row, ~10 s of requests still to run (CI raced it at 16, 3 rows)
+    corpus = small_corpus(tmp_path, requests, max_tokens=128)
     out = tmp_path / "results"
     port = free_port()
     argv = ["replay", str(corpus), "--arm", "vllm-cpu-tiny", "--port", str(port), "--out", str(out)]
@@ -146,7 +147,7 @@ def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: P
     rows_file = None
     while time.monotonic() < deadline and proc.poll() is None:
         rows_file = next(out.glob("*/requests.jsonl"), None) if out.exists() else None
-        if rows_file and rows_file.read_text().count("\n") >= 3:
+        if rows_file and rows_file.read_text().count("\n") >= 1:
             break
         time.sleep(0.05)
     assert rows_file is not None, proc.communicate()[1][-3000:]
@@ -162,7 +163,7 @@ def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: P
     assert proc.returncode == 3, stderr[-3000:]
     run_dir = rows_file.parent
     kept = RunDir(run_dir).read_rows()
-    assert 3 <= len(kept) < 16
+    assert 1 <= len(kept) < requests
     resumed = lumobench("replay", "--resume", run_dir, timeout=STARTUP_S + 300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = RunDir(run_dir).read_rows()

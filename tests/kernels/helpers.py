@@ -1,10 +1,12 @@
-"""Shared helpers for the kernel parity tests: poisoned outputs and walk-friendly scores."""
+"""Shared helpers for the kernel parity tests: poisoned outputs, walk-friendly scores and the hard
+GDN case for the tree-parallel solves."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from lumobench.verify import gdn_checks
 from lumotree.tree import TreeDescriptor
 
 INT_POISON = -777
@@ -31,3 +33,18 @@ def deep_walk_scores(tree: TreeDescriptor, vocab: int, gen: torch.Generator, boo
             pick = tokens[torch.randint(len(tokens), (1,), generator=gen)]
             logits[row, pick] += boost
     return logits
+
+
+def parallel_keys_case(
+    tree: TreeDescriptor, dims: gdn_checks.GdnDims, gen: torch.Generator
+) -> gdn_checks.GdnCase:
+    """The hard case for a tree-parallel solve: nearly parallel keys (cosine ~0.997), no decay and
+    beta ~1, so every power of the ancestry matrix A matters along the deepest path."""
+    base = gdn_checks.make_case(tree, dims, gen)
+    q, k, v, a, _ = base.raw
+    key = torch.randn(1, dims.H, dims.K, generator=gen, dtype=torch.float64)
+    k = key + 0.05 * torch.randn(k.shape, generator=gen, dtype=torch.float64)
+    b = torch.full_like(a, 8.0)
+    return gdn_checks.GdnCase(
+        tree, (q, k, v, a, b), torch.full_like(base.A_log, -20.0), base.dt_bias, base.state
+    )

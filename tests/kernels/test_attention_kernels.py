@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.verify.attention import reference as ref
 from lumotree.verify.attention.decode import (
     AttentionConfig,

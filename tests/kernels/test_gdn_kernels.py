@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks
-from lumobench.verify.trees import SHAPES, random_tree
+from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.verify.gdn import reference as ref
+from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.reference import GdnOperands
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
-from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
+from lumotree.verify.gdn.scan import gdn_scan_, gdn_verify
 from lumotree.verify.paired import paired_check
 
 from .helpers import assert_written, poisoned
@@ -108,7 +109,7 @@ def test_refilled_tables_reproduce_fresh_tables() -> None:
     tables = scan_tables(first.tree, "cpu", "cut", **capacity).fill_(second.tree)
     fresh = scan_tables(second.tree, "cpu", "cut", **capacity)
     names = ("nodes", "steps", "start", "owner", "cut_slot", "leaf_lo", "leaf_hi", "leaves", "n_active")
-    for name in (*names, "leaf_table"):
+    for name in names:
         assert torch.equal(getattr(tables, name), getattr(fresh, name)), name
     o = poisoned((second.tree.rows, DIMS.HV, DIMS.V), torch.float32)
     ops = empty_operands(second.tree.rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, torch.device("cpu"))

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from lumobench.verify import gdn_checks
-from lumobench.verify.trees import paper_tree, random_tree
 from lumotree.drafting import selection as sel_ref
 from lumotree.drafting.fused_selection import select_spine_topk
+from lumotree.drafting.random_trees import paper_tree, random_tree
 from lumotree.sampling import walk as walk_ref
 from lumotree.sampling.device_walk import DeviceWalk
 from lumotree.verify.attention import decode as attn_kernel
@@ -23,11 +23,12 @@ from lumotree.verify.attention import reference as attn_ref
 from lumotree.verify.conv import fused_conv as conv_kernel
 from lumotree.verify.conv import reference as conv_ref
 from lumotree.verify.gdn import reference as gdn_ref
-from lumotree.verify.gdn.plan import scan_tables
+from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.plan import ancestry_tables, scan_tables
+from lumotree.verify.gdn.reference import GdnInputs
 from lumotree.verify.gdn.replay import replay_accepted_
-from lumotree.verify.gdn.scan import empty_operands, gdn_scan_, gdn_verify
-from lumotree.verify.gdn.scan_v3 import gdn_scan_v3_layers_, gdn_verify_v3
-from lumotree.verify.gdn.tree_scan import ancestry_tables, gdn_tree_layers_, gdn_verify_tree
+from lumotree.verify.gdn.scan import gdn_scan_, gdn_verify
+from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.gdn.tree_value_major import (
     gdn_value_major_,
     gdn_value_major_layers_,
@@ -36,7 +37,7 @@ from lumotree.verify.gdn.tree_value_major import (
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
 
-from .helpers import assert_written, deep_walk_scores, poisoned
+from .helpers import assert_written, deep_walk_scores, parallel_keys_case, poisoned
 
 pytestmark = [
     pytest.mark.gpu,
@@ -55,8 +56,10 @@ def _gdn_case(seed: int, shape: str = "paper") -> gdn_checks.GdnCase:
     return gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(seed))
 
 
-def _to(t: tuple[torch.Tensor, ...], device: torch.device) -> list[torch.Tensor]:
-    return [x.to(device) for x in t]
+def _to(args: tuple[GdnInputs, torch.Tensor], device: torch.device) -> tuple[GdnInputs, torch.Tensor]:
+    """A case's (inputs, state) on `device`."""
+    inputs, state = args
+    return inputs.map(lambda t: t.to(device)), state.to(device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -77,9 +80,7 @@ def test_gdn_scan_meets_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, sched
         torch.testing.assert_close(got.cut_states.cpu(), native.cut_states, rtol=1e-4, atol=1e-5)
 
 
-V3_VARIANTS = {
-    "v3 recompute": lambda *x: gdn_verify_v3(*x, schedule="recompute"),
-    "v3 cut": lambda *x: gdn_verify_v3(*x, schedule="cut"),
+TREE_VARIANTS = {
     "tree ieee": lambda *x: gdn_verify_tree(*x, precision="ieee", num_warps=8),
     "tree tf32x3": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8),
     "tree tf32x3 product": lambda *x: gdn_verify_tree(*x, precision="tf32x3", num_warps=8, solve="product"),
@@ -96,11 +97,11 @@ V3_VARIANTS = {
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", list(V3_VARIANTS))
-def test_gdn_v3_and_tree_meet_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, variant: str) -> None:
+@pytest.mark.parametrize("variant", list(TREE_VARIANTS))
+def test_gdn_tree_forms_meet_the_paired_rule_at_qwen_shapes(dtype: torch.dtype, variant: str) -> None:
     case = _gdn_case(11)
     n = case.tree.n_active
-    got = V3_VARIANTS[variant](*_to(case.inputs(dtype), CUDA), case.tree)
+    got = TREE_VARIANTS[variant](*_to(case.inputs(dtype), CUDA), case.tree)
     native = gdn_ref.gdn_verify(*case.inputs(dtype), case.tree)
     truth, _ = gdn_ref.gdn_sequential_reference(*case.truth(dtype), case.tree)
     result = paired_check(got.o[:n].cpu(), native.o[:n], truth[:n], cell_dims=2, storage=dtype)
@@ -113,33 +114,31 @@ def test_gdn_v3_and_tree_meet_the_paired_rule_at_qwen_shapes(dtype: torch.dtype,
 
 
 @pytest.mark.parametrize(
-    "variant", ["tree tf32x3 bv64", *(v for v in V3_VARIANTS if v.startswith("value-major"))]
+    "variant", ["tree tf32x3 bv64", *(v for v in TREE_VARIANTS if v.startswith("value-major"))]
 )
 def test_tree_parallel_solves_meet_the_paired_rule_with_parallel_keys(variant: str) -> None:
     # tf32x3 products on the GPU, and the hardest operands for the solve (see parallel_keys_case).
     tree = random_tree("chain", random.Random(13))
-    case = gdn_checks.parallel_keys_case(tree, QWEN, torch.Generator().manual_seed(13))
+    case = parallel_keys_case(tree, QWEN, torch.Generator().manual_seed(13))
     n = tree.n_active
-    got = V3_VARIANTS[variant](*_to(case.inputs(torch.float32), CUDA), tree)
+    got = TREE_VARIANTS[variant](*_to(case.inputs(torch.float32), CUDA), tree)
     native = gdn_ref.gdn_verify(*case.inputs(torch.float32), tree)
     truth, _ = gdn_ref.gdn_sequential_reference(*case.truth(torch.float32), tree)
     result = paired_check(got.o[:n].cpu(), native.o[:n], truth[:n], cell_dims=2, storage=torch.float32)
     assert result.ok, result
 
 
-@pytest.mark.parametrize("kernel", ["v3", "tree", "value-major"])
+@pytest.mark.parametrize("kernel", ["tree", "value-major"])
 def test_gdn_one_launch_over_layers_at_qwen_shapes(kernel: str) -> None:
     tree = _gdn_case(12).tree
     layers = [gdn_checks.make_case(tree, QWEN, torch.Generator().manual_seed(20 + i)) for i in range(3)]
-    columns = zip(*(c.inputs(torch.bfloat16) for c in layers), strict=True)
-    stacked = [torch.stack(col).to(CUDA).contiguous() for col in columns]
+    inputs, states = zip(*(c.inputs(torch.bfloat16) for c in layers), strict=True)
+    stacked = _to((GdnInputs.stack(inputs), torch.stack(states).contiguous()), CUDA)
     rows = tree.rows
     o = poisoned((3, rows, QWEN.HV, QWEN.V), torch.bfloat16, CUDA)
     one = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
     ops = gdn_ref.GdnOperands(*(torch.empty((3, *t.shape), device=CUDA) for t in vars(one).values()))
-    if kernel == "v3":
-        gdn_scan_v3_layers_(*stacked, scan_tables(tree, CUDA, "recompute"), o, ops)
-    elif kernel == "tree":
+    if kernel == "tree":
         gdn_tree_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops, num_warps=8)
     else:
         gdn_value_major_layers_(*stacked, ancestry_tables(tree, CUDA), o, ops)
@@ -167,7 +166,7 @@ def test_gdn_replay_and_store_all_bank_at_qwen_shapes() -> None:
     torch.testing.assert_close(bank[:n].cpu(), states[:n], rtol=1e-4, atol=1e-5)
 
 
-def _captured_verify(kernel: str, tree, bufs: list[torch.Tensor], o: torch.Tensor, ops) -> tuple:
+def _captured_verify(kernel: str, tree, bufs: tuple[GdnInputs, torch.Tensor], o: torch.Tensor, ops) -> tuple:
     """(tables, captured stage) of one verify kernel over static buffers."""
     if kernel == "scan v2 cut":
         tables = scan_tables(tree, CUDA, "cut", paths=8, steps=tree.max_depth + 1)
@@ -182,11 +181,12 @@ def test_captured_verify_replays_for_a_new_tree(kernel: str) -> None:
     # A replay after refilling the inputs and the tables in place must compute the new tree.
     first, second = _gdn_case(3, "paper"), _gdn_case(4, "deep_and_wide")
     rows = first.tree.rows
-    bufs = [x.to(CUDA).clone() for x in first.inputs(torch.float32)]
+    bufs = _to(first.inputs(torch.float32), CUDA)  # fresh device copies: the graph's static inputs
     o = poisoned((rows, QWEN.HV, QWEN.V), torch.float32, CUDA)
     ops = empty_operands(rows, QWEN.H, QWEN.HV, QWEN.K, QWEN.V, CUDA)
     tables, stage = _captured_verify(kernel, first.tree, bufs, o, ops)
-    for buf, new in zip(bufs, second.inputs(torch.float32), strict=True):
+    new_inputs, new_state = second.inputs(torch.float32)
+    for buf, new in zip((*bufs[0].tensors(), bufs[1]), (*new_inputs.tensors(), new_state), strict=True):
         buf.copy_(new)
     tables.fill_(second.tree)
     o.fill_(float("nan"))

@@ -1,4 +1,5 @@
-"""Fixtures of the server tests: the shipped model's tokenizer."""
+"""Fixtures of the server tests: the shipped model's tokenizer (the shared real server, `live_url`, is
+in tests/conftest.py)."""
 
 from __future__ import annotations
 

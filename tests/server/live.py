@@ -16,6 +16,8 @@ from lumobench.arms import ArmConfig, resolve_arm
 from lumobench.launch import ArmServer, log_tail
 
 STARTUP_S = 180.0
+#: the context of the session's shared server (`live_url`): the demo corpus has prompts of ~4,700 tokens
+LIVE_MAX_LEN = 8192
 
 
 @contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,10 +16,10 @@ from lumobench.corpus import load_corpus
 from lumobench.metrics import parse_prometheus
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
 
+from .live import LIVE_MAX_LEN as MAX_LEN
 from .live import lumotree_server
 
 pytestmark = pytest.mark.integration
-MAX_LEN = 8192  # the demo corpus has prompts of up to ~4,700 tokens
 SYSTEM = (
     "You are a careful software engineering agent working in a Python repository. Use the tools to "
     "inspect files, run commands and edit code. Reply concisely."
@@ -32,10 +31,8 @@ CODE = [
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with lumotree_server(log, "--max-model-len", str(MAX_LEN), "--seed", "0") as base:
-        yield base
+def url(live_url: str) -> str:
+    return live_url
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +121,12 @@ def test_metrics_move_by_what_was_served(url: str, tools: list[dict]) -> None:
         u["spec_decode"]["num_accepted_tokens"] for u in usages
     )
     assert delta["lumotree:phase_seconds_count"] > 0
+    # vLLM's latency histograms: one TTFT, e2e and queue observation per request, an ITL per later cycle
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert delta[f"vllm:{name}_seconds_count"] == 2, name
+    assert delta["vllm:inter_token_latency_seconds_count"] == delta["vllm:spec_decode_num_drafts_total"]
+    assert 0 < delta["vllm:time_to_first_token_seconds_sum"] < delta["vllm:e2e_request_latency_seconds_sum"]
+    assert after["vllm:kv_cache_usage_perc"] == 0  # idle: no request holds KV rows
 
 
 def test_concurrent_requests_queue_and_match_their_solo_answers(url: str, tools: list[dict]) -> None:
@@ -173,9 +176,8 @@ def test_client_disconnects_abort_running_and_queued_requests(url: str) -> None:
         running_chunks = running.iter_raw()
         next(running_chunks)
         _wait_for(url, "vllm:num_requests_running", 1)
-        with httpx.stream("POST", chat, json=long | {"stream": True}, timeout=60) as queued:
-            queued_chunks = queued.iter_raw()
-            next(queued_chunks)
+        # (a queued stream sends its headers at once and its first chunk only with its first token)
+        with httpx.stream("POST", chat, json=long | {"stream": True}, timeout=60):
             _wait_for(url, "vllm:num_requests_waiting", 1)  # queued behind the running request
         _wait_for(url, "success_abort", aborted + 1)
         with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up

@@ -1,9 +1,9 @@
 """The acceptance walk of one request's cycle (DESIGN §3.4), evaluated only where it goes.
 
 Same walk as the core's `greedy_walk` / `sample_walk` over `tree_penalized_logits` /
-`tree_probabilities`: at node u take x from u's row (greedy: argmax of the penalised logits, lowest
-index on ties; sampled: exponential race with Philox coins keyed by (seed, output position, token),
-node u sampling position len(output) + depth(u)); descend
+`tree_probabilities`: at node u take x from u's row (greedy: argmax of the biased, penalised logits,
+lowest index on ties; sampled: exponential race with Philox coins keyed by (seed, output position,
+token), node u sampling position len(output) + depth(u)); descend
 if a child carries x, else emit x and stop. The spine's rows are processed together (the walk
 usually stays on it), other rows only when the walk reaches them, and coins are drawn only for
 tokens of nonzero probability (the race ignores the rest): on a CPU that is most of the cost of
@@ -20,19 +20,12 @@ import torch
 from torch import Tensor
 
 from lumotree.drafting.selection import argmax_lowest_index
-from lumotree.engine.fast_select import ordered_topk_fast, probabilities_rows
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.sequence import TokenLogprob
-from lumotree.sampling.logits import SamplingParams, apply_penalties
-from lumotree.sampling.rng import philox4x32, position_words, uint_to_uniform_float
+from lumotree.sampling.logits import SamplingParams, apply_logit_bias, apply_penalties
+from lumotree.sampling.logits_fast import probabilities_rows
+from lumotree.sampling.rng import philox4x32, position_words, seed_key, uint_to_uniform_float
 from lumotree.tree import TreeDescriptor
-
-_U64 = (1 << 64) - 1
-
-
-def seed_key(seed: int) -> int:
-    """Any Python int -> the int64 bit pattern of seed mod 2^64 (the Philox key the core takes)."""
-    key = seed & _U64
-    return key - (1 << 64) if key >= 1 << 63 else key
 
 
 def support_coins(seed: int, positions: int | Sequence[int], tokens: Tensor) -> Tensor:
@@ -74,9 +67,11 @@ class RowSampler:
         )
 
     def penalised(self, logits: Tensor, path_drafts: Sequence[Sequence[int]]) -> Tensor:
-        """logits [n, V] -> float32 [n, V] after penalties; row i's history adds path_drafts[i]."""
+        """logits [n, V] -> float32 [n, V] after the logit bias and penalties; row i's history adds
+        path_drafts[i]."""
+        logits = apply_logit_bias(logits, self.params)
         if not self._needs_history:
-            return logits.float()
+            return logits
         counts = self._generated.repeat(len(path_drafts), 1)
         rows = [i for i, path in enumerate(path_drafts) for _ in path]
         if rows:

@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import torch
+
 from lumotree.engine.config import EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.metrics import EngineMetrics
@@ -60,6 +62,14 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    @property
+    def kernels(self) -> str:
+        return self.engine.config.kernels
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from lumotree.drafting.geometry import GeometryConfig
-from lumotree.tree import MAX_DEPTH
+from lumotree.tree import DEFAULT_ROWS, MAX_DEPTH
 
 DrafterKind = Literal["ar", "mtp", "tree"]
 DRAFTER_KINDS: tuple[str, ...] = ("ar", "mtp", "tree")
+KernelSet = Literal["auto", "cpu-fast", "reference", "triton"]
+KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-fast", "reference", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -22,10 +25,16 @@ class EngineConfig:
 
     drafter: "ar" (no drafts), "mtp" (chain of `mtp_depth` MTP spine drafts) or "tree" (the paper
     geometry: MTP spine + `siblings` runner-ups per depth + suffix tail + rescue branches).
-    rows: verification rows of a tree (None: exactly the geometry's capacity, 1 + max drafts; the
-    paper pads to 32 for GPU tiles, which only costs compute on a CPU).
+    rows: verification rows of a tree (None: on a CPU exactly the geometry's capacity, 1 + max
+    drafts; with the triton kernels the paper's 32, fixed shapes for GPU tiles and CUDA graphs).
     max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
-    kernels: "cpu-fast" (vectorised variants, tested equal to the references) or "reference".
+    device: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
+    kernels: "auto" (triton on CUDA, cpu-fast on a CPU), "cpu-fast" (vectorised variants, tested
+    equal to the references), "reference", or "triton" (the device cycle; on a CPU only under
+    TRITON_INTERPRET=1, for tests).
+    eager: no CUDA graphs on the device path (debugging; slower).
+    random_weights: a shape preset (`lumotree.model.random_weights`, e.g. "qwen3.5-27b") built on
+    the device from `seed` instead of loading `model` (whose tokenizer the server still uses).
     draft_head_dtype: precision of the vocabulary projection in MTP drafting passes (drafts only;
     bfloat16 halves the bytes each pass streams, measured ~10% faster cycles at equal acceptance).
     threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
@@ -42,7 +51,10 @@ class EngineConfig:
     max_model_len: int | None = None
     dtype: str = "float32"
     threads: int = 1
-    kernels: Literal["cpu-fast", "reference"] = "cpu-fast"
+    device: str = "auto"
+    kernels: KernelSet = "auto"
+    eager: bool = False
+    random_weights: str | None = None
     draft_head_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     prefill_chunk: int = 512
     prefix_cache: bool = True
@@ -59,6 +71,10 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.drafter != "ar" and not 1 <= self.mtp_depth <= self.max_depth:
             raise ValueError(f"mtp_depth must be in 1..{self.max_depth}, got {self.mtp_depth}")
+        if self.kernels not in KERNEL_SETS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {self.kernels!r}")
+        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.prefill_chunk < 1 or self.cache_block < 1 or self.prefill_chunk % self.cache_block:
@@ -68,6 +84,26 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    def resolved(self) -> EngineConfig:
+        """This config with `device` and `kernels` made concrete for this machine (ValueError when
+        they cannot run here) and the device path's tree padded to the paper's 32 rows."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+        kernels = self.kernels
+        if kernels == "auto":
+            kernels = "triton" if device.startswith("cuda") else "cpu-fast"
+        if device.startswith("cuda") and kernels != "triton":
+            raise ValueError(f"the {kernels} kernels run on a CPU only; on CUDA use the triton kernels")
+        if kernels == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("the triton kernels on a CPU need TRITON_INTERPRET=1 (tests only: slow)")
+        rows = self.rows
+        if kernels == "triton" and self.drafter == "tree" and rows is None:
+            rows = DEFAULT_ROWS
+        return replace(self, device=device, kernels=kernels, rows=rows)
 
     def geometry(self) -> GeometryConfig:
         """The draft geometry of this drafter kind (AR: the root alone; MTP: a chain)."""

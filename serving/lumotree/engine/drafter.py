@@ -11,20 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.mtp import MTPDrafter, MTPProposal
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.engine.config import EngineConfig
-from lumotree.engine.fast_select import ordered_topk_fast
 from lumotree.model.model import HybridLM
+from lumotree.model.mtp import mtp_chain_step
 from lumotree.model.state import KVCache
-from lumotree.model.tree_mode import mtp_chain_step
 from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree
+
+if TYPE_CHECKING:  # the device path needs Triton, which CPU-only installs may lack
+    from lumotree.engine.device_runner import DeviceRunner
 
 
 class ARDrafter:
@@ -57,6 +61,9 @@ class ARDrafter:
 
     def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
         return chain_tree([root], prefix_len=prefix_len)
+
+    def receive(self, proposal: MTPProposal | None) -> None:
+        """The MTP proposal a device cycle drafted for the next cycle (device path only)."""
 
     def finish(self) -> None:
         """The request ended."""
@@ -139,14 +146,20 @@ class TreeDrafter(ChainDrafter):
         self.suffix.finish()
 
     def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
-        geo = self.geometry
-        proposal = self.mtp.propose()
-        tails = self.suffix.continuations(proposal.spine, geo.tail_len, 1)
-        tail = tails[0].continuation if tails else ()
-        rescues = rescue_branches(self.suffix, geo, proposal.spine, proposal.topk, tail)
-        return build_paper_tree(
-            root, proposal.spine, proposal.topk, tail, rescues, prefix_len=prefix_len, config=geo
-        )
+        return paper_tree(self.suffix, self.geometry, root, prefix_len, self.mtp.propose())
+
+
+def paper_tree(
+    suffix: SuffixDrafter, geo: GeometryConfig, root: int, prefix_len: int, proposal: MTPProposal
+) -> TreeDescriptor:
+    """The paper tree below `root`: the MTP proposal's spine and siblings, the suffix drafter's
+    principal tail after the spine, and its rescue branches."""
+    tails = suffix.continuations(proposal.spine, geo.tail_len, 1)
+    tail = tails[0].continuation if tails else ()
+    rescues = rescue_branches(suffix, geo, proposal.spine, proposal.topk, tail)
+    return build_paper_tree(
+        root, proposal.spine, proposal.topk, tail, rescues, prefix_len=prefix_len, config=geo
+    )
 
 
 def rescue_branches(
@@ -200,18 +213,104 @@ def bf16_draft_head(model: HybridLM) -> Callable[[Tensor], Tensor]:
     return lambda h: F.linear(h.to(torch.bfloat16), weight).float()
 
 
+class DeviceChainDrafter(ARDrafter):
+    """Chain MTP-k on the device path: the MTP passes run inside the device cycle (`DeviceRunner`),
+    whose synchronisation brings the next proposal back (`receive`); only the first proposal of a
+    request is fetched on its own, right after prefill."""
+
+    kind = "mtp"
+
+    def __init__(self, geometry: GeometryConfig, runner: DeviceRunner) -> None:
+        super().__init__(geometry)
+        if runner.mtp is None:
+            raise ValueError("the device runner was built without an MTP drafter")
+        self.runner, self.mtp = runner, runner.mtp
+        self.proposal: MTPProposal | None = None
+        self._queued = 0
+
+    @property
+    def max_depth(self) -> int:
+        return self.geometry.depth_mtp
+
+    @property
+    def mtp_cache(self) -> KVCache | None:
+        return self.mtp.cache
+
+    def begin(self, prompt: Sequence[int], cached: int) -> None:
+        self.mtp.reset(max(cached - 1, 0))  # MTP row t needs token t+1 (see ChainDrafter)
+        self.proposal = None
+
+    def rows(self, hidden: Tensor, next_tokens: Sequence[int], commit: bool) -> None:
+        tokens = torch.tensor(list(next_tokens), dtype=torch.long).to(hidden.device)
+        if commit:
+            if len(next_tokens):
+                self.mtp.commit_(hidden, tokens)
+            return
+        count = torch.tensor([len(next_tokens)], dtype=torch.long).to(hidden.device)
+        self.mtp.queue_(hidden, tokens, count)
+        self._queued, self.proposal = len(next_tokens), None
+
+    def receive(self, proposal: MTPProposal | None) -> None:
+        self.proposal = proposal
+
+    def next_proposal(self) -> MTPProposal:
+        if self.proposal is None:
+            self.proposal = self.runner.first_proposal(self._queued)
+        return self.proposal
+
+    def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
+        spine = self.next_proposal().spine
+        return chain_tree([root, *spine], prefix_len=prefix_len, rows=self.geometry.rows)
+
+
+class DeviceTreeDrafter(DeviceChainDrafter):
+    """The paper tree on the device path: device MTP proposals, host suffix drafter, padded rows."""
+
+    kind = "tree"
+
+    def __init__(self, geometry: GeometryConfig, runner: DeviceRunner, suffix: SuffixDrafter) -> None:
+        super().__init__(geometry, runner)
+        self.suffix = suffix
+
+    @property
+    def max_depth(self) -> int:
+        return self.geometry.max_depth
+
+    def begin(self, prompt: Sequence[int], cached: int) -> None:
+        super().begin(prompt, cached)
+        self.suffix.begin(prompt)
+
+    def emitted(self, tokens: Sequence[int]) -> None:
+        self.suffix.extend(tokens)
+
+    def finish(self) -> None:
+        self.suffix.finish()
+
+    def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
+        return paper_tree(self.suffix, self.geometry, root, prefix_len, self.next_proposal())
+
+
 def make_drafter(
-    config: EngineConfig, model: HybridLM, capacity: int, outputs: OutputCache | None = None
+    config: EngineConfig,
+    model: HybridLM,
+    capacity: int,
+    runner: DeviceRunner | None = None,
+    outputs: OutputCache | None = None,
 ) -> ARDrafter:
-    """The drafter of config.drafter, with the geometry of config.geometry(); a tree drafter's
-    suffix lookups use `outputs` as their cache of earlier outputs (default: its own)."""
+    """The drafter of config.drafter, with the geometry of config.geometry(); on the device path
+    (`runner` given) the MTP passes are the runner's; a tree drafter's suffix lookups use `outputs`
+    as their cache of earlier outputs (default: its own)."""
     geometry = config.geometry()
-    if config.drafter == "ar":
-        return ARDrafter(geometry)
-    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" else None
-    if config.drafter == "mtp":
-        return ChainDrafter(geometry, model, capacity, head)
     suffix = SuffixDrafter(
         min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=outputs
     )
+    if config.drafter == "ar":
+        return ARDrafter(geometry)
+    if runner is not None:
+        if config.drafter == "mtp":
+            return DeviceChainDrafter(geometry, runner)
+        return DeviceTreeDrafter(geometry, runner, suffix)
+    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" else None
+    if config.drafter == "mtp":
+        return ChainDrafter(geometry, model, capacity, head)
     return TreeDrafter(geometry, model, capacity, suffix, head)

@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -32,12 +33,16 @@ from lumotree.engine.model_runner import ModelRunner
 from lumotree.engine.prefix_cache import PrefixCache
 from lumotree.engine.scheduler import Scheduler
 from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
-from lumotree.model import default_model_path, load_checkpoint
-from lumotree.model.tree_kernels import REFERENCE
-from lumotree.model.tree_kernels_cpu import CPU_FAST
+from lumotree.model import HybridLM, default_model_path, load_checkpoint
+from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.tree_mode import TreeForward
 from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE
+
+if TYPE_CHECKING:  # the device path needs Triton, which CPU-only installs may lack
+    from lumotree.engine.device_runner import DeviceRunner
+    from lumotree.sampling.device_sampler import DeviceSampler
 
 log = logging.getLogger(__name__)
 MAX_LOGPROBS = 20
@@ -61,18 +66,28 @@ class LLMEngine:
     """One active sequence, a FIFO queue behind it; see the module docstring for the cycle."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config = config or EngineConfig()
+        self.config = config = (config or EngineConfig()).resolved()
         torch.set_num_threads(config.threads)
+        self.device = torch.device(config.device)
         self.model_dir = Path(config.model) if config.model else default_model_path()
-        self.model = load_checkpoint(self.model_dir, dtype=config.torch_dtype)
+        self.model = _build_model(config, self.model_dir, self.device)
         mcfg = self.model.config
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.geometry = config.geometry()
         capacity = self._max_model_len + self.geometry.rows
-        self.runner = ModelRunner(
-            self.model, capacity, CPU_FAST if config.kernels == "cpu-fast" else REFERENCE
-        )
-        self.drafter = make_drafter(config, self.model, capacity)
+        self.device_runner: DeviceRunner | None = None
+        if config.kernels == "triton":
+            from lumotree.engine.device_runner import DeviceRunner
+
+            mtp = None if config.drafter == "ar" else (config.mtp_depth, 1 + self.geometry.siblings_per_depth)
+            self.device_runner = DeviceRunner(
+                self.model, capacity, self.geometry.rows, config.max_depth, mtp, graphs=not config.eager
+            )
+            self.runner: ModelRunner | DeviceRunner = self.device_runner
+        else:
+            kernels = CPU_FAST if config.kernels == "cpu-fast" else REFERENCE
+            self.runner = ModelRunner(self.model, capacity, kernels)
+        self.drafter = make_drafter(config, self.model, capacity, self.device_runner)
         self.prefix_cache = (
             PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
         )
@@ -85,6 +100,7 @@ class LLMEngine:
         self._prompt_seen: Tensor | None = None
         self._last_hidden: Tensor | None = None  # target hidden row of the last prefilled token
         self._block_keys: list[bytes] = []
+        self._device_sampler: DeviceSampler | None = None
 
     # ---- properties the server reads ---------------------------------------------------------
     @property
@@ -115,7 +131,7 @@ class LLMEngine:
         self._validate(req)
         seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
         stop = set(req.stop_token_ids) | (set() if req.ignore_eos else set(self._eos))
-        self.scheduler.add(Sequence(req, seed, frozenset(stop)))
+        self.scheduler.add(Sequence(req, seed, frozenset(stop), arrival_s=time.monotonic()))
         self._metrics.prompt_tokens += len(req.prompt_token_ids)
 
     def _validate(self, req: GenerationRequest) -> None:
@@ -134,6 +150,9 @@ class LLMEngine:
         bad = [t for t in req.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"stop token ids must be integers in [0, {vocab}); got {bad[:3]}")
+        bad = [t for t, _ in req.sampling.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab}); got {bad[:3]}")
         if len(prompt) >= self._max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens but this model's context limit is "
@@ -160,8 +179,10 @@ class LLMEngine:
 
     def metrics(self) -> EngineMetrics:
         """A snapshot of the engine-wide counters."""
-        self._metrics.running = int(self.scheduler.running is not None)
+        active = self.scheduler.running is not None
+        self._metrics.running = int(active)
         self._metrics.waiting = len(self.scheduler.waiting)
+        self._metrics.kv_cache_usage = self.runner.length / self.runner.capacity if active else 0.0
         return self._metrics.copy()
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -187,6 +208,9 @@ class LLMEngine:
         was_active = self.scheduler.running is seq
         self.scheduler.finish(seq, reason)
         self._metrics.finished(reason)
+        if seq.scheduled_s is not None:  # as vLLM: latencies of requests that left the queue
+            self._metrics.e2e_request_latency.observe(time.monotonic() - seq.arrival_s)
+            self._metrics.request_queue_time.observe(seq.scheduled_s - seq.arrival_s)
         if was_active:
             self.drafter.finish()
 
@@ -196,6 +220,7 @@ class LLMEngine:
         self.runner.reset()
         prompt, cached = seq.prompt, 0
         self._last_hidden = None
+        self._device_sampler = None
         self._block_keys = []
         if self.prefix_cache is not None:
             self._block_keys = self.prefix_cache.block_keys(prompt)
@@ -212,6 +237,7 @@ class LLMEngine:
         self._prompt_seen = history_counts(prompt, self.vocab_size) > 0
         seq.prefilled = seq.cached_prompt_tokens = cached
         seq.status = SequenceStatus.PREFILL
+        seq.scheduled_s = time.monotonic()
 
     def _chunk_end(self, seq: Sequence) -> int:
         """End of the next prefill chunk: chunk multiples, and the last block boundary before the
@@ -244,8 +270,9 @@ class LLMEngine:
                 )
         if end < len(prompt):
             return None
-        # the first token comes from the prompt's last row: output position 0
-        logits = self.runner.logits(self._last_hidden)
+        # the first token comes from the prompt's last row: output position 0 (sampled on the
+        # host on every path: the coins are the same Philox coins as the device walk's)
+        logits = self.runner.logits(self._last_hidden).cpu()
         sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed)
         token = sampler.choose(logits, [[]])[0]
         seq.status = SequenceStatus.DECODE
@@ -274,6 +301,8 @@ class LLMEngine:
         self.runner.publish(forward, acc.accepted)
 
     def _decode_step(self, seq: Sequence) -> TokenEvent:
+        if self.device_runner is not None:
+            return self._device_decode_step(seq, self.device_runner)
         m = self._metrics
         with m.span("drafter"):
             tree = self.draft(seq)
@@ -286,12 +315,35 @@ class LLMEngine:
         # logits rows were computed during the walk: that is target work, not dispatch
         m.spans["target"].seconds += row_logits.seconds
         m.spans["dispatch"].seconds -= row_logits.seconds
-        drafts = tree.n_active - 1
-        accepted = len(acc.accepted) - 1
-        seq.spec.record(drafts, accepted, self.drafter.max_depth)
-        m.spec.record(drafts, accepted, self.drafter.max_depth)
+        self._record_spec(seq, tree, len(acc.accepted))
         hidden = forward.hidden[acc.accepted]
         return self._emit(seq, acc.emitted, acc.accepted, row_logits.rows, hidden)
+
+    def _device_decode_step(self, seq: Sequence, runner: DeviceRunner) -> TokenEvent:
+        """The decode cycle on the device path: the host builds the tree from the proposal the
+        last cycle drafted (plus the suffix drafter); the device verifies, walks, publishes and
+        drafts the next proposal; one synchronisation brings the results back."""
+        m = self._metrics
+        with m.span("drafter"):  # host side; the device's MTP passes are added below
+            tree = self.draft(seq)
+        if self._device_sampler is None:
+            self._device_sampler = runner.sampler(seq.request.sampling, seq.seed, seq.prompt, seq.output)
+        result = runner.cycle(tree, self._device_sampler)
+        for phase, seconds in result.device_seconds.items():
+            m.spans[phase].seconds += seconds
+        m.spans["target"].count += 1
+        m.spans["dispatch"].count += 1
+        m.device_syncs += 1
+        self._device_sampler.advance(len(result.emitted))
+        self.drafter.receive(result.proposal)
+        self._record_spec(seq, tree, len(result.accepted))
+        return self._emit(seq, result.emitted, result.accepted, runner.row_logits, None)
+
+    def _record_spec(self, seq: Sequence, tree: TreeDescriptor, path_len: int) -> None:
+        """Count one cycle's drafts and accepted drafts (request and engine-wide)."""
+        drafts, accepted = tree.n_active - 1, path_len - 1
+        seq.spec.record(drafts, accepted, self.drafter.max_depth)
+        self._metrics.spec.record(drafts, accepted, self.drafter.max_depth)
 
     def _emit(
         self,
@@ -299,11 +351,12 @@ class LLMEngine:
         tokens: list[int],
         rows: list[int],
         logits_of: Callable[[list[int]], Tensor],
-        hidden: Tensor,
+        hidden: Tensor | None,
     ) -> TokenEvent:
         """Append emitted tokens up to a stop condition and report them. Row rows[i] produced
         tokens[i]; logits_of(rows) -> their raw logits [n, V] (for logprobs); hidden [n, H] their
-        target hidden rows, which with the tokens after them are the drafter's next MTP inputs."""
+        target hidden rows, which with the tokens after them are the drafter's next MTP inputs
+        (None: the device cycle queued them already)."""
         req, kept, reason = seq.request, [], None
         for token in tokens:
             seq.output.append(token)
@@ -317,15 +370,29 @@ class LLMEngine:
             if reason:
                 break
         self._metrics.generation_tokens += len(kept)
+        now = time.monotonic()
+        if seq.last_token_s is None:
+            self._metrics.time_to_first_token.observe(now - seq.arrival_s)
+        else:
+            self._metrics.inter_token_latency.observe(now - seq.last_token_s)
+        seq.last_token_s = now
         logprobs: list[TokenLogprob] | None = None
         if req.logprobs is not None:
             logprobs = token_logprobs(logits_of(rows[: len(kept)]), kept, req.logprobs)
         self.drafter.emitted(kept)
         if reason:
             self._finish(seq, reason)
-        else:
+        elif hidden is not None:
             self.drafter.rows(hidden, kept, commit=False)
         return seq.event(kept, logprobs)
+
+
+def _build_model(config: EngineConfig, model_dir: Path, device: torch.device) -> HybridLM:
+    """The checkpoint in model_dir, or a random-weight model of a shape preset built on `device`."""
+    if config.random_weights:
+        shape = preset_config(config.random_weights)
+        return random_model(shape, device, config.torch_dtype, seed=config.seed or 0)
+    return load_checkpoint(model_dir, dtype=config.torch_dtype, device=device)
 
 
 class _RowLogits:

@@ -6,50 +6,27 @@ attention layer) is allocated once with room for max_model_len tokens plus one t
 between requests.
 
 Padding rows give a GPU fixed shapes; on a CPU they only cost compute, so the runner verifies the
-active rows alone (`active_rows`): padding is invisible to every stage by contract, so results are
-the same.
+active rows alone (`TreeDescriptor.without_padding`): padding is invisible to every stage by
+contract, so results are the same.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, ModelState
-from lumotree.model.tree_kernels import TreeKernels
 from lumotree.model.tree_mode import TreeForward, publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor
-
-
-def active_rows(tree: TreeDescriptor) -> TreeDescriptor:
-    """The same tree without its padding rows (active rows come first in logical and physical order)."""
-    n = tree.n_active
-    if n == tree.rows:
-        return tree
-    return replace(
-        tree,
-        tokens=tree.tokens[:n],
-        parent=tree.parent[:n],
-        depth=tree.depth[:n],
-        position=tree.position[:n],
-        active=tree.active[:n],
-        slot_map=tree.slot_map[:n],
-        ancestry=tree.ancestry[:n, :n],
-        ancestor_at_depth=tree.ancestor_at_depth[:n],
-        child_nodes=tree.child_nodes[:n],
-        child_tokens=tree.child_tokens[:n],
-        conv_gather=tree.conv_gather[:n],
-    )
+from lumotree.verify.kernel_sets import TreeKernels
 
 
 class ModelRunner:
     """Tensor work for the engine; `capacity` = KV rows of the state bank."""
 
     def __init__(self, model: HybridLM, capacity: int, kernels: TreeKernels) -> None:
-        self.model, self.kernels = model, kernels
+        self.model, self.kernels, self.capacity = model, kernels, capacity
         self.state: ModelState = model.new_state(capacity)
 
     @property
@@ -78,7 +55,7 @@ class ModelRunner:
     @torch.inference_mode()
     def verify(self, tree: TreeDescriptor) -> TreeForward:
         """One target forward over every active tree row (the durable state is only read)."""
-        return verify_tree(self.model, self.state, active_rows(tree), self.kernels)
+        return verify_tree(self.model, self.state, tree.without_padding(), self.kernels)
 
     @torch.inference_mode()
     def publish(self, forward: TreeForward, accepted: list[int]) -> None:

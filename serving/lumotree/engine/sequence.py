@@ -108,6 +108,10 @@ class Sequence:
     cached_prompt_tokens: int = 0
     spec: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
+    # time.monotonic() seconds: arrival (add_request), start of its prefill, its last emitted tokens
+    arrival_s: float = 0.0
+    scheduled_s: float | None = None
+    last_token_s: float | None = None
 
     @property
     def request_id(self) -> str:

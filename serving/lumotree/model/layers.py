@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -77,4 +79,10 @@ class DecoderLayer(nn.Module):
                 attn = self.self_attn.mix(q, state.key[None, :end], state.value[None, :end])
             mixed = self.self_attn.output(attn, gate)
         h = h + mixed
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def with_mixer(self, h: torch.Tensor, mixer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """`forward`'s structure with the token mixer swapped (tree verification, MTP drafting):
+        pre-norm mixer, pre-norm MLP, both residual."""
+        h = h + mixer(self.input_layernorm(h))
         return h + self.mlp(self.post_attention_layernorm(h))

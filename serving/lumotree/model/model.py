@@ -22,6 +22,20 @@ from lumotree.model.norms import RMSNorm
 from lumotree.model.rope import RotaryEmbedding
 from lumotree.model.state import GDNState, KVCache, ModelState
 
+_OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "down_proj")
+
+
+def parameter_init(name: str, param: torch.Tensor, config: HybridConfig, std: float) -> tuple[str, float]:
+    """How a random model draws a parameter: ("uniform", bound), ("normal", std), or ("module", 0)
+    for the 1-D parameters whose owning module sets them (norms, GDN decays)."""
+    leaf = name.rsplit(".", 2)
+    if leaf[-2] == "conv1d":  # PyTorch's default depthwise-conv scale: U(+-1/sqrt(width))
+        return "uniform", param.shape[-1] ** -0.5
+    if param.ndim >= 2:
+        out_std = std / math.sqrt(2 * config.num_hidden_layers)
+        return "normal", out_std if leaf[-2] in _OUTPUT_PROJECTIONS else std
+    return "module", 0.0
+
 
 class HybridBackbone(nn.Module):
     """Embedding, decoder layers, final norm (checkpoint prefix `model.`)."""
@@ -59,16 +73,13 @@ class HybridLM(nn.Module):
         """
         gen = torch.Generator().manual_seed(seed)
         model = cls(config)
-        out_std = std / math.sqrt(2 * config.num_hidden_layers)
         with torch.no_grad():
             for name, param in model.named_parameters():
-                leaf = name.rsplit(".", 2)
-                if leaf[-2] == "conv1d":  # PyTorch's default depthwise-conv scale: U(+-1/sqrt(width))
-                    bound = param.shape[-1] ** -0.5
-                    param.copy_((torch.rand(param.shape, generator=gen) * 2 - 1) * bound)
-                elif param.ndim >= 2:
-                    is_out = leaf[-2] in ("o_proj", "out_proj", "down_proj")
-                    param.copy_(torch.randn(param.shape, generator=gen) * (out_std if is_out else std))
+                kind, scale = parameter_init(name, param, config, std)
+                if kind == "uniform":
+                    param.copy_((torch.rand(param.shape, generator=gen) * 2 - 1) * scale)
+                elif kind == "normal":
+                    param.copy_(torch.randn(param.shape, generator=gen) * scale)
             for module in model.modules():
                 if hasattr(module, "reset_parameters_for_training"):
                     module.reset_parameters_for_training(gen)
@@ -88,26 +99,23 @@ class HybridLM(nn.Module):
 
     # ---- state ---------------------------------------------------------------------------------
     def new_state(self, max_tokens: int) -> ModelState:
-        """Empty request state on the model's device: GDN states zero, KV caches [max_tokens, Hkv, D]."""
+        """Empty request state on the model's device: GDN states zero, KV caches [max_tokens, Hkv, D].
+
+        The GDN recurrent states are views of one stacked fp32 bank [L_gdn, HV, V, K]
+        (`ModelState.gdn_bank`), so publication can update every layer in one launch.
+        """
         cfg, dev, dtype = self.config, self.device, self.dtype
+        n_gdn = sum(layer.is_linear for layer in self.model.layers)
+        head_shape = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim)
+        bank = torch.zeros((n_gdn, *head_shape), dtype=torch.float32, device=dev)
         layers: list[GDNState | KVCache] = []
         for layer in self.model.layers:
             if layer.is_linear:
-                layers.append(
-                    GDNState(
-                        torch.zeros(
-                            cfg.linear_num_value_heads,
-                            cfg.linear_value_head_dim,
-                            cfg.linear_key_head_dim,
-                            dtype=torch.float32,
-                            device=dev,
-                        ),
-                        torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=dev),
-                    )
-                )
+                conv = torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=dev)
+                layers.append(GDNState(bank[sum(isinstance(s, GDNState) for s in layers)], conv))
             else:
                 layers.append(self._new_kv(max_tokens))
-        return ModelState(layers, 0)
+        return ModelState(layers, 0, gdn_bank=bank)
 
     def new_mtp_state(self, max_tokens: int) -> ModelState:
         """Empty KV caches of the MTP layers (one per MTP layer); `length` = MTP rows committed."""

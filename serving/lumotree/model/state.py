@@ -40,6 +40,7 @@ class ModelState:
 
     layers: list[GDNState | KVCache] = field(default_factory=list)
     length: int = 0
+    gdn_bank: torch.Tensor | None = None  # fp32 [L_gdn, HV, V, K] whose views are the GDN states
 
     @property
     def capacity(self) -> int:

@@ -17,6 +17,7 @@ from torch import Tensor
 from lumotree.drafting.fused_selection import rank_rows_, selection_scratch
 from lumotree.sampling.walk import WalkResult
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.device_tree import DeviceTree
 
 
 @triton.jit
@@ -62,18 +63,36 @@ class DeviceWalk:
     """Fixed-shape walk buffers for trees of `rows` rows over a `vocab`-token vocabulary.
 
     Call `load_tree_` once per cycle (copies the child tables into the static buffers), then
-    `greedy_` or `sample_`; results sit in `result` (same fields as `WalkResult`).
+    `greedy_` or `sample_`; results sit in `result` (same fields as `WalkResult`). Given `tables`
+    (a `DeviceTree` with the same rows), the walk reads its child tables and depths instead and
+    `load_tree_` is not needed: `DeviceTree.load_` already put them on the device.
     """
 
     def __init__(
-        self, rows: int, vocab: int, walks: int, max_depth: int, child_cap: int, device: torch.device
+        self,
+        rows: int,
+        vocab: int,
+        walks: int,
+        max_depth: int,
+        child_cap: int,
+        device: torch.device,
+        tables: DeviceTree | None = None,
     ):
         width = max_depth + 1
         i64 = dict(dtype=torch.int64, device=device)
         self.rows, self.walks, self.width, self.child_cap = rows, walks, width, child_cap
-        self.child_nodes = torch.full((rows, child_cap), -1, **i64)
-        self.child_tokens = torch.full((rows, child_cap), -1, **i64)
-        self.depth = torch.zeros(rows, **i64)
+        if tables is None:
+            self.child_nodes = torch.full((rows, child_cap), -1, **i64)
+            self.child_tokens = torch.full((rows, child_cap), -1, **i64)
+            self.depth = torch.zeros(rows, **i64)
+        else:
+            if tables.rows != rows or tables.child_nodes.shape[1] != child_cap:
+                raise ValueError(f"tables hold {tables.rows} rows; the walk was asked for {rows}")
+            self.child_nodes, self.child_tokens, self.depth = (
+                tables.child_nodes,
+                tables.child_tokens,
+                tables.depth,
+            )
         self.choice = torch.empty(walks * rows, **i64)
         self._topk = torch.empty((walks * rows, 1), **i64)
         self._scratch = selection_scratch(walks * rows, vocab, 1, device)

@@ -28,6 +28,12 @@ _UNIFORM_SCALE = np.float32(4.6566127342e-10)  # Triton's: the largest x with (2
 ROUNDS = 10
 
 
+def seed_key(seed: int) -> int:
+    """Any Python int -> the int64 bit pattern of seed mod 2^64 (the Philox key of a request seed)."""
+    key = seed & ((1 << 64) - 1)
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
 def _u64(x: object) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind == "i":

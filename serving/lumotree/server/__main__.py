@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -45,8 +46,26 @@ def serve(
         int | None, typer.Option(min=2, help="Prompt + output tokens per request (default: the model's).")
     ] = None,
     dtype: Annotated[
-        str, typer.Option(help="Engine compute dtype: float32, bfloat16 or float64.")
+        str,
+        typer.Option(help="Weights and activations: float32, bfloat16 or float64 (GDN state stays float32)."),
     ] = "float32",
+    device: Annotated[
+        str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")
+    ] = "auto",
+    kernels: Annotated[
+        str,
+        typer.Option(help="auto (triton on CUDA, cpu-fast on a CPU), cpu-fast, reference or triton."),
+    ] = "auto",
+    eager: Annotated[
+        bool, typer.Option("--eager", help="No CUDA graphs on the GPU (debugging; slower).")
+    ] = False,
+    random_weights: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve a random-weight model of a shape preset (e.g. qwen3.5-27b) built on the device "
+            "instead of --model's weights (its tokenizer is still used): for speed work."
+        ),
+    ] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch threads of the engine.")] = 1,
     seed: Annotated[
         int | None, typer.Option(help="Seed for the seeds of requests that bring none (default: random).")
@@ -64,19 +83,25 @@ def serve(
             raise FileNotFoundError(f"no checkpoint at {folder} (config.json missing)")
         config = EngineConfig(
             model=folder, drafter=drafter, mtp_depth=mtp_depth, max_model_len=max_model_len,  # type: ignore[arg-type]
-            dtype=dtype, threads=threads, seed=seed,
+            dtype=dtype, threads=threads, seed=seed, device=device, kernels=kernels,  # type: ignore[arg-type]
+            eager=eager, random_weights=random_weights,
         )  # fmt: skip
         engine = AsyncEngine.from_config(config)
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     ctx = ServingContext.for_model(
-        engine, engine.tokenizer_path, engine.max_model_len, served_model_name, api_key
+        engine,
+        engine.tokenizer_path,
+        engine.max_model_len,
+        served_model_name,
+        api_key,
+        config=dataclasses.asdict(config),
     )
     log.info(
-        "serving %s as %r: drafter %s, max_model_len %d, dtype %s, on http://%s:%d%s",
-        folder, ctx.model_name, drafter, engine.max_model_len, dtype, host, port,
-        " (API key required)" if api_key else "",
+        "serving %s as %r: drafter %s, max_model_len %d, dtype %s, device %s (%s kernels%s), on http://%s:%d%s",
+        random_weights or folder, ctx.model_name, drafter, engine.max_model_len, dtype, engine.device,
+        engine.kernels, ", eager" if eager else "", host, port, " (API key required)" if api_key else "",
     )  # fmt: skip
     http = create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name))
     try:

@@ -1,9 +1,16 @@
 """`POST /v1/chat/completions`: prompt rendering with the chat template, and the streamed or whole answer
-with `<think>` reasoning as `reasoning_content` and `<tool_call>` blocks as OpenAI `tool_calls`."""
+with `<think>` reasoning as `reasoning` (vLLM's current name) and `reasoning_content` (its older one),
+and `<tool_call>` blocks as OpenAI `tool_calls`.
+
+Streams follow vLLM 0.32: the role chunk goes out with the first output (after prefill, so a
+client's time to first token includes it), every choice carries `logprobs` and `finish_reason`
+(null until set), the last one `stop_reason`, each chunk holds one `tool_calls` entry per call index,
+and `system_fingerprint` rides on the last event."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,7 +20,7 @@ from lumotree.engine.sequence import GenerationRequest
 from lumotree.server.context import ServingContext, new_id
 from lumotree.server.errors import bad_request
 from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions
-from lumotree.server.outputs import chat_logprobs, usage
+from lumotree.server.outputs import chat_logprobs, stop_reason, usage
 from lumotree.server.params import SamplingInput, build_request
 from lumotree.server.protocol import (
     AssistantMessage,
@@ -85,6 +92,20 @@ class ChatTextParser:
         return ChatDelta(reasoning, content, calls)
 
 
+def _check_text_parts(messages: list[ChatMessage], model: str) -> None:
+    """400 for a content part this text-only server cannot read (image_url, input_audio, file, ...)."""
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            where = f"messages[{i}].content[{j}]"
+            if part.type != "text":
+                raise bad_request(
+                    f"{where}: content part type {part.type!r} is not supported: {model} reads text only",
+                    f"messages.{i}.content.{j}.type",
+                )
+            if part.text is None:
+                raise bad_request(f"{where}: a text part needs 'text'", f"messages.{i}.content.{j}.text")
+
+
 def _template_message(m: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
     if isinstance(m.content, list):
@@ -113,6 +134,7 @@ def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest) -> list[int
         )
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
+    _check_text_parts(req.messages, ctx.model_name)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     try:
         text = ctx.tokenizer.render_chat(
@@ -138,18 +160,31 @@ def _tools_on(req: ChatCompletionRequest) -> bool:
     return bool(req.tools) and req.tool_choice != "none"
 
 
+def _no_output(d: OutputDelta) -> OutputDelta:
+    """`d`'s counts before its tokens: the usage of the role chunk (0 completion tokens, as vLLM)."""
+    return dataclasses.replace(d, token_ids=[], text="", num_output_tokens=0)
+
+
 def _finish(reason: str | None, parser: ChatTextParser) -> str | None:
     return "tool_calls" if reason == "stop" and parser.num_tool_calls else reason
 
 
-def _tool_delta_out(d: ToolCallDelta) -> ToolCallDeltaOut:
-    header = d.id is not None
-    return ToolCallDeltaOut(
-        index=d.index,
-        id=d.id,
-        type="function" if header else None,
-        function=FunctionDeltaOut(name=d.name if header else None, arguments=d.arguments),
-    )
+def _tool_deltas_out(calls: list[ToolCallDelta]) -> list[ToolCallDeltaOut] | None:
+    """The chunk's tool-call fragments, one entry per call index (a call's header and the argument
+    text that came with it merge): clients that read `tool_calls[0]` see the whole chunk's part."""
+    merged: dict[int, ToolCallDeltaOut] = {}
+    for d in calls:
+        if (out := merged.get(d.index)) is not None:
+            out.function.arguments = (out.function.arguments or "") + d.arguments
+            continue
+        header = d.id is not None
+        merged[d.index] = ToolCallDeltaOut(
+            index=d.index,
+            id=d.id,
+            type="function" if header else None,
+            function=FunctionDeltaOut(name=d.name if header else None, arguments=d.arguments),
+        )
+    return list(merged.values()) or None
 
 
 async def chat_stream(
@@ -161,7 +196,11 @@ async def chat_stream(
     parser = ChatTextParser(_tools_on(req))
 
     def chunk(
-        choice: ChatChunkChoice | None, d: OutputDelta | None = None, final: bool = False, first: bool = False
+        choice: ChatChunkChoice | None,
+        d: OutputDelta | None = None,
+        final: bool = False,
+        first: bool = False,
+        last_event: bool = False,
     ) -> bytes:
         return sse_event(
             ChatCompletionChunk(
@@ -170,15 +209,19 @@ async def chat_stream(
                 model=ctx.model_name,
                 choices=[choice] if choice else [],
                 usage=usage(d, final) if d is not None else None,
+                system_fingerprint=ctx.system_fingerprint if last_event else None,
                 prompt_token_ids=gen.prompt_token_ids if first and req.return_token_ids else None,
             )
         )
 
-    yield chunk(ChatChunkChoice(index=0, delta=ChatDeltaOut(role="assistant", content="")), first=True)
+    head = b""  # the role chunk, sent with the first output as vLLM does
     last: OutputDelta | None = None
     try:
         async with contextlib.aclosing(ctx.output(gen, opts)) as deltas:
             async for d in deltas:
+                if last is None:
+                    role = ChatChunkChoice(index=0, delta=ChatDeltaOut(role="assistant", content=""))
+                    head = chunk(role, _no_output(d) if continuous else None, first=True)
                 last = d
                 parsed = parser.feed(d.text, d.finished)
                 lps = (
@@ -189,24 +232,29 @@ async def chat_stream(
                 extras = lps is not None or (req.return_token_ids and d.token_ids) or continuous
                 if not (parsed or d.finished or extras):
                     continue
+                reason = _finish(d.finish_reason, parser)
                 choice = ChatChunkChoice(
                     index=0,
                     delta=ChatDeltaOut(
                         content=parsed.content or None,
+                        reasoning=parsed.reasoning or None,
                         reasoning_content=parsed.reasoning or None,
-                        tool_calls=[_tool_delta_out(c) for c in parsed.tool_calls] or None,
+                        tool_calls=_tool_deltas_out(parsed.tool_calls),
                     ),
                     logprobs=ChatLogprobs(content=lps) if lps is not None else None,
-                    finish_reason=_finish(d.finish_reason, parser),
+                    finish_reason=reason,
+                    stop_reason=stop_reason(d, gen),
                     token_ids=d.token_ids if req.return_token_ids else None,
                 )
-                yield chunk(choice, d if continuous else None)
+                closing = reason is not None and not req.include_usage
+                yield head + chunk(choice, d if continuous else None, last_event=closing)
+                head = b""
     except EngineFailure as exc:
-        yield stream_error(exc)
+        yield head + stream_error(exc)
         yield DONE
         return
     if req.include_usage and last is not None:
-        yield chunk(None, last, final=True)
+        yield head + chunk(None, last, final=True, last_event=True)
     yield DONE
 
 
@@ -237,6 +285,7 @@ async def chat_full(
     text = "".join(content)
     message = AssistantMessage(
         content=text if text or not calls else None,
+        reasoning="".join(reasoning) or None,
         reasoning_content="".join(reasoning) or None,
         tool_calls=[calls[i] for i in sorted(calls)] or None,
     )
@@ -250,9 +299,11 @@ async def chat_full(
                 message=message,
                 logprobs=ChatLogprobs(content=lps) if gen.logprobs is not None else None,
                 finish_reason=_finish(last.finish_reason, parser),
+                stop_reason=stop_reason(last, gen),
                 token_ids=ids if req.return_token_ids else None,
             )
         ],
         usage=usage(last, final=True),
+        system_fingerprint=ctx.system_fingerprint,
         prompt_token_ids=gen.prompt_token_ids if req.return_token_ids else None,
     )

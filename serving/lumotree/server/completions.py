@@ -10,9 +10,15 @@ from lumotree.engine.sequence import GenerationRequest
 from lumotree.server.context import ServingContext, new_id
 from lumotree.server.errors import bad_request
 from lumotree.server.generation import EngineFailure, OutputDelta, TextOptions
-from lumotree.server.outputs import completion_logprobs, usage
+from lumotree.server.outputs import completion_logprobs, stop_reason, usage
 from lumotree.server.params import SamplingInput, build_request
-from lumotree.server.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
+from lumotree.server.protocol import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    CompletionRequest,
+    CompletionResponse,
+)
 from lumotree.server.sse import DONE, sse_event, stream_error
 
 
@@ -43,12 +49,15 @@ def prepare_completion(ctx: ServingContext, req: CompletionRequest) -> tuple[Gen
     )
 
 
-def _choice(ctx: ServingContext, req: CompletionRequest, d: OutputDelta, offset: int) -> CompletionChoice:
-    return CompletionChoice(
+def _choice(
+    ctx: ServingContext, req: CompletionRequest, gen: GenerationRequest, d: OutputDelta, offset: int
+) -> CompletionChunkChoice:
+    return CompletionChunkChoice(
         index=0,
         text=d.text,
         logprobs=completion_logprobs(ctx.tokenizer, d.logprobs, offset) if d.logprobs is not None else None,
         finish_reason=d.finish_reason,
+        stop_reason=stop_reason(d, gen),
         token_ids=d.token_ids if req.return_token_ids else None,
     )
 
@@ -71,11 +80,12 @@ async def completion_stream(
                     or (d.token_ids and (req.return_token_ids or d.logprobs or continuous))
                 ):
                     continue
-                choice = _choice(ctx, req, d, offset)
+                choice = _choice(ctx, req, gen, d, offset)
                 if first and req.return_token_ids:
                     choice.prompt_token_ids = gen.prompt_token_ids
                 first = False
                 offset += len(d.text)
+                closing = d.finished and not req.include_usage
                 yield sse_event(
                     CompletionChunk(
                         id=gen.request_id,
@@ -83,6 +93,7 @@ async def completion_stream(
                         model=ctx.model_name,
                         choices=[choice],
                         usage=usage(d, False) if continuous else None,
+                        system_fingerprint=ctx.system_fingerprint if closing else None,
                     )
                 )
     except EngineFailure as exc:
@@ -92,7 +103,12 @@ async def completion_stream(
     if req.include_usage and last is not None:
         yield sse_event(
             CompletionChunk(
-                id=gen.request_id, created=created, model=ctx.model_name, choices=[], usage=usage(last, True)
+                id=gen.request_id,
+                created=created,
+                model=ctx.model_name,
+                choices=[],
+                usage=usage(last, True),
+                system_fingerprint=ctx.system_fingerprint,
             )
         )
     yield DONE
@@ -122,9 +138,11 @@ async def completion_full(
                 text="".join(text),
                 logprobs=completion_logprobs(ctx.tokenizer, lps, 0) if gen.logprobs is not None else None,
                 finish_reason=last.finish_reason,
+                stop_reason=stop_reason(last, gen),
                 token_ids=ids if req.return_token_ids else None,
                 prompt_token_ids=gen.prompt_token_ids if req.return_token_ids else None,
             )
         ],
         usage=usage(last, final=True),
+        system_fingerprint=ctx.system_fingerprint,
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 import uuid
@@ -11,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lumotree import __version__
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.server.errors import APIError
 from lumotree.server.generation import EngineClient, EngineFailure, OutputDelta, TextOptions, stream_output
@@ -28,6 +31,8 @@ class ServingContext:
     model_path: str
     limits: RequestLimits
     api_key: str | None = None
+    #: vLLM's `system_fingerprint`: lumotree-<version>-<8 hex digits of the serving configuration>
+    system_fingerprint: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     #: why the engine can take no more requests (its thread died); /health then answers 503
     engine_dead: str | None = None
@@ -40,12 +45,15 @@ class ServingContext:
         max_model_len: int,
         model_name: str | None = None,
         api_key: str | None = None,
+        config: object = None,
     ) -> ServingContext:
-        """Context for the checkpoint folder `model_dir` (tokenizer, chat template, sampling defaults)."""
+        """Context for the checkpoint folder `model_dir` (tokenizer, chat template, sampling defaults);
+        `config` (e.g. the engine's configuration) enters the system fingerprint."""
         tokenizer = ModelTokenizer(model_dir)
         limits = RequestLimits(max_model_len, tokenizer.vocab_size, load_sampling_defaults(model_dir))
         name = model_name or Path(model_dir).resolve().name
-        return cls(engine, tokenizer, name, str(model_dir), limits, api_key)
+        fingerprint = system_fingerprint(Path(model_dir).resolve(), max_model_len, name, config)
+        return cls(engine, tokenizer, name, str(model_dir), limits, api_key, fingerprint)
 
     async def output(self, req: GenerationRequest, opts: TextOptions) -> AsyncIterator[OutputDelta]:
         """The request's text deltas (`stream_output`), logged, noting a dead engine for /health."""
@@ -89,6 +97,12 @@ class ServingContext:
                 param="model",
                 code="model_not_found",
             )
+
+
+def system_fingerprint(*config: object) -> str:
+    """`lumotree-<version>-<hash8>`, the hash over the serving configuration (vLLM's "hash" form)."""
+    digest = hashlib.sha256(json.dumps(config, default=str, sort_keys=True).encode()).hexdigest()
+    return f"lumotree-{__version__}-{digest[:8]}"
 
 
 def new_id(prefix: str) -> str:

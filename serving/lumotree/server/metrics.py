@@ -1,13 +1,15 @@
 """`GET /metrics`: the engine's counters as Prometheus text, with vLLM's metric names.
 
 Speculative decoding uses vLLM's counters (drafts = speculative events, draft tokens, accepted drafts,
-accepted per position 0..depth-1), so lumobench reads this server exactly as it reads vLLM. LumoTree's
-phase spans (target / drafter / dispatch, and prefill) are summaries: `_sum` seconds and `_count`.
+accepted per position 0..depth-1), so lumobench reads this server exactly as it reads vLLM. The latency
+histograms and the KV-cache gauge are vLLM's too, so a stock vLLM dashboard fills every panel it can.
+LumoTree's phase spans (target / drafter / dispatch, and prefill) are summaries: `_sum` seconds and
+`_count`.
 """
 
 from __future__ import annotations
 
-from lumotree.engine.metrics import EngineMetrics
+from lumotree.engine.metrics import EngineMetrics, Histogram
 
 SPEC_PREFIX = "vllm:spec_decode_"
 # The engine's finish reasons (TokenEvent.finish_reason).
@@ -42,6 +44,16 @@ class _Writer:
 
     def one(self, name: str, kind: str, help_text: str, value: float) -> None:
         self.family(name, kind, help_text, [({}, value)])
+
+    def histogram(self, name: str, help_text: str, h: Histogram) -> None:
+        """Cumulative `_bucket{le}` series (+Inf last), `_sum` and `_count`."""
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        running = 0
+        for bound, n in zip([*map(repr, map(float, h.bounds)), "+Inf"], h.counts, strict=True):
+            running += n
+            self.lines.append(f"{name}_bucket{_labels(model_name=self.model, le=bound)} {running}")
+        self.lines.append(f"{name}_sum{_labels(model_name=self.model)} {_num(h.total)}")
+        self.lines.append(f"{name}_count{_labels(model_name=self.model)} {running}")
 
 
 def render_metrics(m: EngineMetrics, model_name: str) -> str:
@@ -100,6 +112,33 @@ def render_metrics(m: EngineMetrics, model_name: str) -> str:
     )
     w.one("vllm:num_requests_running", "gauge", "Requests in prefill or decode.", m.running)
     w.one("vllm:num_requests_waiting", "gauge", "Requests waiting in the queue.", m.waiting)
+    w.one(
+        "lumotree:device_syncs_total",
+        "counter",
+        "Device-to-host synchronisations made by decode cycles (the device path makes one per cycle).",
+        m.device_syncs,
+    )
+    w.one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", m.kv_cache_usage)
+    w.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        m.time_to_first_token,
+    )
+    w.histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        m.inter_token_latency,
+    )
+    w.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        m.e2e_request_latency,
+    )
+    w.histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        m.request_queue_time,
+    )
     name = "lumotree:phase_seconds"
     w.lines += [
         f"# HELP {name} Wall time of engine phases: target forward, drafter, dispatch (acceptance + "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from lumotree.engine.sequence import SpecStats, TokenLogprob
+from lumotree.engine.sequence import GenerationRequest, SpecStats, TokenLogprob
 from lumotree.server.generation import OutputDelta
 from lumotree.server.protocol import (
     CompletionLogprobs,
@@ -38,6 +38,13 @@ def usage(d: OutputDelta, final: bool) -> Usage:
         prompt_tokens_details=PromptTokensDetails(cached_tokens=d.cached_prompt_tokens) if final else None,
         spec_decode=spec_stats(d.spec) if final else None,
     )
+
+
+def stop_reason(d: OutputDelta, gen: GenerationRequest) -> str | int | None:
+    """vLLM's `stop_reason` of a finished output: the stop string, or the request's `stop_token_ids`
+    entry that ended it; None for EOS, length and unfinished outputs."""
+    reason = d.stop_reason
+    return reason if isinstance(reason, str) or reason in gen.stop_token_ids else None
 
 
 def finite_logprob(logprob: float) -> float:

@@ -20,6 +20,7 @@ from lumotree.server.protocol import SamplingFields
 
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 GREEDY_EPS = 1e-5
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's clamp
 TOP_P_FLOOR = float(np.finfo(np.float32).tiny)
 
 
@@ -42,6 +43,7 @@ class SamplingInput:
     include_stop: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    logit_bias: dict[str, float] | None = None
 
     @classmethod
     def from_openai(cls, f: SamplingFields) -> SamplingInput:
@@ -61,6 +63,7 @@ class SamplingInput:
             include_stop=f.include_stop_str_in_output,
             skip_special_tokens=f.skip_special_tokens,
             n=f.n,
+            logit_bias=f.logit_bias,
         )
 
 
@@ -91,7 +94,26 @@ def _check_ids(ids: list[int], vocab: int, field: str) -> None:
         raise bad_request(f"{field}: token id {bad} is outside the vocabulary [0, {vocab})", field)
 
 
-def sampling_params(s: SamplingInput, defaults: dict[str, float | int]) -> SamplingParams:
+def logit_bias(bias: dict[str, float] | None, vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias` (token id strings -> offsets) as sorted (id, offset) pairs, offsets
+    clamped to [-100, 100] as vLLM does; 400 for a key that is no token id of this vocabulary."""
+    pairs = []
+    for key, offset in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias: key {key!r} is not a token id", "logit_bias") from None
+        if not 0 <= token < vocab:
+            raise bad_request(
+                f"logit_bias: token id {token} is outside the vocabulary [0, {vocab})", "logit_bias"
+            )
+        pairs.append((token, min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(offset)))))
+    return tuple(sorted(pairs))
+
+
+def sampling_params(
+    s: SamplingInput, defaults: dict[str, float | int], bias: tuple[tuple[int, float], ...] = ()
+) -> SamplingParams:
     """The engine's SamplingParams: request values, else the model's defaults, else neutral values."""
 
     def pick(name: str, neutral: float) -> float:
@@ -112,6 +134,7 @@ def sampling_params(s: SamplingInput, defaults: dict[str, float | int]) -> Sampl
             presence_penalty=s.presence_penalty or 0.0,
             frequency_penalty=s.frequency_penalty or 0.0,
             repetition_penalty=float(pick("repetition_penalty", 1.0)),
+            logit_bias=bias,
         )
     except ValueError as exc:
         raise bad_request(str(exc)) from None
@@ -150,7 +173,7 @@ def build_request(
     req = GenerationRequest(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(s, limits.defaults),
+        sampling=sampling_params(s, limits.defaults, logit_bias(s.logit_bias, limits.vocab_size)),
         max_tokens=s.max_tokens if s.max_tokens is not None else room,
         seed=None if s.seed is None else s.seed % 2**64,
         stop_token_ids=tuple(s.stop_token_ids or ()),

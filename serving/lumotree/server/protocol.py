@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the engine's coins take a 64-bit key
 MAX_LOGPROBS = 20
@@ -61,6 +61,8 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     #: vLLM's extension: token ids of the prompt and of each choice (streamed per chunk)
     return_token_ids: bool = False
+    #: token id (a string, as in OpenAI's API) -> offset added to its logit, clamped to [-100, 100]
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     @property
@@ -74,9 +76,14 @@ class SamplingFields(_Body):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Body):
+    """One part of a list-valued message content. Only text parts can be served; others (image_url,
+    input_audio, file, ...) are rejected with a 400 naming the part."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
 
 
 class FunctionCall(_Body):
@@ -92,7 +99,7 @@ class ToolCall(_Body):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -238,6 +245,7 @@ class ToolCallOut(_Out):
 class AssistantMessage(_Out):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning: str | None = None  # vLLM's current name; reasoning_content is the older one
     reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
@@ -247,6 +255,8 @@ class ChatChoice(_Out):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    #: vLLM's: the stop string or stop_token_ids entry that ended the output (null for EOS and length)
+    stop_reason: str | int | None = None
     token_ids: list[int] | None = None
 
 
@@ -257,6 +267,7 @@ class ChatCompletionResponse(_Out):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None
 
 
@@ -275,15 +286,31 @@ class ToolCallDeltaOut(_Out):
 class ChatDeltaOut(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCallDeltaOut] | None = None
 
 
-class ChatChunkChoice(_Out):
+class _StreamedChoice(_Out):
+    """A streamed choice as OpenAI and vLLM send it: `logprobs` and `finish_reason` always present
+    (null until set; events are written without null fields otherwise), `stop_reason` on the last."""
+
+    @model_serializer(mode="wrap")
+    def _explicit_nulls(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data.setdefault("logprobs", None)
+        data.setdefault("finish_reason", None)
+        if data["finish_reason"] is not None:
+            data.setdefault("stop_reason", None)
+        return data
+
+
+class ChatChunkChoice(_StreamedChoice):
     index: int
     delta: ChatDeltaOut
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
     token_ids: list[int] | None = None
 
 
@@ -294,6 +321,7 @@ class ChatCompletionChunk(_Out):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None  # on the last event, as vLLM sends it
     prompt_token_ids: list[int] | None = None
 
 
@@ -309,8 +337,13 @@ class CompletionChoice(_Out):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    stop_reason: str | int | None = None
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+
+
+class CompletionChunkChoice(_StreamedChoice, CompletionChoice):
+    pass
 
 
 class CompletionResponse(_Out):
@@ -320,6 +353,7 @@ class CompletionResponse(_Out):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    system_fingerprint: str | None = None
 
 
 class CompletionChunk(_Out):
@@ -327,8 +361,9 @@ class CompletionChunk(_Out):
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list[CompletionChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
 
 
 class GenerateMetaInfo(_Out):

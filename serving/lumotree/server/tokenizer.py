@@ -1,7 +1,7 @@
 """The model folder's tokenizer and chat template, loaded without transformers.
 
 `tokenizer.json` is read with HF `tokenizers`; the chat template comes from `tokenizer_config.json` and
-is rendered in the same sandboxed Jinja environment transformers uses (`compile_chat_template`).
+is rendered in the same sandboxed Jinja environment transformers uses (`lumotree.model.chat_template`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 from tokenizers import Tokenizer
 
-from lumotree.training.chat_data import compile_chat_template
+from lumotree.model.chat_template import model_chat_template
 
 
 class ChatTemplateError(ValueError):
@@ -48,23 +48,17 @@ class ModelTokenizer:
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = Path(model_dir)
-        tok_file, cfg_file = self.model_dir / "tokenizer.json", self.model_dir / "tokenizer_config.json"
+        tok_file = self.model_dir / "tokenizer.json"
         if not tok_file.is_file():
             raise FileNotFoundError(f"{tok_file} not found: the model folder needs an HF tokenizer.json")
         self._tok = Tokenizer.from_file(str(tok_file))
-        config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-        source = config.get("chat_template")
-        self._template: jinja2.Template | None = compile_chat_template(source) if source else None
+        self._template: jinja2.Template | None = model_chat_template(self.model_dir)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         added = self._tok.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self._added = {i: t.content for i, t in added.items()}
         decoder = json.loads(tok_file.read_text()).get("decoder") or {}
         self._byte_level = decoder.get("type") == "ByteLevel"
-
-    @property
-    def has_chat_template(self) -> bool:
-        return self._template is not None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token strings in it become their special ids."""

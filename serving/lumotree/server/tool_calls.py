@@ -15,7 +15,6 @@ import re
 import uuid
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from lumotree.server.detokenizer import suffix_prefix_overlap
 
@@ -32,14 +31,6 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
-
-    def to_openai(self) -> dict[str, Any]:
-        function: dict[str, Any] = {"arguments": self.arguments}
-        out: dict[str, Any] = {"index": self.index, "function": function}
-        if self.id is not None:
-            out |= {"id": self.id, "type": "function"}
-            function["name"] = self.name
-        return out
 
 
 def new_call_id() -> str:

@@ -20,10 +20,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2.sandbox
+import jinja2
 import numpy as np
 from tokenizers import Tokenizer
 
+from lumotree.model.chat_template import compile_chat_template
 from lumotree.training.corpus import SourceFile
 from lumotree.training.tokenizer import PAD, chat_template
 
@@ -219,20 +220,6 @@ def build_conversations(files: list[SourceFile], count: int, seed: int) -> list[
     return out
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    # As transformers' chat-template `tojson` (no HTML escaping, non-ASCII kept).
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in the environment transformers renders chat templates in."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    return env.from_string(source)
-
-
 @functools.cache
 def _compiled_template() -> jinja2.Template:
     return compile_chat_template(chat_template())
@@ -241,7 +228,8 @@ def _compiled_template() -> jinja2.Template:
 def render(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
 ) -> str:
-    """Render a conversation with the model's chat template (same environment as transformers)."""
+    """Render a conversation with the training recipe's chat template (the one it writes into the
+    checkpoint's tokenizer_config.json), in the environment transformers uses."""
     return _compiled_template().render(
         messages=messages, tools=tools, add_generation_prompt=add_generation_prompt
     )

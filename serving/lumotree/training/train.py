@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -223,7 +223,3 @@ def evaluate(
 
 def _acc(sums: dict[str, float], key: str, value: torch.Tensor) -> None:
     sums[key] = sums.get(key, 0.0) + float(value)
-
-
-def settings_dict(s: TrainSettings) -> dict:
-    return asdict(s)

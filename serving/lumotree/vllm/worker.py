@@ -59,7 +59,7 @@ class LumoTreeWorker:
         req = runner.requests[req_id]  # type: ignore[attr-defined]
         config = self.settings.engine_config(self.max_rows)
         capacity = runner.max_model_len + self.max_rows  # type: ignore[attr-defined]
-        drafter = make_drafter(config, self.mtp_model, capacity, self.outputs)  # type: ignore[arg-type]
+        drafter = make_drafter(config, self.mtp_model, capacity, outputs=self.outputs)  # type: ignore[arg-type]
         return RequestState(drafter, req.sampling_params, runner.input_batch.vocab_size, runner.max_model_len)  # type: ignore[attr-defined]
 
     # ---- vLLM layers -------------------------------------------------------------------------

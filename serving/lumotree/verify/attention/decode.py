@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.attention.reference import _check_cache, tree_attention_mask
+from lumotree.verify.attention.reference import _check_cache
 
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 
@@ -196,11 +196,17 @@ class AttentionConfig:
 
 
 def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
-    """[R] int64: bit j of row r set when row r sees tree slot j (physical order). Needs R <= 63."""
+    """[R] int64: bit j of row r set when row r sees tree slot j (physical order). Needs R <= 63.
+
+    The tree-slot columns of `tree_attention_mask`, computed without its prefix columns (whose
+    width grows with the context: this runs once per cycle)."""
     if tree.rows > 63:
         raise ValueError(f"the bitset holds 63 tree slots, the tree has {tree.rows} rows")
-    sees = tree_attention_mask(tree)[:, tree.prefix_len :].to(torch.int64)
-    return (sees << torch.arange(tree.rows, dtype=torch.int64)).sum(-1)
+    sees = tree.ancestry & tree.active[None, :]
+    sees[~tree.active, 0] = True  # padding rows see the root, as in the reference mask
+    physical = torch.zeros_like(sees)
+    physical[:, tree.slot_map] = sees
+    return (physical.to(torch.int64) << torch.arange(tree.rows, dtype=torch.int64)).sum(-1)
 
 
 def default_splits(device: torch.device, programs_per_split: int) -> int:

@@ -1,7 +1,8 @@
-"""Device tables that drive the Triton GDN path scan (`scan.py`), built from a `TreeDescriptor`.
+"""Device tables that drive the Triton GDN kernels, built from a `TreeDescriptor`.
 
-The descriptor's `PathPlan` says which nodes each path visits; the kernel needs the same facts as
-flat int32 tables it can index without host help. Three schedules share one kernel:
+`ScanTables` drive the path scan (`scan.py`). The descriptor's `PathPlan` says which nodes each path
+visits; the kernel needs the same facts as flat int32 tables it can index without host help. Three
+schedules share one kernel:
 
 - "cut" (the LumoTree design): launch 1 runs path 0 (the spine) from the durable state and exports
   the cut states; launch 2 runs the branch paths from them.
@@ -12,8 +13,9 @@ flat int32 tables it can index without host help. Three schedules share one kern
 
 Tables have a fixed capacity (`paths`, `steps`) so a CUDA graph captured for one tree replays for
 any other tree that fits: `fill_` rewrites them in place. Unused paths have zero steps.
-Two leaf encodings sit side by side: the ranges `leaf_lo/leaf_hi` into `leaves` (scan v2 walks them
-in a loop) and the dense `leaf_table` (scan v3 loads a path's leaves at once as a [L, J] tile).
+
+`AncestryTables` drive the tree-parallel forms (`tree_scan.py`, `tree_value_major.py`): the
+ancestry matrix and the active row count, refillable the same way.
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ class ScanTables:
     owner [P, L] 1 where the path writes that node's output and records;
     cut_slot [R] slot in the cut bank where a node's post-update state is exported (-1 = none);
     leaf_lo, leaf_hi [P, L] range into `leaves` of the leaf children evaluated after that step;
-    leaves [R] leaf nodes grouped by (path, step); n_active [1];
-    leaf_table [P, L, J] the same leaf children densely, J per step (-1 = none; J = `leaf_slots`).
+    leaves [R] leaf nodes grouped by (path, step); n_active [1].
     cut_rows is the number of cut-bank slots the schedule needs (host int, fixed per capacity).
     """
 
@@ -51,7 +52,6 @@ class ScanTables:
     leaf_hi: Tensor
     leaves: Tensor
     n_active: Tensor
-    leaf_table: Tensor
     schedule: str
 
     @property
@@ -61,11 +61,6 @@ class ScanTables:
     @property
     def max_steps(self) -> int:
         return int(self.nodes.shape[1])
-
-    @property
-    def leaf_slots(self) -> int:
-        """J: leaf children a step can evaluate (the leaf table's last dim)."""
-        return int(self.leaf_table.shape[2])
 
     @property
     def rows(self) -> int:
@@ -78,15 +73,13 @@ class ScanTables:
 
     def fill_(self, tree: TreeDescriptor) -> ScanTables:
         """Rewrite the tables in place for `tree` (same rows, fits the capacity); returns self."""
-        host = _host_tables(tree, self.schedule, self.paths, self.max_steps, self.leaf_slots)
+        host = _host_tables(tree, self.schedule, self.paths, self.max_steps)
         for name, value in host.items():
             getattr(self, name).copy_(value)
         return self
 
 
-def _host_tables(
-    tree: TreeDescriptor, schedule: str, paths: int, steps: int, leaf_slots: int | None
-) -> dict[str, Tensor]:
+def _host_tables(tree: TreeDescriptor, schedule: str, paths: int, steps: int) -> dict[str, Tensor]:
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown scan schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     plan, rows = tree.paths, tree.rows
@@ -137,13 +130,6 @@ def _host_tables(
         plan.leaf_node.tolist(), plan.leaf_path.tolist(), plan.leaf_step.tolist(), strict=True
     ):
         groups.setdefault((p, step + shift[p]), []).append(leaf)
-    widest = max((len(g) for g in groups.values()), default=0)
-    leaf_slots = max(widest, 1) if leaf_slots is None else leaf_slots
-    if widest > leaf_slots:
-        raise ValueError(
-            f"tree has a node with {widest} leaf children; the leaf table holds {leaf_slots} per step"
-        )
-    leaf_table = torch.full((paths, steps, leaf_slots), -1, dtype=torch.int32)
     leaf_lo = torch.zeros((paths, steps), dtype=torch.int32)
     leaf_hi = torch.zeros((paths, steps), dtype=torch.int32)
     leaves = torch.full((rows,), -1, dtype=torch.int32)
@@ -153,7 +139,6 @@ def _host_tables(
         leaves[cursor : cursor + len(group)] = torch.tensor(group, dtype=torch.int32)
         cursor += len(group)
         leaf_hi[p, step] = cursor
-        leaf_table[p, step, : len(group)] = torch.tensor(group, dtype=torch.int32)
     return {
         "nodes": nodes_t,
         "steps": steps_t,
@@ -164,7 +149,6 @@ def _host_tables(
         "leaf_hi": leaf_hi,
         "leaves": leaves,
         "n_active": torch.tensor([tree.n_active], dtype=torch.int32),
-        "leaf_table": leaf_table,
     }
 
 
@@ -174,12 +158,44 @@ def scan_tables(
     schedule: str = "cut",
     paths: int | None = None,
     steps: int | None = None,
-    leaf_slots: int | None = None,
 ) -> ScanTables:
-    """Tables for `tree` on `device`. paths/steps/leaf_slots: capacity (default: exactly what this
-    tree needs; give max_depth + 1 steps, a path budget and leaf slots to reuse the tables, e.g. in a
-    CUDA graph)."""
+    """Tables for `tree` on `device`. paths/steps: capacity (default: exactly what this tree needs;
+    give max_depth + 1 steps and a path budget to reuse the tables, e.g. in a CUDA graph)."""
     paths = int(tree.paths.nodes.shape[0]) if paths is None else paths
     steps = tree.max_depth + 1 if steps is None else steps
-    host = _host_tables(tree, schedule, paths, steps, leaf_slots)
+    host = _host_tables(tree, schedule, paths, steps)
     return ScanTables(**{k: v.to(device) for k, v in host.items()}, schedule=schedule)
+
+
+@dataclass(frozen=True, eq=False)
+class AncestryTables:
+    """ancestry [R, R] int32 (1 where column a is row n or one of its ancestors); n_active [1] int32;
+    max_depth: the deepest tree these tables may hold (fixes the number of solve rounds)."""
+
+    ancestry: Tensor
+    n_active: Tensor
+    max_depth: int
+
+    def fill_(self, tree: TreeDescriptor) -> AncestryTables:
+        """Rewrite in place for `tree` (same rows, depth <= max_depth), e.g. before a graph replay."""
+        if tree.rows != self.ancestry.shape[0] or int(tree.depth.max()) > self.max_depth:
+            raise ValueError(
+                f"tables hold {self.ancestry.shape[0]} rows of depth <= {self.max_depth}; "
+                f"tree has {tree.rows} rows of depth {int(tree.depth.max())}"
+            )
+        self.ancestry.copy_(tree.ancestry.to(torch.int32))
+        self.n_active.fill_(tree.n_active)
+        return self
+
+
+def ancestry_tables(
+    tree: TreeDescriptor, device: torch.device | str, max_depth: int | None = None
+) -> AncestryTables:
+    """Tables for `tree` on `device`; max_depth defaults to the descriptor's depth cap."""
+    depth = tree.max_depth if max_depth is None else max_depth
+    tables = AncestryTables(
+        ancestry=torch.empty((tree.rows, tree.rows), dtype=torch.int32, device=device),
+        n_active=torch.empty(1, dtype=torch.int32, device=device),
+        max_depth=depth,
+    )
+    return tables.fill_(tree)

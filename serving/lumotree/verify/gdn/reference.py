@@ -19,6 +19,7 @@ ground truth: every node recomputed along its own ancestry.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,54 @@ NORM_EPS = 1e-6
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; every narrower float computes in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True, eq=False)
+class GdnInputs:
+    """What a GDN layer's verification reads per row, as the layer hands it over: q, k [R, H, K]
+    after the conv (not yet normalised), v [R, HV, V], a, b [R, HV] raw gate inputs, and the
+    layer's A_log, dt_bias [HV]. Stacked forms add a leading instance dim N to every tensor."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    a: Tensor
+    b: Tensor
+    A_log: Tensor
+    dt_bias: Tensor
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """q, k, v, a, b, A_log, dt_bias: the order the kernels take them in."""
+        return (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias)
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> GdnInputs:
+        """The same inputs with `fn` applied to every tensor (e.g. `.contiguous()`, `t[None]`)."""
+        return GdnInputs(*(fn(t) for t in self.tensors()))
+
+    @staticmethod
+    def stack(layers: Sequence[GdnInputs]) -> GdnInputs:
+        """The inputs of several instances as one contiguous stack (leading instance dim)."""
+        return GdnInputs(
+            *(torch.stack(col).contiguous() for col in zip(*(x.tensors() for x in layers), strict=True))
+        )
+
+    def check(self) -> None:
+        """Shapes of one layer's inputs (no instance dim); raises ValueError naming what is off."""
+        q, k, v, a, b = self.q, self.k, self.v, self.a, self.b
+        n, h, dk = q.shape
+        hv = v.shape[1]
+        if k.shape != (n, h, dk) or v.shape[0] != n or a.shape != (n, hv) or b.shape != (n, hv):
+            raise ValueError(
+                f"expected q, k [n, H, K], v [n, HV, V], a, b [n, HV]; got q {tuple(q.shape)}, "
+                f"k {tuple(k.shape)}, v {tuple(v.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}"
+            )
+        if hv % h:
+            raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({h})")
+        if self.A_log.shape != (hv,) or self.dt_bias.shape != (hv,):
+            raise ValueError(
+                f"A_log and dt_bias must be [HV]={hv}, got {tuple(self.A_log.shape)}, "
+                f"{tuple(self.dt_bias.shape)}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +102,10 @@ class GdnOperands:
     def group(self) -> int:
         return self.v.shape[1] // self.k.shape[1]
 
+    def map(self, fn: Callable[[Tensor], Tensor]) -> GdnOperands:
+        """The same records with `fn` applied to every tensor."""
+        return GdnOperands(*(fn(t) for t in (self.q, self.k, self.v, self.g, self.beta)))
+
 
 @dataclass(frozen=True, eq=False)
 class GdnVerifyResult:
@@ -63,35 +116,15 @@ class GdnVerifyResult:
     cut_states: Tensor
 
 
-def _check_shapes(
-    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor
-) -> None:
-    n, h, dk = q.shape
-    hv = v.shape[1]
-    if k.shape != (n, h, dk) or v.shape[0] != n or a.shape != (n, hv) or b.shape != (n, hv):
-        raise ValueError(
-            f"expected q, k [n, H, K], v [n, HV, V], a, b [n, HV]; got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}"
-        )
-    if hv % h:
-        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({h})")
-    if A_log.shape != (hv,) or dt_bias.shape != (hv,):
-        raise ValueError(
-            f"A_log and dt_bias must be [HV]={hv}, got {tuple(A_log.shape)}, {tuple(dt_bias.shape)}"
-        )
-
-
-def prepare_operands(
-    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor
-) -> GdnOperands:
+def prepare_operands(x: GdnInputs) -> GdnOperands:
     """Gate/beta math and q/k L2 norm in the compute dtype, per node (rows are independent)."""
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
-    cd = compute_dtype(v.dtype)
-    q, k = q.to(cd), k.to(cd)
+    x.check()
+    cd = compute_dtype(x.v.dtype)
+    q, k = x.q.to(cd), x.k.to(cd)
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + NORM_EPS)
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + NORM_EPS) * q.shape[-1] ** -0.5
-    g = -torch.exp(A_log.to(cd)) * F.softplus(a.to(cd) + dt_bias.to(cd))
-    return GdnOperands(q=q, k=k, v=v.to(cd), g=g, beta=torch.sigmoid(b.to(cd)))
+    g = -torch.exp(x.A_log.to(cd)) * F.softplus(x.a.to(cd) + x.dt_bias.to(cd))
+    return GdnOperands(q=q, k=k, v=x.v.to(cd), g=g, beta=torch.sigmoid(x.b.to(cd)))
 
 
 def _step(state: Tensor, ops: GdnOperands, node: int) -> Tensor:
@@ -135,29 +168,19 @@ def path_scan(ops: GdnOperands, state: Tensor, tree: TreeDescriptor) -> tuple[Te
     return o, cuts
 
 
-def gdn_verify(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-) -> GdnVerifyResult:
+def gdn_verify(x: GdnInputs, state: Tensor, tree: TreeDescriptor) -> GdnVerifyResult:
     """Verify every tree row of one GDN layer.
 
-    q, k [R, H, K] and v [R, HV, V] after the conv (q/k not yet normalised); a, b [R, HV] raw gate
-    inputs; A_log, dt_bias [HV]; state [HV, V, K] the durable pre-tree state (compute dtype, read
-    only). Returns outputs in v's dtype, the recorded operands and the exported cut states.
+    x: the layer's inputs, R = tree.rows rows; state [HV, V, K] the durable pre-tree state (compute
+    dtype, read only). Returns outputs in v's dtype, the recorded operands and the exported cut
+    states.
     """
-    ops = prepare_operands(q, k, v, a, b, A_log, dt_bias)
+    ops = prepare_operands(x)
     _check_state(state, ops)
-    if q.shape[0] != tree.rows:
-        raise ValueError(f"operands have {q.shape[0]} rows, the tree has {tree.rows}")
+    if x.q.shape[0] != tree.rows:
+        raise ValueError(f"operands have {x.q.shape[0]} rows, the tree has {tree.rows}")
     o, cuts = path_scan(ops, state, tree)
-    return GdnVerifyResult(o=o.to(v.dtype), operands=ops, cut_states=cuts)
+    return GdnVerifyResult(o=o.to(x.v.dtype), operands=ops, cut_states=cuts)
 
 
 def replay_accepted_(state: Tensor, ops: GdnOperands, accepted: Tensor, path_len: Tensor | int) -> None:
@@ -179,23 +202,14 @@ def _check_state(state: Tensor, ops: GdnOperands) -> None:
         )
 
 
-def gdn_sequential_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-) -> tuple[Tensor, Tensor]:
+def gdn_sequential_reference(x: GdnInputs, state: Tensor, tree: TreeDescriptor) -> tuple[Tensor, Tensor]:
     """Ground truth: each active node's output and post-update state, recomputed along its ancestry.
 
     Written independently of the scan's helpers. Returns o [R, HV, V] and states [R, HV, V, K] in
     the compute dtype (padding rows zero).
     """
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
+    x.check()
+    q, k, v, a, b, A_log, dt_bias = x.tensors()
     cd = compute_dtype(v.dtype)
     group = v.shape[1] // q.shape[1]
     kn = k.to(cd) / torch.sqrt((k.to(cd) ** 2).sum(-1, keepdim=True) + NORM_EPS)

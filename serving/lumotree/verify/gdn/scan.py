@@ -21,22 +21,15 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.gdn.common import (
+    check_power_of_two,
+    check_verify_inputs,
+    default_block_v,
+    empty_operands,
+    softplus,
+)
 from lumotree.verify.gdn.plan import ScanTables, scan_tables
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult, _check_shapes
-
-NORM_EPS = 1e-6
-SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's default
-
-
-@triton.jit
-def _softplus(x):
-    # log1p(exp(x)) with the log1p correction (u = 1 + e; log(u) * e / (u - 1)), as accurate as
-    # torch's log1p; identity above the threshold, as torch does.
-    e = tl.exp(x)
-    u = 1.0 + e
-    d = u - 1.0
-    lp = tl.where(d == 0.0, e, tl.log(u) * (e / tl.where(d == 0.0, 1.0, d)))
-    return tl.where(x > 20.0, x, lp)
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 
 
 @triton.jit
@@ -75,7 +68,7 @@ def _prepare(q, k, v, a, b, neg_a, dt_bias, K: tl.constexpr):
     q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5)
-    g = neg_a * _softplus(a.to(tl.float32) + dt_bias)
+    g = neg_a * softplus(a.to(tl.float32) + dt_bias)
     beta = tl.sigmoid(b.to(tl.float32))
     return q, k, v, g, beta
 
@@ -408,24 +401,8 @@ def gdn_scan_kernel(
 DEFAULT_NUM_WARPS = 2  # with 8-row value tiles: the fastest measured configuration (results/h200)
 
 
-def default_block_v(dv: int) -> int:
-    """Value-tile height: 8 rows (an [8, K<=128] fp32 tile per 2 warps), the fastest measured."""
-    return min(8, triton.next_power_of_2(dv))
-
-
-def _check_power_of_two(name: str, n: int) -> None:
-    if n & (n - 1) or n <= 0:
-        raise ValueError(f"{name} must be a power of two for the Triton kernel, got {n}")
-
-
 def gdn_scan_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tables: ScanTables,
     o: Tensor,
@@ -437,28 +414,22 @@ def gdn_scan_(
 ) -> None:
     """Path scan of one layer into caller-owned buffers (no allocation, no host sync).
 
-    q, k [R, H, K]; v [R, HV, V]; a, b [R, HV]; A_log, dt_bias [HV] (all contiguous); state
-    [HV, V, K] fp32 durable, read only; o [R, HV, V] (v's dtype); ops: record buffers (fp32, shapes
-    of GdnOperands); cut_bank [>= tables.cut_rows, HV, V, K] fp32 scratch (the "cut" and
-    "store_all" schedules write it; for store_all, slot = node). Schedules "cut"/"store_all" take
-    two launches (spine, then branch paths); "recompute" takes one. warm: first load every operand
-    of the program's path in one round trip (measured slower on the H200: off by default).
+    x: one layer's inputs, all contiguous; state [HV, V, K] fp32 durable, read only; o [R, HV, V]
+    (v's dtype); ops: record buffers (fp32, shapes of GdnOperands); cut_bank [>= tables.cut_rows,
+    HV, V, K] fp32 scratch (the "cut" and "store_all" schedules write it; for store_all, slot =
+    node). Schedules "cut"/"store_all" take two launches (spine, then branch paths); "recompute"
+    takes one. warm: first load every operand of the program's path in one round trip (measured
+    slower on the H200: off by default).
     """
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    _check_power_of_two("K", dk)
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
+    check_power_of_two("K", dk)
     bv = default_block_v(dv) if block_v is None else block_v
-    _check_power_of_two("block_v", bv)
+    check_power_of_two("block_v", bv)
     if dv % bv:
         raise ValueError(f"V={dv} must be a multiple of block_v={bv}")
     args = (
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
+        *x.tensors(),
         state,
         cut_bank,
         o,
@@ -499,72 +470,20 @@ def gdn_scan_(
         gdn_scan_kernel[(programs, tables.paths - 1)](*args, 1, rows, **meta)
 
 
-def empty_operands(
-    rows: int, heads: int, v_heads: int, dk: int, dv: int, device: torch.device
-) -> GdnOperands:
-    """Uninitialised fp32 record buffers of one layer."""
-    f32 = dict(dtype=torch.float32, device=device)
-    return GdnOperands(
-        q=torch.empty((rows, heads, dk), **f32),
-        k=torch.empty((rows, heads, dk), **f32),
-        v=torch.empty((rows, v_heads, dv), **f32),
-        g=torch.empty((rows, v_heads), **f32),
-        beta=torch.empty((rows, v_heads), **f32),
-    )
-
-
-def check_verify_inputs(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-) -> None:
-    """The reference's shape rules, plus what the Triton kernels need: fp32 compute (no float64),
-    one operand row per tree row, an fp32 state [HV, V, K]."""
-    _check_shapes(q, k, v, a, b, A_log, dt_bias)
-    if v.dtype == torch.float64:
-        raise TypeError("the Triton kernels compute in fp32; use reference.gdn_verify for float64")
-    rows, _, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    if rows != tree.rows:
-        raise ValueError(f"operands have {rows} rows, the tree has {tree.rows}")
-    if state.shape != (hv, dv, dk) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be [HV, V, K] = [{hv}, {dv}, {dk}] float32, got {tuple(state.shape)} {state.dtype}"
-        )
-
-
-def gdn_verify(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-    schedule: str = "cut",
-) -> GdnVerifyResult:
+def gdn_verify(x: GdnInputs, state: Tensor, tree: TreeDescriptor, schedule: str = "cut") -> GdnVerifyResult:
     """The Triton path scan with the reference's signature and result (fp32 compute only).
 
     Records cover the active rows; padding rows' outputs are zero and their records unwritten.
     cut_states: [C] cut states ("cut"), none ("recompute"), or every node's state by node index
     ("store_all"; padding rows unwritten).
     """
-    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    tables = scan_tables(tree, q.device, schedule)
-    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
-    o = torch.empty_like(v)
+    check_verify_inputs(x, state, tree)
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
+    tables = scan_tables(tree, x.q.device, schedule)
+    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
+    o = torch.empty_like(x.v)
     n_cuts = {"cut": len(tree.paths.cut_nodes), "recompute": 0, "store_all": rows}[schedule]
-    bank = torch.empty((max(n_cuts, 1), hv, dv, dk), dtype=torch.float32, device=q.device)
-    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    gdn_scan_(*inputs, tables, o, ops, bank)
+    bank = torch.empty((max(n_cuts, 1), hv, dv, dk), dtype=torch.float32, device=x.q.device)
+    gdn_scan_(x.map(Tensor.contiguous), state.contiguous(), tables, o, ops, bank)
     return GdnVerifyResult(o=o, operands=ops, cut_states=bank[:n_cuts])

@@ -1,6 +1,6 @@
 """Gated DeltaNet tree verification without a step loop: the tree-masked chunk (WY) form in Triton.
 
-Every path scan (v1-v3) carries the state through the tree's depth one node at a time, so a layer
+Every path scan (`scan.py`) carries the state through the tree's depth one node at a time, so a layer
 costs ~depth dependent steps however the loads are arranged. Here all rows are solved at once.
 With gamma_n = exp(G_n), G_n the sum of log-decays g over n's ancestors and n itself, unrolling
 the recurrence (decay, predict, rank-1 write) along each node's ancestry gives, per value tile:
@@ -27,57 +27,27 @@ The fp32 rounding differs from the sequential reference (sums of log-decays, mat
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
-from lumotree.verify.gdn.scan import _softplus, check_verify_inputs, empty_operands
-from lumotree.verify.gdn.scan_v3 import _instance_slices, _record_rows, check_stacked
+from lumotree.verify.gdn.common import (
+    PRECISIONS,
+    ancestry_masks,
+    check_stacked,
+    instance_slices,
+    one_instance_,
+    record_rows,
+    softplus,
+    verify_one_layer,
+)
+from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 
-PRECISIONS = ("ieee", "tf32x3")
 SOLVES = ("substitution", "product")
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
-
-
-@dataclass(frozen=True, eq=False)
-class AncestryTables:
-    """ancestry [R, R] int32 (1 where column a is row n or one of its ancestors); n_active [1] int32;
-    max_depth: the deepest tree these tables may hold (fixes the number of solve rounds)."""
-
-    ancestry: Tensor
-    n_active: Tensor
-    max_depth: int
-
-    def fill_(self, tree: TreeDescriptor) -> AncestryTables:
-        """Rewrite in place for `tree` (same rows, depth <= max_depth), e.g. before a graph replay."""
-        if tree.rows != self.ancestry.shape[0] or int(tree.depth.max()) > self.max_depth:
-            raise ValueError(
-                f"tables hold {self.ancestry.shape[0]} rows of depth <= {self.max_depth}; "
-                f"tree has {tree.rows} rows of depth {int(tree.depth.max())}"
-            )
-        self.ancestry.copy_(tree.ancestry.to(torch.int32))
-        self.n_active.fill_(tree.n_active)
-        return self
-
-
-def ancestry_tables(
-    tree: TreeDescriptor, device: torch.device | str, max_depth: int | None = None
-) -> AncestryTables:
-    """Tables for `tree` on `device`; max_depth defaults to the descriptor's depth cap."""
-    depth = tree.max_depth if max_depth is None else max_depth
-    tables = AncestryTables(
-        ancestry=torch.empty((tree.rows, tree.rows), dtype=torch.int32, device=device),
-        n_active=torch.empty(1, dtype=torch.int32, device=device),
-        max_depth=depth,
-    )
-    return tables.fill_(tree)
 
 
 def solve_rounds(solve: str, max_depth: int) -> int:
@@ -86,19 +56,6 @@ def solve_rounds(solve: str, max_depth: int) -> int:
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
     return max(1, max_depth) if solve == "substitution" else max(1, int(max_depth).bit_length())
-
-
-@triton.jit
-def ancestry_masks(anc_ptr, nactive_ptr, R, RP: tl.constexpr):
-    """rows [RP]; in_range, valid (active) [RP]; anc (ancestor-or-self of an active row) and
-    strict (proper ancestor) [RP, RP], from the tables' ancestry matrix."""
-    rows = tl.arange(0, RP)
-    in_range = rows < R
-    valid = rows < tl.load(nactive_ptr)
-    in_square = in_range[:, None] & in_range[None, :]
-    anc = tl.load(anc_ptr + rows[:, None] * R + rows[None, :], mask=in_square, other=0)
-    anc = (anc != 0) & valid[:, None]
-    return rows, in_range, valid, anc, anc & (rows[:, None] != rows[None, :])
 
 
 @triton.jit
@@ -144,7 +101,7 @@ def gdn_tree_kernel(
     vt = pid % NVT
     h = hv // GROUP
     q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr, alog_ptr, dtb_ptr = (
-        _instance_slices(
+        instance_slices(
             inst, q_ptr, k_ptr, rq_ptr, rk_ptr, v_ptr, o_ptr, rv_ptr, a_ptr, b_ptr, rg_ptr, rb_ptr,
             alog_ptr, dtb_ptr, stride_qk, stride_v, stride_ab, stride_param,
         )
@@ -160,11 +117,11 @@ def gdn_tree_kernel(
     n = rows.to(tl.int64)
     v_rows = v_ptr + (n * HV + hv)[:, None] * V + offs_v[None, :]
     v = tl.load(v_rows, mask=valid[:, None], other=0.0).to(tl.float32)
-    g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
+    g = neg_a * softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
     beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
     first_tile = vt == 0
     key_writer = hv % GROUP == 0
-    _record_rows(
+    record_rows(
         rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, rows, valid, h, hv, first_tile, key_writer,
         offs_v, offs_k, 0.0, 0.0, v, g, beta, H, HV, K, V, False,  # q/k: below
     )  # fmt: skip
@@ -233,13 +190,7 @@ def gdn_tree_kernel(
 
 
 def gdn_tree_layers_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tables: AncestryTables,
     o: Tensor,
@@ -251,104 +202,38 @@ def gdn_tree_layers_(
 ) -> None:
     """Verify N independent GDN instances sharing one tree in one launch, into caller-owned buffers.
 
-    Shapes as `scan_v3.gdn_scan_v3_layers_` (leading instance dim N, all contiguous): q, k
-    [N, R, H, K]; v [N, R, HV, V]; a, b [N, R, HV]; A_log, dt_bias [N, HV]; state [N, HV, V, K] fp32
-    (read only); o [N, R, HV, V]; ops fp32 records. block_v >= 16 on the GPU (matmul tiles).
+    x: inputs with a leading instance dim N, all contiguous (q, k [N, R, H, K]; v [N, R, HV, V];
+    a, b [N, R, HV]; A_log, dt_bias [N, HV]); state [N, HV, V, K] fp32 (read only); o [N, R, HV, V];
+    ops fp32 records. block_v >= 16 on the GPU (matmul tiles).
     precision: "ieee" (CUDA-core fp32) or "tf32x3" (tensor cores, three-pass fp32 emulation).
     solve: "substitution" (stable) or "product" (fewer rounds; see the module docstring).
     """
-    n, rows, heads, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
+    n, rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[2], x.v.shape[3]
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if tables.ancestry.shape != (rows, rows):
         raise ValueError(f"ancestry tables are for {tables.ancestry.shape[0]} rows, operands have {rows}")
-    check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
+    check_stacked(x, state, o, ops, block_v)
     gdn_tree_kernel[(hv * (dv // block_v), n)](
-        q, k, v, a, b, A_log, dt_bias, state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
+        *x.tensors(), state, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
         tables.ancestry, tables.n_active, rows,
-        q.stride(0), v.stride(0), a.stride(0), A_log.stride(0), state.stride(0),
+        x.q.stride(0), x.v.stride(0), x.a.stride(0), x.A_log.stride(0), state.stride(0),
         H=heads, HV=hv, K=dk, V=dv, BV=block_v, RP=max(16, triton.next_power_of_2(rows)), BK=min(32, dk),
         ROUNDS=solve_rounds(solve, tables.max_depth), PRODUCT=solve == "product", PRECISION=precision,
         num_warps=num_warps,
     )  # fmt: skip
 
 
-def one_instance_(
-    layers_fn: Callable[..., None],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tables: AncestryTables,
-    o: Tensor,
-    ops: GdnOperands,
-    **config: object,
-) -> None:
-    """Run a stacked tree kernel (`*_layers_`) on one layer: every tensor gets the instance dim."""
-    ops1 = GdnOperands(*(t[None] for t in vars(ops).values()))
-    inputs = (t[None] for t in (q, k, v, a, b, A_log, dt_bias, state))
-    layers_fn(*inputs, tables, o[None], ops1, **config)
-
-
-def verify_one_layer(
-    layers_fn: Callable[..., None],
-    default_block_v: int,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-    block_v: int | None = None,
-    **config: object,
-) -> GdnVerifyResult:
-    """A stacked tree kernel with the reference's signature: allocates outputs and records, fp32
-    compute, no cut states; block_v defaults to min(default_block_v, V)."""
-    check_verify_inputs(q, k, v, a, b, A_log, dt_bias, state, tree)
-    rows, heads, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    bv = min(default_block_v, dv) if block_v is None else block_v
-    ops = empty_operands(rows, heads, hv, dk, dv, q.device)
-    o = torch.empty_like(v)
-    inputs = [t.contiguous() for t in (q, k, v, a, b, A_log, dt_bias, state)]
-    one_instance_(layers_fn, *inputs, ancestry_tables(tree, q.device), o, ops, block_v=bv, **config)
-    return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
-
-
 def gdn_tree_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tables: AncestryTables,
-    o: Tensor,
-    ops: GdnOperands,
-    **config: object,
+    x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands, **config: object
 ) -> None:
     """One layer (shapes of `scan.gdn_scan_` without the instance dim); config as `gdn_tree_layers_`."""
-    one_instance_(gdn_tree_layers_, q, k, v, a, b, A_log, dt_bias, state, tables, o, ops, **config)
+    one_instance_(gdn_tree_layers_, x, state, tables, o, ops, **config)
 
 
 def gdn_verify_tree(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tree: TreeDescriptor,
     block_v: int | None = None,
@@ -357,6 +242,5 @@ def gdn_verify_tree(
     solve: str = "substitution",
 ) -> GdnVerifyResult:
     """The tree-parallel kernel with the reference's signature (fp32 compute; no cut states)."""
-    inputs = (q, k, v, a, b, A_log, dt_bias, state)
     config = dict(num_warps=num_warps, precision=precision, solve=solve)
-    return verify_one_layer(gdn_tree_layers_, DEFAULT_BLOCK_V, *inputs, tree, block_v, **config)
+    return verify_one_layer(gdn_tree_layers_, DEFAULT_BLOCK_V, x, state, tree, block_v, **config)

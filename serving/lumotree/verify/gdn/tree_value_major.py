@@ -33,16 +33,16 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnOperands, GdnVerifyResult
-from lumotree.verify.gdn.scan import _softplus
-from lumotree.verify.gdn.scan_v3 import check_stacked
-from lumotree.verify.gdn.tree_scan import (
+from lumotree.verify.gdn.common import (
     PRECISIONS,
-    AncestryTables,
     ancestry_masks,
+    check_stacked,
     one_instance_,
+    softplus,
     verify_one_layer,
 )
+from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 
 # The fastest measured on the H200 (runs 6-7, 48 instances in one launch): apply bv128 w4 with a
 # 4-stage state loop, prepare on 2 warps.
@@ -129,7 +129,7 @@ def gdn_tree_prepare_kernel(
         hv = h * GROUP + j
         neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-        g = neg_a * _softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
+        g = neg_a * softplus(tl.load(a_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32) + dt_bias)
         beta = tl.sigmoid(tl.load(b_ptr + n * HV + hv, mask=valid, other=0.0).to(tl.float32))
         tl.store(rg_ptr + n * HV + hv, g, mask=valid)
         tl.store(rb_ptr + n * HV + hv, beta, mask=valid)
@@ -235,13 +235,7 @@ def block_merges(max_depth: int) -> int:
 
 
 def gdn_value_major_layers_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
+    x: GdnInputs,
     state: Tensor,
     tables: AncestryTables,
     o: Tensor,
@@ -257,17 +251,17 @@ def gdn_value_major_layers_(
 ) -> None:
     """Verify N independent GDN instances sharing one tree in one launch, into caller-owned buffers.
 
-    Shapes as `tree_scan.gdn_tree_layers_`: q, k [N, R, H, K]; v [N, R, HV, V]; a, b [N, R, HV];
-    A_log, dt_bias [N, HV]; state [N, HV, V, K] fp32 (read only); o [N, R, HV, V]; ops fp32
-    records. block_v >= 16 on the GPU (64 or more for wgmma); block_k divides K.
+    Shapes as `tree_scan.gdn_tree_layers_`: x with a leading instance dim N, all contiguous; state
+    [N, HV, V, K] fp32 (read only); o [N, R, HV, V]; ops fp32 records. block_v >= 16 on the GPU
+    (64 or more for wgmma); block_k divides K.
     precision: "ieee" (CUDA-core fp32) or "tf32x3" (tensor cores, three-pass fp32 emulation).
     block_v, num_warps, block_k, max_registers (the compiler's per-thread register cap; None: its
     choice) and num_stages (pipelining depth of the state loop) tune the apply launch;
     prepare_warps the prepare launch. only: "prepare" or "apply" runs that launch alone (to time
     it; the outputs are then incomplete).
     """
-    n, rows, heads, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
+    n, rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[2], x.v.shape[3]
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if only not in (None, "prepare", "apply"):
@@ -277,56 +271,34 @@ def gdn_value_major_layers_(
     bk = min(block_k, dk)
     if dk % bk:
         raise ValueError(f"block_k={block_k} must divide K={dk}")
-    check_stacked(q, k, v, a, b, A_log, dt_bias, state, o, ops, block_v)
+    check_stacked(x, state, o, ops, block_v)
     meta = dict(H=heads, HV=hv, K=dk, V=dv, BV=block_v, RP=max(16, triton.next_power_of_2(rows)), BK=bk)
     meta |= dict(PRECISION=precision, num_warps=num_warps, maxnreg=max_registers, num_stages=num_stages)
-    p = torch.empty((n, hv, meta["RP"], meta["RP"]), dtype=torch.float32, device=q.device)
-    gamma = torch.empty((n, hv, meta["RP"]), dtype=torch.float32, device=q.device)
+    p = torch.empty((n, hv, meta["RP"], meta["RP"]), dtype=torch.float32, device=x.q.device)
+    gamma = torch.empty((n, hv, meta["RP"]), dtype=torch.float32, device=x.q.device)
     if only != "apply":
         gdn_tree_prepare_kernel[(heads, n)](
-            q, k, a, b, A_log, dt_bias, ops.q, ops.k, ops.g, ops.beta, p, gamma, tables.ancestry,
-            tables.n_active, rows, q.stride(0), a.stride(0), A_log.stride(0),
+            x.q, x.k, x.a, x.b, x.A_log, x.dt_bias, ops.q, ops.k, ops.g, ops.beta, p, gamma,
+            tables.ancestry, tables.n_active, rows, x.q.stride(0), x.a.stride(0), x.A_log.stride(0),
             H=heads, HV=hv, K=dk, RP=meta["RP"], LEVELS=BLOCK_LEVELS, MERGES=block_merges(tables.max_depth),
             PRECISION=precision, num_warps=prepare_warps,
         )  # fmt: skip
     if only != "prepare":
         gdn_tree_apply_kernel[(hv * (dv // block_v), n)](
-            v, state, o, ops.q, ops.k, ops.v, ops.beta, p, gamma, tables.n_active, rows,
-            q.stride(0), v.stride(0), a.stride(0), state.stride(0), **meta,
+            x.v, state, o, ops.q, ops.k, ops.v, ops.beta, p, gamma, tables.n_active, rows,
+            x.q.stride(0), x.v.stride(0), x.a.stride(0), state.stride(0), **meta,
         )  # fmt: skip
 
 
 def gdn_value_major_(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tables: AncestryTables,
-    o: Tensor,
-    ops: GdnOperands,
-    **config: object,
+    x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands, **config: object
 ) -> None:
     """One layer (shapes of `scan.gdn_scan_` without the instance dim); config as the stacked form."""
-    one_instance_(gdn_value_major_layers_, q, k, v, a, b, A_log, dt_bias, state, tables, o, ops, **config)
+    one_instance_(gdn_value_major_layers_, x, state, tables, o, ops, **config)
 
 
 def gdn_verify_value_major(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    tree: TreeDescriptor,
-    block_v: int | None = None,
-    **config: object,
+    x: GdnInputs, state: Tensor, tree: TreeDescriptor, block_v: int | None = None, **config: object
 ) -> GdnVerifyResult:
     """One layer with the reference's signature (fp32 compute; no cut states)."""
-    inputs = (q, k, v, a, b, A_log, dt_bias, state)
-    return verify_one_layer(gdn_value_major_layers_, DEFAULT_BLOCK_V, *inputs, tree, block_v, **config)
+    return verify_one_layer(gdn_value_major_layers_, DEFAULT_BLOCK_V, x, state, tree, block_v, **config)

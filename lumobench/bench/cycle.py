@@ -1,0 +1,339 @@
+"""The LumoTree decode cycle of a random-weight Qwen3.5-27B on one GPU, through the engine's own
+device path (`DeviceRunner`: the triton kernel set, CUDA graphs, the device walk), against the
+weight-read floor measured in the same process (paper §VII-H, Tables XIV-XV).
+
+    python -m lumobench.bench.cycle --out results/h200     (CUDA only)
+
+Per context length: the AR step (1 row), the chain MTP-5 cycle (6 rows) and the paper tree cycle
+(32 rows), each = host table copy + verify + walk + publish + draft graphs + the result copy, timed
+with CUDA events over cycles whose accepted path is forced to a schedule (random weights accept
+nothing; the paper's mean 4.05 accepted drafts per tree event and 3.17 per MTP-5 event, as
+`--accept`), so publication replays paths of realistic length. The projected decode rate is
+(accepted + 1) / cycle. Also: GDN verification of the 48 GDN layers in model order (one launch per
+layer, captured, 32 rows), tree attention at each context against its KV-read floor, and memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from lumobench.bench.timing import Timer, copy_bandwidth
+from lumotree.drafting.geometry import GeometryConfig
+from lumotree.drafting.random_trees import paper_tree
+from lumotree.engine.device_runner import DeviceRunner
+from lumotree.model.model import HybridLM
+from lumotree.model.random_weights import preset_config, random_model
+from lumotree.model.state import GDNState, KVCache
+from lumotree.tree import TreeDescriptor, chain_tree
+from lumotree.verify import device_ops
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.reference import GdnInputs
+
+MAX_DEPTH = 11
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A drafter shape: verification rows, MTP passes x candidates (None: AR), accepted drafts."""
+
+    name: str
+    rows: int
+    mtp: tuple[int, int] | None
+    accepted: float
+
+
+def weight_bytes(model: HybridLM) -> int:
+    """Bytes a decode step must stream: every parameter once, except the embedding table (one
+    row is read) and the MTP module (drafting only)."""
+    skip = {id(model.model.embed_tokens.weight)} | {
+        id(p) for p in (model.mtp or torch.nn.Module()).parameters()
+    }
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        skip.discard(id(model.lm_head.weight))
+    params = {id(p): p for p in model.parameters() if id(p) not in skip}
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def kv_bytes_per_token(model: HybridLM) -> int:
+    """KV-cache bytes one token takes in every attention layer of the target."""
+    cfg = model.config
+    layers = sum(not layer.is_linear for layer in model.model.layers)
+    return layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
+
+
+def arm_tree(arm: Arm, prefix_len: int, vocab: int) -> TreeDescriptor:
+    if arm.rows == 1:
+        return chain_tree([1], prefix_len=prefix_len)
+    if arm.mtp is not None and arm.mtp[1] == 1:
+        return chain_tree(list(range(1, arm.rows + 1)), prefix_len=prefix_len, rows=arm.rows)
+    return paper_tree(
+        random.Random(0), vocab=vocab, prefix_len=prefix_len, config=GeometryConfig(rows=arm.rows)
+    )
+
+
+def forced_paths(tree: TreeDescriptor, mean_accepted: float, count: int) -> list[list[int]]:
+    """`count` spine prefixes (root included) whose accepted-draft counts average `mean_accepted`
+    (floor(mean) drafts, one more for the right share of them)."""
+    spine = tree.spine.tolist()
+    base = min(int(mean_accepted), len(spine) - 1)
+    more = round((mean_accepted - base) * count)
+    return [spine[: min(base + (i < more), len(spine) - 1) + 1] for i in range(count)]
+
+
+def time_cycle(runner: DeviceRunner, tree: TreeDescriptor, arm: Arm, timer: Timer) -> dict[str, float]:
+    """Median ms of the cycle's stages and of the whole cycle over forced accepted paths."""
+    tables, walk = runner.tables, runner.walk
+    tables.load_(tree)
+    paths = forced_paths(tree, arm.accepted, 64)
+    width = MAX_DEPTH + 1
+    padded = torch.full((len(paths), width), -1, dtype=torch.int64)
+    for i, p in enumerate(paths):
+        padded[i, : len(p)] = torch.tensor(p)
+    padded = padded.to(runner.device)
+    lengths = torch.tensor([len(p) for p in paths], dtype=torch.int64, device=runner.device)
+
+    def force(i: int) -> None:
+        walk.result.accepted[0].copy_(padded[i % len(paths)])
+        walk.result.path_len[:1].copy_(lengths[i % len(paths) : i % len(paths) + 1])
+
+    def rewind(i: int = 0) -> None:
+        """Each draft commits the queued rows: put the MTP context back where it started."""
+        if runner.mtp is not None:
+            runner.mtp.committed.fill_(runner.mtp.length)
+
+    def accept() -> None:
+        walk.greedy_(runner.last_logits)
+
+    def cycle(i: int = 0) -> None:
+        rewind()
+        tables.load_(tree)
+        runner.run_stage("verify")
+        accept()
+        force(i)
+        runner.run_stage("publish")
+        runner.run_stage("draft")
+        runner.copy_results_async()
+
+    counter = iter(range(10**9))
+    return {
+        "verify_ms": timer(lambda: runner.run_stage("verify")).median_ms,
+        "walk_ms": timer(accept).median_ms,
+        "publish_ms": timer(lambda: runner.run_stage("publish"), prepare=force).median_ms,
+        "draft_ms": timer(lambda: runner.run_stage("draft"), prepare=rewind).median_ms,
+        "cycle_ms": timer(lambda: cycle(next(counter))).median_ms,
+        "accepted": sum(len(p) - 1 for p in paths) / len(paths),
+    }
+
+
+def gdn_model_order(model: HybridLM, tree: TreeDescriptor, timer: Timer) -> float:
+    """Median ms of the GDN verification of every GDN layer, one launch per layer, in one graph."""
+    cfg, dev = model.config, model.device
+    tables = DeviceTree(tree.rows, MAX_DEPTH, dev).load_(tree)
+    tables.cast_()
+    gen = torch.Generator(device=dev).manual_seed(1)
+    rows, h, hv, k, v = (
+        tree.rows,
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+    )
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=dev).to(model.dtype)
+
+    layers = [layer.linear_attn for layer in model.model.layers if layer.is_linear]
+
+    def layer_inputs(g: torch.nn.Module) -> GdnInputs:
+        qk = (randn(rows, h, k), randn(rows, h, k))
+        return GdnInputs(*qk, randn(rows, hv, v), randn(rows, hv), randn(rows, hv), g.A_log, g.dt_bias)
+
+    inputs = [(layer_inputs(g), torch.randn(hv, v, k, generator=gen, device=dev) * 0.1) for g in layers]
+
+    def all_layers() -> None:
+        for x, state in inputs:
+            device_ops.gdn_verify(x, state, tables)
+
+    all_layers()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        all_layers()
+    return timer(graph.replay).median_ms
+
+
+def attention_over_floor(
+    model: HybridLM, tree: TreeDescriptor, ctx: int, timer: Timer, bandwidth: float
+) -> float:
+    """The tree attention of one layer at context `ctx` (captured), over its KV-read floor."""
+    cfg, dev = model.config, model.device
+    tables = DeviceTree(tree.rows, MAX_DEPTH, dev).load_(tree)
+    keys = ctx + tree.rows
+    kc = torch.randn(keys, cfg.num_key_value_heads, cfg.head_dim, device=dev).to(model.dtype)
+    vc = torch.randn_like(kc)
+    q = torch.randn(tree.rows, cfg.num_attention_heads, cfg.head_dim, device=dev).to(model.dtype)
+    device_ops.tree_attention(q, kc, vc, tables)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        device_ops.tree_attention(q, kc, vc, tables)
+    ms = timer(graph.replay).median_ms
+    floor_ms = 2 * ctx * kc.shape[1] * kc.shape[2] * kc.element_size() / bandwidth * 1e3
+    return ms / floor_ms
+
+
+def fill_state_(runner: DeviceRunner, ctx: int) -> None:
+    """A context of `ctx` committed tokens: random KV rows and GDN states (values do not change
+    the timing, but zeros are never timed)."""
+    for layer in runner.state.layers:
+        if isinstance(layer, KVCache):
+            layer.key.normal_()
+            layer.value.normal_()
+        elif isinstance(layer, GDNState):
+            layer.recurrent.normal_(0, 0.1)
+            layer.conv.normal_()
+    runner.state.length = ctx
+    if runner.mtp is not None:
+        runner.mtp.cache.key.normal_()
+        runner.mtp.cache.value.normal_()
+        runner.mtp.reset(ctx - 1)
+
+
+def bench(contexts: list[int], iters: int, warmup: int, tree_accepted: float, mtp_accepted: float) -> dict:
+    device = torch.device("cuda")
+    timer = Timer(device, iters, warmup)
+    bandwidth = copy_bandwidth(device)
+    model = random_model(preset_config("qwen3.5-27b"), device, torch.bfloat16, seed=0)
+    floor_ms = weight_bytes(model) / bandwidth * 1e3
+    arms = [
+        Arm("ar", 1, None, 0.0),
+        Arm("mtp5", 6, (5, 1), mtp_accepted),
+        Arm("tree", 32, (5, 3), tree_accepted),
+    ]
+    result: dict = {
+        "floor_ms": floor_ms,
+        "copy_bandwidth_tbps": bandwidth / 1e12,
+        "weight_gb": weight_bytes(model) / 1e9,
+        "contexts": {},
+    }
+    for ctx in contexts:
+        row: dict = {}
+        for arm in arms:
+            runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, graphs=True)
+            fill_state_(runner, ctx)
+            tree = arm_tree(arm, ctx, model.config.vocab_size)
+            row[arm.name] = time_cycle(runner, tree, arm, timer) | {"graph_mib": runner.graph_bytes / 2**20}
+            del runner
+            torch.cuda.empty_cache()
+        tree = arm_tree(arms[2], ctx, model.config.vocab_size)
+        row["gdn_verify_model_order_ms"] = gdn_model_order(model, tree, timer)
+        row["attention_over_floor"] = attention_over_floor(model, tree, ctx, timer, bandwidth)
+        free, total = torch.cuda.mem_get_info()
+        row["memory"] = {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "free_gib": free / 2**30,
+            "total_gib": total / 2**30,
+            "kv_tokens_fit_in_free": free // kv_bytes_per_token(model),
+        }
+        ar, mtp, tr = (row[a]["cycle_ms"] for a in ("ar", "mtp5", "tree"))
+        row["projected_tokens_per_s"] = {
+            "ar": 1e3 / ar,
+            "mtp5": (mtp_accepted + 1) * 1e3 / mtp,
+            "tree": (tree_accepted + 1) * 1e3 / tr,
+        }
+        result["contexts"][str(ctx)] = row
+    return result
+
+
+def summary(result: dict, command: str) -> dict:
+    """The issue's headline fields at the first context."""
+    ctx = next(iter(result["contexts"]))
+    row = result["contexts"][ctx]
+    rates = row["projected_tokens_per_s"]
+    # a staged copy on the device machine has no repository of its own: the caller names the commit
+    commit = (
+        os.environ.get("LUMOBENCH_COMMIT")
+        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    return {
+        "floor_ms": result["floor_ms"],
+        "ar_step_ms": row["ar"]["cycle_ms"],
+        "mtp5_cycle_ms": row["mtp5"]["cycle_ms"],
+        "tree_cycle_ms": row["tree"]["cycle_ms"],
+        "gdn_verify_model_order_ms": row["gdn_verify_model_order_ms"],
+        "attention_32k_over_floor": result["contexts"].get("32768", row)["attention_over_floor"],
+        "projected_tree_over_ar": rates["tree"] / rates["ar"],
+        "projected_tree_over_mtp5": rates["tree"] / rates["mtp5"],
+        "context": int(ctx),
+        "command": command,
+        "commit": commit or None,
+    }
+
+
+def markdown(result: dict, head: dict) -> str:
+    lines = [
+        "# LumoTree decode cycle, random-weight Qwen3.5-27B, one H200 (bf16 weights, fp32 GDN state)",
+        "",
+        f"Command: `{head['command']}` at commit {head['commit']}.",
+        f"Weight-read floor {result['floor_ms']:.2f} ms = {result['weight_gb']:.2f} GB at "
+        f"{result['copy_bandwidth_tbps']:.2f} TB/s (device copy, read + write, same process).",
+        "",
+        "| context | arm | rows | verify ms | walk ms | publish ms | draft ms | cycle ms | x floor "
+        "| accepted | projected tok/s |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows = {"ar": 1, "mtp5": 6, "tree": 32}
+    for ctx, row in result["contexts"].items():
+        for arm, r in rows.items():
+            t = row[arm]
+            lines.append(
+                f"| {ctx} | {arm} | {r} | {t['verify_ms']:.3f} | {t['walk_ms']:.3f} "
+                f"| {t['publish_ms']:.3f} | "
+                f"{t['draft_ms']:.3f} | {t['cycle_ms']:.3f} | {t['cycle_ms'] / result['floor_ms']:.2f} | "
+                f"{t['accepted']:.2f} | {row['projected_tokens_per_s'][arm]:.1f} |"
+            )
+        lines.append(
+            f"| {ctx} | GDN verify, 48 layers in model order (32 rows, one launch per layer) | | "
+            f"{row['gdn_verify_model_order_ms']:.3f} | | | | | | | |"
+        )
+        lines.append(
+            f"| {ctx} | tree attention, one layer, over its KV-read floor | | "
+            f"{row['attention_over_floor']:.2f}x | | | | | | | |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    out: Annotated[Path, typer.Option(help="Folder for cycle.json and cycle.md.")] = Path("results/h200"),
+    contexts: Annotated[str, typer.Option(help="Committed context lengths, comma-separated.")] = "4096,32768",
+    iters: Annotated[int, typer.Option(help="Timed iterations per median.")] = 50,
+    warmup: Annotated[int, typer.Option(help="Warm-up iterations.")] = 10,
+    tree_accepted: Annotated[float, typer.Option(help="Forced mean accepted drafts per tree cycle.")] = 4.05,
+    mtp_accepted: Annotated[float, typer.Option(help="Forced mean accepted drafts per MTP-5 cycle.")] = 3.17,
+) -> None:
+    """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
+    if not torch.cuda.is_available():
+        typer.echo("error: the cycle benchmark needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    command = "python -m lumobench.bench.cycle " + " ".join(sys.argv[1:])
+    result = bench([int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted)
+    head = summary(result, command)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cycle.json").write_text(json.dumps(head | {"detail": result}, indent=2) + "\n")
+    (out / "cycle.md").write_text(markdown(result, head))
+    typer.echo(markdown(result, head))
+    typer.echo(json.dumps(head, indent=2))
+
+
+if __name__ == "__main__":
+    typer.run(main)

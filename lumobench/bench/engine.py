@@ -1,0 +1,297 @@
+"""`lumobench bench engine`: the LumoTree engine on CPU in one process, AR vs chain MTP-5 vs LumoTree.
+
+    lumobench bench engine --out results/cpu/engine-bench.json     (or python -m lumobench.bench.engine)
+
+Every request runs in each arm in turn (so drifting machine load hits the arms alike), with the
+corpus's sampling settings and a fixed seed per request. Per arm: the Eq. 5 pooled decode rate
+sum(n - 1) / sum(t_end - t_first) (t_first: the first token's event, after prefill), its per-run
+range, the same tokens over the engine thread's CPU time (stable when other processes share the
+machine), accepted drafts per speculative event, acceptance by depth, tokens per cycle, mean phase
+spans, and the weight-read floor: the bytes of weights a cycle must stream over the machine's
+measured read bandwidth (the memory-bound limit of this model size on a CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from tokenizers import Tokenizer
+
+from lumobench.corpus import load_corpus
+from lumotree.engine.config import EngineConfig
+from lumotree.engine.llm_engine import LLMEngine
+from lumotree.engine.sequence import GenerationRequest
+from lumotree.model import HybridLM, default_model_path
+from lumotree.model.chat_template import model_chat_template
+from lumotree.sampling import SamplingParams
+
+ARMS = {"ar": "lumotree-ar", "mtp": "lumotree-mtp5", "tree": "lumotree"}
+console = Console(stderr=True)
+
+
+@dataclass
+class ArmRun:
+    """Totals of one arm over one pass of the corpus."""
+
+    tokens: int = 0  # sum(n - 1) over requests with n >= 2
+    decode_s: float = 0.0
+    decode_cpu_s: float = 0.0  # CPU time of the engine thread over the same spans
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s else 0.0
+
+
+def load_requests(
+    corpus: Path, model_dir: Path, max_tokens: int | None, greedy: bool
+) -> list[GenerationRequest]:
+    """Corpus records rendered with the model folder's chat template and tokenizer; a seed per record
+    (its own, or from its id)."""
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    template = model_chat_template(model_dir)
+    out = []
+    for rec in load_corpus(corpus):
+        raw = rec.model_dump(exclude_none=True)
+        if rec.input_ids:
+            ids = rec.input_ids
+        elif template is None:
+            raise ValueError(f"the model at {model_dir} has no chat template to render {rec.id}")
+        else:
+            text = template.render(
+                messages=raw["messages"], tools=raw.get("tools"), add_generation_prompt=True
+            )
+            ids = tokenizer.encode(text).ids
+        fields = {k: v for k, v in rec.sampling().items() if k not in ("max_tokens", "seed")}
+        fields["top_k"] = max(fields.get("top_k", 0), 0)  # vLLM's -1 is "off", here 0
+        params = SamplingParams(0.0) if greedy else SamplingParams(**fields)
+        seed = rec.seed if rec.seed is not None else zlib.crc32(rec.id.encode())
+        out.append(GenerationRequest(rec.id, ids, params, max_tokens or rec.max_tokens or 128, seed=seed))
+    return out
+
+
+def timed_request(engine: LLMEngine, req: GenerationRequest) -> tuple[int, float, float]:
+    """Run one request alone: (tokens emitted, wall and thread-CPU seconds from the first token's
+    event to the last)."""
+    engine.add_request(req)
+    first = end = (0.0, 0.0)
+    n = 0
+    while engine.has_unfinished():
+        for event in engine.step():
+            now = (time.perf_counter(), time.thread_time())
+            if event.token_ids and n == 0:
+                first = now
+            n += len(event.token_ids)
+            end = now
+    return n, end[0] - first[0], end[1] - first[1]
+
+
+def read_bandwidth_gbs(mib: int = 256) -> float:
+    """Single-thread streaming read bandwidth of this machine (GB/s, best of 5 sums)."""
+    buf = torch.ones(mib * 2**18)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - start)
+    return buf.numel() * 4 / best / 1e9
+
+
+def weight_bytes(model: HybridLM) -> dict[str, int]:
+    """Bytes a forward streams: the decoder layers and the vocabulary projection; the MTP layer."""
+    size = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
+    return {
+        "layers": sum(
+            v for k, v in size.items() if k.startswith("model.layers.") or k == "model.norm.weight"
+        ),
+        "lm_head": model.lm_head.weight.numel() * model.lm_head.weight.element_size(),
+        "mtp": sum(v for k, v in size.items() if k.startswith("mtp.")),
+    }
+
+
+def _total(runs: list[ArmRun], key: str) -> float:
+    return sum(r.metrics[key] for r in runs)
+
+
+def summarise(
+    kind: str, runs: list[ArmRun], bytes_: dict[str, int], bandwidth: float, depth: int
+) -> dict[str, Any]:
+    """Over all runs: pooled rate (and the per-run range), acceptance, mean spans, the weight-read floor."""
+    spans = {
+        phase: {
+            "seconds": sum(r.metrics["spans"][phase]["seconds"] for r in runs),
+            "count": sum(r.metrics["spans"][phase]["count"] for r in runs),
+        }
+        for phase in runs[0].metrics["spans"]
+    }
+    spec = {
+        key: sum(r.metrics["spec"][key] for r in runs)
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    }
+    per_pos = [sum(c) for c in zip(*(r.metrics["spec"]["accepted_per_pos"] for r in runs), strict=True)]
+    cycles = spans["target"]["count"]
+    # every request's first token comes from its prefill, not from a cycle
+    tokens_per_cycle = (
+        (_total(runs, "generation_tokens") - _total(runs, "requests")) / cycles if cycles else 0.0
+    )
+    passes = 0 if kind == "ar" else depth
+    cycle_bytes = bytes_["layers"] + bytes_["lm_head"] + passes * (bytes_["mtp"] + bytes_["lm_head"])
+    drafts = spec["num_drafts"]
+    return {
+        "arm": ARMS[kind],
+        "pooled_tokens_per_s": sum(r.tokens for r in runs) / sum(r.decode_s for r in runs),
+        # the same tokens over the engine thread's CPU time: insensitive to other processes
+        # taking the cores (not to their cache and memory traffic)
+        "pooled_tokens_per_cpu_s": sum(r.tokens for r in runs) / sum(r.decode_cpu_s for r in runs),
+        "per_run_tokens_per_s": [r.rate for r in runs],
+        "accepted_per_event": spec["num_accepted_tokens"] / drafts if drafts else None,
+        "accepted_per_pos": per_pos,
+        "draft_tokens_per_event": spec["num_draft_tokens"] / drafts if drafts else None,
+        "tokens_per_cycle": tokens_per_cycle,
+        "span_ms_per_cycle": {k: 1e3 * v["seconds"] / max(v["count"], 1) for k, v in spans.items()},
+        "weight_read_floor_ms_per_token": 1e3 * cycle_bytes / (bandwidth * 1e9) / max(tokens_per_cycle, 1e-9),
+        "prefix_cache_hit_rate": _total(runs, "prefix_cache_hits")
+        / max(_total(runs, "prefix_cache_queries"), 1),
+        "counters_per_run": [r.metrics for r in runs],
+    }
+
+
+def _metrics_json(engine: LLMEngine, requests: int) -> dict[str, Any]:
+    m = engine.metrics()
+    return {
+        "spec": vars(m.spec),
+        "generation_tokens": m.generation_tokens,
+        "requests": requests,
+        "prefix_cache_queries": m.prefix_cache_queries,
+        "prefix_cache_hits": m.prefix_cache_hits,
+        "spans": {k: {"seconds": v.seconds, "count": v.count} for k, v in m.spans.items()},
+    }
+
+
+def engine_command(
+    corpus: Annotated[Path, typer.Argument(help="Request corpus (JSONL).")] = Path("corpora/demo.jsonl"),
+    out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Passes over the corpus (fresh engines each).")] = 3,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Override every request's max_tokens.")
+    ] = None,
+    greedy: Annotated[bool, typer.Option(help="Greedy decoding instead of the corpus's sampling.")] = False,
+    model: Annotated[
+        Path | None, typer.Option(help="Checkpoint folder (default: the shipped model).")
+    ] = None,
+) -> None:
+    """Benchmark AR, chain MTP-5 and LumoTree on CPU in one process (see the module docstring)."""
+    if not corpus.is_file():
+        console.print(f"[red]error:[/] no corpus at {corpus}")
+        raise typer.Exit(2)
+    torch.set_num_threads(1)
+    folder = model or default_model_path()
+    requests = load_requests(corpus, folder, max_tokens, greedy)
+    bandwidth = read_bandwidth_gbs()
+    load_before = os.getloadavg()
+    totals: dict[str, list[ArmRun]] = {k: [] for k in ARMS}
+    with Progress(console=console) as progress:
+        task = progress.add_task("requests", total=runs * len(requests))
+        for _ in range(runs):
+            engines = {k: LLMEngine(EngineConfig(model=folder, drafter=k)) for k in ARMS}  # type: ignore[arg-type]
+            current = {k: ArmRun() for k in ARMS}
+            for req in requests:
+                for kind, engine in engines.items():
+                    n, seconds, cpu_seconds = timed_request(engine, req)
+                    if n >= 2:
+                        current[kind].tokens += n - 1
+                        current[kind].decode_s += seconds
+                        current[kind].decode_cpu_s += cpu_seconds
+                progress.advance(task)
+            for kind, engine in engines.items():
+                current[kind].metrics = _metrics_json(engine, len(requests))
+                totals[kind].append(current[kind])
+    probe = engines["tree"]
+    bytes_ = weight_bytes(probe.model)
+    arms = [summarise(k, totals[k], bytes_, bandwidth, probe.config.mtp_depth) for k in ARMS]
+    ar_rate = arms[0]["pooled_tokens_per_s"]
+    ar_cpu_rate = arms[0]["pooled_tokens_per_cpu_s"]
+    for arm in arms:
+        arm["speedup_vs_ar"] = arm["pooled_tokens_per_s"] / ar_rate
+        arm["cpu_time_speedup_vs_ar"] = arm["pooled_tokens_per_cpu_s"] / ar_cpu_rate
+    result = {
+        "command": _command_line(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(),
+            "read_bandwidth_gbs": bandwidth,
+            # other processes on the machine slow every arm alike (requests interleave across arms)
+            "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
+        },
+        "corpus": str(corpus),
+        "requests": len(requests),
+        "runs": runs,
+        "sampling": "greedy" if greedy else "corpus settings, fixed seed per request",
+        "model": str(folder),
+        "weight_bytes": bytes_,
+        "geometry": {"rows": probe.geometry.rows, "max_depth": probe.geometry.max_depth},
+        "arms": arms,
+    }
+    _print_table(arms, bandwidth)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {out}")
+
+
+def _command_line() -> str:
+    """This run as `lumobench bench engine ...`, whichever entry point started it."""
+    args = sys.argv[1:]
+    if "engine" in args:
+        args = args[args.index("engine") + 1 :]
+    return " ".join(["lumobench", "bench", "engine", *(shlex.quote(a) for a in args)])
+
+
+def _print_table(arms: list[dict[str, Any]], bandwidth: float) -> None:
+    table = Table(title=f"engine on CPU, one process (read bandwidth {bandwidth:.1f} GB/s)")
+    for col in ("arm", "pooled tok/s", "per-run range", "vs AR", "tok/CPU-s", "vs AR (CPU)", "accepted/event",
+                "tok/cycle", "target ms", "drafter ms", "dispatch ms", "floor ms/tok", "ms/tok"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for a in arms:
+        spans = a["span_ms_per_cycle"]
+        rate = a["pooled_tokens_per_s"]
+        acc = a["accepted_per_event"]
+        table.add_row(
+            a["arm"],
+            f"{rate:.1f}",
+            f"{min(a['per_run_tokens_per_s']):.1f}–{max(a['per_run_tokens_per_s']):.1f}",
+            f"{a['speedup_vs_ar']:.2f}x",
+            f"{a['pooled_tokens_per_cpu_s']:.1f}",
+            f"{a['cpu_time_speedup_vs_ar']:.2f}x",
+            "–" if acc is None else f"{acc:.2f}",
+            f"{a['tokens_per_cycle']:.2f}",
+            f"{spans['target']:.2f}",
+            f"{spans['drafter']:.2f}",
+            f"{spans['dispatch']:.2f}",
+            f"{a['weight_read_floor_ms_per_token']:.2f}",
+            f"{1e3 / rate:.2f}",
+        )
+    Console(width=170).print(table)
+
+
+if __name__ == "__main__":
+    typer.run(engine_command)

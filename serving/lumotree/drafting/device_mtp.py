@@ -1,0 +1,151 @@
+"""The MTP drafter on the device: the same protocol as `mtp.MTPDrafter`, with every per-cycle value
+(committed length, queued rows, proposals) in static device buffers so `propose_` can be captured
+in a CUDA graph.
+
+Pass 1 runs the queued true rows (the accepted path's target hidden rows and the tokens after each:
+up to `queue_rows` of them, `queue_len` valid) at positions committed.., commits them, and ranks
+the last valid row's logits; passes 2..depth each run one speculative row (the previous pass's
+MTP hidden row and its spine draft) right after the committed rows, which later cycles overwrite.
+Attention uses the tree-attention kernel: the queued rows form a chain over the committed MTP
+prefix, a speculative row sees the prefix and itself. Selection is the fused argmax + ordered
+top-k kernel, so the spine is the lowest-index argmax and the top-k follows the pinned tie rules.
+
+Prompt rows are committed eagerly (`commit_`, variable length) through `mtp_chain_step`; the
+host mirrors the committed length (`length`) for that and for the prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lumotree.drafting.fused_selection import rank_rows_, selection_scratch
+from lumotree.model.model import HybridLM
+from lumotree.model.mtp import mtp_chain_step
+from lumotree.model.state import KVCache
+
+# (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1]) -> (o, lse)
+TreeAttention = Callable[[Tensor, Tensor, Tensor, "AttentionTables"], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionTables:
+    """What the tree-attention kernel reads for MTP rows: visibility bits [T] int64 (row i sees
+    tree slots whose bits are set) and the committed prefix length [1] int64, on the device."""
+
+    bits: Tensor
+    prefix_len: Tensor
+
+
+class DeviceMTP:
+    """`depth` MTP passes with `k` ordered candidates per depth, over static device buffers.
+
+    spine [depth] and topk [depth, k] int64 hold the last proposal; committed [1] int64 the MTP
+    rows whose inputs are true; queue_hidden [Q, H], queue_tokens [Q], queue_len [1] the true rows
+    pass 1 commits.
+    """
+
+    def __init__(
+        self,
+        model: HybridLM,
+        depth: int,
+        k: int,
+        capacity: int,
+        queue_rows: int,
+        attention: TreeAttention,
+    ) -> None:
+        if model.mtp is None or len(model.mtp.layers) != 1:
+            raise ValueError("the device MTP drafter needs a model with exactly one MTP layer")
+        if depth < 1 or k < 1 or queue_rows > 63:
+            raise ValueError(f"depth and k must be >= 1 and queue_rows <= 63, got {depth}, {k}, {queue_rows}")
+        self.model, self.depth, self.k, self.attention = model, depth, k, attention
+        dev, hidden = model.device, model.config.hidden_size
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.state = model.new_mtp_state(capacity)
+        self.length = 0  # host mirror of `committed`
+        self.committed = torch.zeros(1, **i64)
+        self.queue_hidden = torch.zeros((queue_rows, hidden), dtype=model.dtype, device=dev)
+        self.queue_tokens = torch.zeros(queue_rows, **i64)
+        self.queue_len = torch.ones(1, **i64)
+        self.spine = torch.zeros(depth, **i64)
+        self.topk = torch.zeros((depth, k), **i64)
+        self._rows = torch.arange(queue_rows, **i64)
+        self._chain_bits = (torch.ones(queue_rows, **i64) << (self._rows + 1)) - 1  # row i sees 0..i
+        self._own_bit = torch.ones(1, **i64)
+        self._next = torch.zeros(1, **i64)
+        self._scratch = selection_scratch(1, model.config.vocab_size, k, dev)
+
+    @property
+    def cache(self) -> KVCache:
+        """The MTP layer's KV cache (saved and restored by the prefix cache)."""
+        cache = self.state.layers[0]
+        assert isinstance(cache, KVCache)
+        return cache
+
+    def reset(self, committed: int = 0) -> None:
+        """A new request whose first `committed` MTP rows are already cached (prefix hit)."""
+        self.length = committed
+        self.committed.fill_(committed)
+
+    @torch.inference_mode()
+    def commit_(self, hidden: Tensor, tokens: Tensor) -> None:
+        """Write true rows now (prefill; variable length, eager): hidden [n, H], tokens [n]."""
+        self.state.length = self.length
+        mtp_chain_step(self.model, hidden, tokens, self.state)
+        self.length = self.state.length
+        self.committed.fill_(self.length)
+
+    def queue_(self, hidden: Tensor, tokens: Tensor, count: Tensor) -> None:
+        """Queue true rows for pass 1: hidden [Q', H] and tokens [Q'] (Q' <= Q), count [1] valid
+        (device); rows past `count` are ignored. Graph-capturable."""
+        rows = hidden.shape[0]
+        self.queue_hidden[:rows].copy_(hidden)
+        self.queue_tokens[:rows].copy_(tokens)
+        self.queue_len.copy_(count)
+
+    def advance_host(self, committed_rows: int) -> None:
+        """Mirror on the host the rows the last `propose_` committed (known after the cycle's sync)."""
+        self.length += committed_rows
+
+    @torch.inference_mode()
+    def propose_(self) -> None:
+        """depth MTP passes into `spine` / `topk`; commits the queued rows. Graph-capturable."""
+        out = self._pass(self.queue_hidden, self.queue_tokens, self.committed, self._chain_bits)
+        last = out.index_select(0, self.queue_len - 1)  # [1, H]
+        self._next.copy_(self.committed + self.queue_len)
+        self._rank(last, 0)
+        for d in range(1, self.depth):
+            position = self._next + (d - 1)
+            last = self._pass(last, self.spine[d - 1 : d], position, self._own_bit)
+            self._rank(last, d)
+        self.committed.copy_(self._next)
+
+    def _rank(self, hidden: Tensor, d: int) -> None:
+        logits = self.model.compute_logits(hidden)  # [1, V]
+        rank_rows_(logits, self.spine[d : d + 1], self.topk[d : d + 1], self._scratch)
+
+    def _pass(self, hidden: Tensor, tokens: Tensor, start: Tensor, bits: Tensor) -> Tensor:
+        """MTP rows hidden [T, H] with their next tokens [T] at positions start.. (device [1]):
+        write their KV, attend to [0, start) and the chain ancestors set in bits -> [T, H]."""
+        model, mtp = self.model, self.model.mtp
+        assert mtp is not None
+        rows = hidden.shape[0]
+        positions = start + self._rows[:rows]
+        cos, sin = model.rotary(positions[None])
+        layer, cache = mtp.layers[0], self.cache
+        tables = AttentionTables(bits[:rows], start)
+        x = torch.cat(
+            [mtp.pre_fc_norm_embedding(model.embed(tokens[None])), mtp.pre_fc_norm_hidden(hidden[None])], -1
+        )
+
+        def mixer(y: Tensor) -> Tensor:
+            q, k, v, gate = layer.self_attn.project(y, cos, sin)
+            cache.key.index_copy_(0, positions, k[0].to(cache.key.dtype))
+            cache.value.index_copy_(0, positions, v[0].to(cache.value.dtype))
+            o, _ = self.attention(q[0], cache.key, cache.value, tables)
+            return layer.self_attn.output(o[None], gate)
+
+        return mtp.norm(layer.with_mixer(mtp.fc(x), mixer))[0]

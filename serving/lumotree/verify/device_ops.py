@@ -1,0 +1,182 @@
+"""The `triton` kernel set's entry points: the reference signatures, with the tree given as a
+`DeviceTree` (static device tables) and the accepted path as device tensors (the walk's outputs).
+
+Each function calls the caller-owned form of its op family's Triton kernel and reads every
+per-cycle value from device memory, so a forward or a publication built from them can be captured
+once in a CUDA graph and replayed for later trees: no host value of the tree enters a launch.
+Outputs are allocated per call (inside a captured graph they come from the graph's pool).
+
+- GDN verification in model order: `tree_scan.gdn_tree_` (the tree WY form), one launch per layer;
+- tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
+- tree attention `decode.tree_attention_` (split-K over the prefix, grouped heads, ancestry bits);
+- publication: all GDN layers' replay in one launch (`replay.replay_layers_` on the stacked
+  state bank), `fused_conv.publish_conv_kernel` per layer, `decode.publish_kv_device_` per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch import Tensor
+
+from lumotree.verify.attention.decode import (
+    AttentionConfig,
+    default_splits,
+    partial_buffers,
+    publish_kv_device_,
+    tree_attention_,
+)
+from lumotree.verify.conv.fused_conv import publish_conv_state_, tree_conv_
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
+from lumotree.verify.gdn.tree_scan import gdn_tree_
+
+KEYS_PER_SPLIT = 2048  # cache rows per prefix partition of the tree attention, at least
+
+
+@dataclass(frozen=True)
+class GdnConfig:
+    """Launch configuration of the per-layer GDN tree kernel (see tree_scan.py and NOTES: on the
+    H200 the fastest per-layer form measured was tf32x3, 64-wide value tiles, 8 warps)."""
+
+    block_v: int = 64
+    num_warps: int = 8
+    precision: str = "tf32x3"
+    solve: str = "substitution"
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> GdnConfig:
+        """tf32x3 tensor-core products on CUDA; exact fp32 ("ieee") elsewhere (the interpreter)."""
+        if device.type == "cuda":
+            return cls()
+        return cls(block_v=32, num_warps=4, precision="ieee")
+
+
+def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: DeviceTree) -> Tensor:
+    """x [R, C] pre-conv inputs, conv_state [C, W-1], weight [C, W] -> y [R, C] (x's dtype)."""
+    y = torch.empty_like(x)
+    tree_conv_(
+        x.contiguous(),
+        conv_state.to(x.dtype).contiguous(),
+        weight.contiguous(),
+        None if bias is None else bias.contiguous(),
+        tree.conv_gather,
+        y,
+    )
+    return y
+
+
+def gdn_verify(
+    x: GdnInputs, state: Tensor, tree: DeviceTree, config: GdnConfig | None = None
+) -> GdnVerifyResult:
+    """One layer's verification through the tree WY kernel: records every row's operands (fp32),
+    no cut states (publication replays from the records)."""
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
+    cfg = config or GdnConfig.for_device(x.q.device)
+    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
+    o = torch.empty_like(x.v)
+    gdn_tree_(
+        x.map(Tensor.contiguous),
+        state.contiguous(),
+        tree.gdn,
+        o,
+        ops,
+        block_v=min(cfg.block_v, dv),
+        num_warps=cfg.num_warps,
+        precision=cfg.precision,
+        solve=cfg.solve,
+    )
+    return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
+
+
+def write_tree_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, tree: DeviceTree) -> None:
+    """Write the tree's k, v [R, Hkv, D] at cache rows prefix_len + slot_map (device index)."""
+    slots = tree.prefix_len + tree.slot_map
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree) -> tuple[Tensor, Tensor]:
+    """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse)."""
+    rows, hq, dim = q.shape
+    hkv = k_cache.shape[1]
+    config = attention_config(rows, hq, hkv)
+    programs = triton.cdiv(rows * (hq // hkv), config.block_m) * hkv
+    # enough prefix partitions to fill the device, but no more than the cache needs: the merge
+    # reads every partition (at 67 partitions it alone took 14 us on the H200)
+    splits = min(default_splits(q.device, programs), triton.cdiv(k_cache.shape[0], KEYS_PER_SPLIT))
+    o = torch.empty_like(q)
+    lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
+    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
+    tree_attention_(
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        tree.bits,
+        tree.prefix_len,
+        o,
+        lse,
+        o_part,
+        lse_part,
+        splits,
+        1.0 / math.sqrt(dim),
+        config,
+    )
+    return o, lse
+
+
+def attention_config(rows: int, hq: int, hkv: int) -> AttentionConfig:
+    """Query tiles no taller than the grouped rows need (16 at least: the matmul tile)."""
+    base = AttentionConfig()
+    block_m = min(base.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
+    return AttentionConfig(block_m, base.block_n, base.splits, base.num_warps, base.num_stages)
+
+
+def replay(
+    states: Sequence[Tensor], operands: Sequence[GdnOperands], accepted: Tensor, path_len: Tensor | int
+) -> None:
+    """Publish every GDN layer: one launch over the stacked bank when the states are its views
+    (`HybridLM.new_state` makes them so), else one launch per layer."""
+    bank = stacked_base(states)
+    length = torch.as_tensor(path_len, dtype=torch.int64, device=accepted.device).reshape(1)
+    if bank is None:
+        for state, ops in zip(states, operands, strict=True):
+            replay_accepted_(state, ops, accepted, length)
+        return
+    k, v, g, beta = (torch.stack([getattr(ops, f) for ops in operands]) for f in ("k", "v", "g", "beta"))
+    replay_layers_(bank, GdnOperands(k, k, v, g, beta), accepted, length)  # replay never reads q
+
+
+def stacked_base(states: Sequence[Tensor]) -> Tensor | None:
+    """The contiguous tensor whose consecutive leading-dim slices are `states`, if there is one."""
+    base = states[0]._base if states else None
+    if (
+        base is None
+        or not base.is_contiguous()
+        or base.shape[0] != len(states)
+        or any(s._base is not base or s.data_ptr() != base[i].data_ptr() for i, s in enumerate(states))
+    ):
+        return None
+    return base
+
+
+def publish_conv(conv_state: Tensor, x: Tensor, accepted: Tensor, path_len: Tensor | int) -> None:
+    """conv_state [C, W-1] <- the last W-1 inputs along the accepted path (fused kernel)."""
+    publish_conv_state_(conv_state, x, accepted, path_len)
+
+
+def publish_kv(
+    k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, accepted: Tensor, path_len: Tensor | int
+) -> bool:
+    """Move the accepted path's KV rows to contiguous positions (device remap; always launched, so
+    the result says nothing about whether rows moved: True)."""
+    length = torch.as_tensor(path_len, dtype=torch.int64, device=accepted.device).reshape(1)
+    publish_kv_device_(k_cache, v_cache, tree.slot_map, tree.prefix_len, accepted, length)
+    return True

@@ -1,0 +1,103 @@
+"""The engine on a CUDA GPU (device path: triton kernels, CUDA graphs, device walk), with the
+shipped model: AR, chain MTP-5 and the paper tree give identical outputs, one synchronisation per
+cycle and none hidden, graphs captured; random-weight presets build on the device.
+
+Run on the GPU machine: TRITON_INTERPRET=0 pytest -m gpu tests/engine/test_device_path_gpu.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
+from lumotree.sampling import SamplingParams
+from tests.engine.helpers import output_tokens, run_requests
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+MAX_TOKENS = 48
+
+
+def _requests(demo_prompts: list[GenerationRequest], n: int = 8) -> list[GenerationRequest]:
+    """The first n demo requests (greedy and seeded ones), shortened."""
+    return [
+        GenerationRequest(r.request_id, r.prompt_token_ids, r.sampling, MAX_TOKENS, r.seed)
+        for r in demo_prompts[:n]
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_drafters_give_identical_outputs_on_the_gpu(
+    demo_prompts: list[GenerationRequest], dtype: str
+) -> None:
+    requests = _requests(demo_prompts)
+    outputs, syncs, cycles = {}, {}, {}
+    for drafter in ("ar", "mtp", "tree"):
+        engine = LLMEngine(EngineConfig(drafter=drafter, dtype=dtype))
+        assert engine.device.type == "cuda" and engine.config.kernels == "triton"
+        assert engine.device_runner is not None
+        assert engine.device_runner.graphs == ("verify", "publish", "draft")
+        events = run_requests(engine, requests)
+        outputs[drafter] = {rid: output_tokens(ev) for rid, ev in events.items()}
+        m = engine.metrics()
+        syncs[drafter], cycles[drafter] = m.device_syncs, m.spans["target"].count
+        if drafter != "ar":
+            assert m.spec.num_accepted_tokens > 0
+    for drafter in ("mtp", "tree"):
+        differing = [rid for rid in outputs["ar"] if outputs[drafter][rid] != outputs["ar"][rid]]
+        assert not differing, f"{drafter} differs from AR ({dtype}) on {differing}"
+        assert syncs[drafter] == cycles[drafter]
+
+
+def test_a_decode_cycle_synchronises_only_once(demo_prompts: list[GenerationRequest]) -> None:
+    """After the first cycle (the first proposal is read right after prefill), decode cycles make
+    no synchronising call but the one explicit event wait: torch's sync debug mode would raise."""
+    engine = LLMEngine(EngineConfig(drafter="tree"))
+    greedy = demo_prompts[0]
+    sampled = GenerationRequest(
+        "s", greedy.prompt_token_ids, SamplingParams(0.8, top_k=20, top_p=0.95, repetition_penalty=1.1), 32, 7
+    )
+    for request in (GenerationRequest("g", greedy.prompt_token_ids, SamplingParams(0.0), 32), sampled):
+        engine.add_request(request)
+        first = engine.metrics().spans["target"].count
+        while engine.metrics().spans["target"].count == first:  # prefill, then the first cycle
+            engine.step()
+        before = engine.metrics().device_syncs
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert engine.metrics().device_syncs == before + 3
+        while engine.has_unfinished():
+            engine.step()
+
+
+def test_random_weight_preset_builds_on_the_device_in_seconds() -> None:
+    start = time.perf_counter()
+    engine = LLMEngine(
+        EngineConfig(
+            random_weights="qwen3.5-27b",
+            dtype="bfloat16",
+            drafter="ar",
+            max_model_len=2048,
+            prefix_cache=False,
+        )
+    )
+    built = time.perf_counter() - start
+    params = engine.model.num_parameters()
+    assert 27.0e9 < params < 27.6e9
+    assert built < 180, f"{built:.0f} s to build and capture"
+    engine.add_request(GenerationRequest("r", list(range(1, 33)), SamplingParams(0.0), 4, ignore_eos=True))
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += event.token_ids
+            assert event.finish_reason != "error", event.error
+    assert len(tokens) == 4 and all(0 <= t < engine.vocab_size for t in tokens)
