@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lumotree.verify.kernel_sets import CPU_FAST, TreeKernels
+
 
 @pytest.fixture(autouse=True, scope="package")
 def _single_thread() -> Iterator[None]:
@@ -16,6 +18,16 @@ def _single_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=["cpu-fast", "triton"], scope="module")
+def tree_kernels(request: pytest.FixtureRequest) -> TreeKernels:
+    """The plugin's CPU op set, and the Triton set of its GPU path (run by Triton's interpreter here)."""
+    if request.param == "cpu-fast":
+        return CPU_FAST
+    from lumotree.vllm.gpu import triton_kernels
+
+    return triton_kernels()
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,14 @@ from torch import Tensor
 
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.model.gdn import GatedDeltaNet
-from lumotree.model.tree_kernels_cpu import CPU_FAST
-from lumotree.tree import tree_from_paths
+from lumotree.verify.kernel_sets import CPU_FAST, TreeKernels
 from lumotree.vllm.gdn_core import conv_state_view, gdn_core
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.publish import LayerIndex, publish_accepted
 from lumotree.vllm.steps import RequestStep
 
 from .fake_vllm import attention_layer, gdn_layer, plan
+from .trees import tree_from_paths
 
 SLOT = 2  # the request's state slot (others hold garbage that must stay untouched)
 
@@ -93,7 +93,9 @@ def _tree_step(paths: list[list[int]], prefix: int, start: int):
 PATHS = [[1, 2, 3, 4], [1, 5], [6, 7, 8], [6, 9], [10]]
 
 
-def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(mixer: GatedDeltaNet) -> None:
+def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(
+    mixer: GatedDeltaNet, tree_kernels: TreeKernels
+) -> None:
     layer = gdn_layer(mixer, slots=4, spec_width=27)
     px, pb, pa = _inputs(mixer, 7, seed=1)  # the committed prefix
     gdn_core(
@@ -101,7 +103,7 @@ def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(mi
         plan([_chunk(0, 0, 7, 0)], [[[SLOT]]], [1]),
         0,
         False,
-        CPU_FAST,
+        tree_kernels,
         px,
         pb,
         pa,
@@ -118,7 +120,7 @@ def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(mi
     x[req.rows], b[req.rows], a[req.rows] = tx, tb, ta  # vLLM's flat layout: physical order
     out = torch.zeros(flat, mixer.num_v_heads, mixer.head_v_dim)
     step = plan([req], [[[SLOT]]], [1])
-    gdn_core(layer, step, 0, False, CPU_FAST, x, b, a, out)
+    gdn_core(layer, step, 0, False, tree_kernels, x, b, a, out)
     assert torch.equal(layer.kv_cache[1][SLOT], state0), "verification wrote the durable state"
 
     for node in range(n):
@@ -128,7 +130,7 @@ def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(mi
 
     accepted = req.tree.path_to(int((req.tree.tokens == 8).nonzero()))  # root, 6, 7, 8: off the spine
     assert not req.tree.is_spine_prefix(accepted)
-    publish_accepted(step, req, accepted, LayerIndex({layer.prefix: (layer, 0)}, {}, False), CPU_FAST)
+    publish_accepted(step, req, accepted, LayerIndex({layer.prefix: (layer, 0)}, {}, False), tree_kernels)
     _, conv, state = _chain(mixer, tx[accepted], tb[accepted], ta[accepted], conv0, state0)
     torch.testing.assert_close(layer.kv_cache[1][SLOT], state, rtol=1e-5, atol=1e-5)
     assert torch.equal(conv_state_view(layer.kv_cache[0], SLOT, 4, False), conv)

@@ -10,8 +10,8 @@ import torch
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.engine.acceptance import RowSampler
 from lumotree.engine.drafter import ARDrafter
-from lumotree.model.tree_kernels_cpu import CPU_FAST
 from lumotree.sampling import SamplingParams
+from lumotree.verify.kernel_sets import CPU_FAST
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState
 from lumotree.vllm.sampler import sample_step

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.model.tree_kernels_cpu import CPU_FAST
-from lumotree.tree import tree_from_paths
+from lumotree.verify.kernel_sets import TreeKernels
 from lumotree.vllm.requests import StopRule, UnsupportedRequest, core_sampling, unsupported_parameters
 from lumotree.vllm.sampler import PLACEHOLDER, StepSamples
 from lumotree.vllm.steps import RequestStep, physical_prefix, physical_tokens, scheduled_tree
 from lumotree.vllm.tree_attention import tree_attention_rows
 
 from .fake_vllm import attention_layer, plan
+from .trees import tree_from_paths
 
 
 def _paper_tree(prefix: int = 40):
@@ -103,7 +103,7 @@ def test_sampled_tokens_are_padded_so_vllm_drops_the_padding() -> None:
     assert StepSamples(tokens=[[4], [5]]).as_tensor().shape == (2, 2)  # always parsed as speculative
 
 
-def test_tree_rows_attend_to_the_prefix_their_ancestors_and_themselves() -> None:
+def test_tree_rows_attend_to_the_prefix_their_ancestors_and_themselves(tree_kernels: TreeKernels) -> None:
     heads, kv_heads, dim, block_size, prefix = 4, 2, 64, 16, 19
     attn = attention_layer(blocks=4, heads=kv_heads, block_size=block_size, dim=dim)
     tree = tree_from_paths(3, [[1, 2, 3], [1, 4], [5]], prefix_len=prefix)
@@ -126,7 +126,7 @@ def test_tree_rows_attend_to_the_prefix_their_ancestors_and_themselves() -> None
         torch.randn(flat, kv_heads, dim, generator=gen),
     )
     output = torch.zeros(flat, heads, dim)
-    tree_attention_rows(step, 0, CPU_FAST, query, key, value, attn.kv_cache, output, attn.isa)
+    tree_attention_rows(step, 0, tree_kernels, query, key, value, attn.kv_cache, output, attn.isa)
     for node in range(n):  # dense reference: softmax over the prefix and the node's own path
         seen = req.rows[torch.as_tensor(tree.path_to(node))]
         ks, vs = torch.cat([prefix_k, key[seen]]), torch.cat([prefix_v, value[seen]])

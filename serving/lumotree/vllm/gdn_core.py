@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lumotree.model import gdn_ops
-from lumotree.model.tree_kernels import TreeKernels
 from lumotree.model.tree_mode import GdnRecord
+from lumotree.verify.gdn.reference import GdnInputs
+from lumotree.verify.kernel_sets import TreeKernels
 from lumotree.vllm.steps import RequestStep, StepPlan
 
 
@@ -89,7 +90,7 @@ def run_tree(
     assert req.tree is not None
     conv_out = kernels.tree_conv(x, conv_state, conv_weight(layer), None, req.tree)
     q, k, v = _split_qkv(layer, conv_out)
-    result = kernels.gdn_verify(q, k, v, a, b, layer.A_log, layer.dt_bias, state, req.tree)
+    result = kernels.gdn_verify(GdnInputs(q, k, v, a, b, layer.A_log, layer.dt_bias), state, req.tree)
     return result.o, GdnRecord(x, result.operands)
 
 

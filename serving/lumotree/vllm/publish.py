@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lumotree.model.tree_kernels import TreeKernels
+from lumotree.verify.kernel_sets import TreeKernels
 from lumotree.vllm.gdn_core import conv_state_view
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.steps import RequestStep, StepPlan

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lumotree.engine.acceptance import RowSampler, walk
-from lumotree.model.tree_kernels import TreeKernels
+from lumotree.verify.kernel_sets import TreeKernels
 from lumotree.vllm.publish import LayerIndex, publish_accepted
 from lumotree.vllm.requests import RequestState
 from lumotree.vllm.steps import RequestStep, StepPlan

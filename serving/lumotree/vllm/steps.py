@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lumotree.engine.model_runner import active_rows
 from lumotree.model.tree_mode import GdnRecord
 from lumotree.tree import TreeDescriptor, build_tree, chain_tree
 
@@ -31,7 +30,7 @@ def physical_tokens(tree: TreeDescriptor) -> list[int]:
 
 def physical_prefix(tree: TreeDescriptor, rows: int) -> TreeDescriptor:
     """The sub-tree of the first `rows` physical rows (no padding), in logical order."""
-    tree = active_rows(tree)
+    tree = tree.without_padding()
     if rows >= tree.n_active:
         return tree
     keep = [i for i in range(tree.n_active) if int(tree.slot_map[i]) < rows]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lumotree.model.tree_kernels import TreeKernels
+from lumotree.verify.kernel_sets import TreeKernels
 from lumotree.vllm.paged_kv import block_kv
 from lumotree.vllm.steps import StepPlan
 

@@ -18,9 +18,8 @@ from torch import Tensor
 from lumotree.drafting.suffix import OutputCache
 from lumotree.engine.drafter import make_drafter
 from lumotree.model.model import HybridLM
-from lumotree.model.tree_kernels import REFERENCE, TreeKernels
-from lumotree.model.tree_kernels_cpu import CPU_FAST
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
 from lumotree.vllm.gdn_core import gdn_core
 from lumotree.vllm.paged_kv import check_layout
 from lumotree.vllm.publish import LayerIndex
