@@ -7,6 +7,9 @@ request settings. Strings in `command`, `model` and `env` may use
     ${VAR}  ${VAR:-default}          (environment variables; the default may use {repo})
 
 so one file works on every checkout. `lumobench serve ARM` and `lumobench replay --arm ARM` use it.
+A keyed arm names the environment variable holding its API key (`api_key_env`): the server reads it
+from its inherited environment, lumobench sends it as `Authorization: Bearer KEY` on every request and
+readiness probe, and only the variable's name is ever written down.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +66,8 @@ class ArmConfig(_Strict):
     port: int = Field(ge=1, le=65535)
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
+    #: environment variable holding the API key the server requires (e.g. VLLM_API_KEY); None: no key
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     readiness: Readiness = Field(default_factory=Readiness)
     request: RequestSettings = Field(default_factory=RequestSettings)
     speculative: dict[str, Any] | None = None
@@ -86,10 +92,16 @@ class ResolvedArm:
     base_url: str
     source: Path | None
     source_sha256: str | None
+    api_key: str | None = field(default=None, repr=False)  # api_key_env's value, in memory only
+    api_key_env: str | None = None
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
 
 
 def arms_dir() -> Path:
@@ -147,6 +159,25 @@ def _fill(text: str, fields: dict[str, str], arm: str, env: dict[str, str]) -> s
         raise LumobenchError(f"arm {arm}: unknown placeholder {{{exc.args[0]}}} in {text!r}") from None
 
 
+def free_port(host: str) -> int:
+    """A port nobody listens on now (the OS picks it); the server binds it moments later."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def api_key_from_env(name: str | None, who: str, environ: dict[str, str] | None = None) -> str | None:
+    """The API key held by the environment variable `name` (None when no variable is named)."""
+    if name is None:
+        return None
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise LumobenchError(f"{who}: {name!r} is not an environment variable name (--api-key-env NAME)")
+    key = (os.environ if environ is None else environ).get(name)
+    if not key:
+        raise LumobenchError(f"{who} needs its API key in the environment variable {name}, which is not set")
+    return key
+
+
 def resolve_arm(
     config: ArmConfig,
     source: Path | None = None,
@@ -154,9 +185,13 @@ def resolve_arm(
     port: int | None = None,
     model: str | None = None,
     environ: dict[str, str] | None = None,
+    api_key_env: str | None = None,
 ) -> ResolvedArm:
-    """Fill the arm's templates; `port`/`model` override the file (the CLI's --port/--model)."""
+    """Fill the arm's templates; `port`/`model` override the file (the CLI's --port/--model), port 0
+    picks a free port; `api_key_env` overrides the arm's (the CLI's --api-key-env)."""
     environ = dict(os.environ if environ is None else environ)
+    if port == 0:
+        port = free_port(config.host)
     port = port or config.port
     fields = {"python": sys.executable, "repo": str(REPO_ROOT), "host": config.host, "port": str(port)}
     resolved_model = model or (config.model and _fill(config.model, fields, config.name, environ))
@@ -167,6 +202,8 @@ def resolve_arm(
     env = {k: _fill(v, fields, config.name, environ) for k, v in config.env.items()}
     argv = [_fill(part, fields, config.name, environ | env) for part in config.command]
     digest = hashlib.sha256(source.read_bytes()).hexdigest() if source else None
+    key_env = api_key_env or config.api_key_env
+    key = api_key_from_env(key_env, f"arm {config.name}", environ | env)
     return ResolvedArm(
         config=config,
         argv=argv,
@@ -176,6 +213,8 @@ def resolve_arm(
         base_url=f"http://{config.host}:{port}",
         source=source,
         source_sha256=digest,
+        api_key=key,
+        api_key_env=key_env,
     )
 
 

@@ -21,12 +21,19 @@ from lumobench.commands.replay import replay
 from lumobench.commands.report import report
 from lumobench.commands.serve import serve
 
-#: sub-app name -> (module, Typer app attribute), imported on first use
-LAZY_APPS = {"bench": ("lumobench.commands.bench", "bench_app"), "verify": ("lumobench.verify", "app")}
+#: sub-app name -> (module, Typer app attribute, one-line help), imported only when run
+LAZY_APPS = {
+    "bench": ("lumobench.commands.bench", "bench_app", "Kernel, engine and client benchmarks (torch)."),
+    "verify": ("lumobench.verify", "app", "LumoTree's numerical checks (torch)."),
+}
 
 
 class LazyGroup(TyperGroup):
-    """The root command group: the `LAZY_APPS` join the eagerly registered commands when looked up."""
+    """The root command group: the `LAZY_APPS` join the eagerly registered commands.
+
+    A help listing sees a placeholder carrying the one-line help; the real sub-app (and torch) is
+    imported only when a command resolves to it.
+    """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [*super().list_commands(ctx), *LAZY_APPS]
@@ -34,10 +41,17 @@ class LazyGroup(TyperGroup):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in LAZY_APPS:
             return super().get_command(ctx, cmd_name)
-        module, attr = LAZY_APPS[cmd_name]
-        group = typer.main.get_group(getattr(importlib.import_module(module), attr))
-        group.name = cmd_name
-        return group
+        return click.Group(cmd_name, help=LAZY_APPS[cmd_name][2])
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in LAZY_APPS:
+            module, attr, _ = LAZY_APPS[args[0]]
+            group = typer.main.get_group(getattr(importlib.import_module(module), attr))
+            group.name = args[0]
+            return args[0], group, args[1:]
+        return super().resolve_command(ctx, args)
 
 
 app = typer.Typer(

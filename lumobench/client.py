@@ -2,10 +2,15 @@
 
 Transport is aiohttp: measured against httpx with `lumobench bench client` (see results/cpu/ and the
 README), it costs less CPU per streamed event. Raw reads go to the byte-level SSE parser unchanged.
+
+Two clocks bound a request: `request_timeout_s`, the longest silence between two reads, and a total
+deadline (`request_deadline`), so a server that keeps a stream open without finishing it (comments
+forever, one endless line) fails that row instead of hanging the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,10 +20,17 @@ import aiohttp
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
 from lumobench.results import RequestRow, now_iso
+from lumobench.sse import SSELineTooLong
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
 
 CHAT_PATH = "/v1/chat/completions"
 GENERATE_PATH = "/generate"
+#: the derived total deadline of one request: prefill and queueing, then a slow decode rate
+DEADLINE_BASE_S = 300.0
+DEADLINE_PER_TOKEN_S = 1.0
+#: records without max_tokens may generate up to the server's context limit
+DEADLINE_WITHOUT_MAX_TOKENS_S = 3600.0
+ERROR_BODY_BYTES = 4096  # how much of a non-200 body is read for the row's error
 
 
 class ServerUnreachable(LumobenchError):
@@ -35,6 +47,9 @@ class Target:
     stream_options: dict[str, Any] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
     request_timeout_s: float = 900.0  # longest silence allowed between two reads
+    request_deadline_s: float | None = None  # longest total time per request; None: `request_deadline`
+    api_key: str | None = field(default=None, repr=False)  # sent as `Authorization: Bearer KEY`
+    health_path: str = "/health"  # probed when requests get "unavailable" answers
     #: every request's response cap becomes min(its own, this); a request without one gets this
     max_tokens_cap: int | None = None
 
@@ -81,9 +96,33 @@ def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, 
     return CHAT_PATH, body
 
 
-def new_session(concurrency: int, request_timeout_s: float) -> aiohttp.ClientSession:
+def request_deadline(record: CorpusRecord, target: Target) -> float:
+    """Seconds one request may take in all: the target's, else derived from the max_tokens it is sent
+    with (the record's, capped by the target's max_tokens_cap)."""
+    if target.request_deadline_s is not None:
+        return target.request_deadline_s
+    max_tokens = _capped(record.max_tokens, target.max_tokens_cap)
+    if max_tokens is None:
+        return DEADLINE_WITHOUT_MAX_TOKENS_S
+    return DEADLINE_BASE_S + DEADLINE_PER_TOKEN_S * max_tokens
+
+
+def request_headers(record: CorpusRecord, run_index: int) -> dict[str, str]:
+    """Per-request headers: the request id servers log (`corpus check` guarantees it fits a header)."""
+    return {"X-Request-Id": f"{record.id}.r{run_index}"}
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def new_session(
+    concurrency: int, request_timeout_s: float, api_key: str | None = None
+) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
-    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency))
+    return aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency), headers=auth_headers(api_key)
+    )
 
 
 async def stream_into(resp: aiohttp.ClientResponse, recorder: StreamRecorder) -> int | None:
@@ -105,24 +144,31 @@ async def send_request(
     """
     path, body = build_request(record, target)
     recorder: StreamRecorder = GenerateRecorder() if target.api == "generate" else ChatRecorder()
-    headers = {"X-Request-Id": f"{record.id}.r{run_index}"}
+    deadline_s = request_deadline(record, target)
+    budget = asyncio.timeout(deadline_s)
     started_at = now_iso()
     t_send = time.monotonic_ns()
     status: int | None = None
     error: str | None = None
     t_end: int | None = None
     try:
-        async with session.post(target.base_url + path, json=body, headers=headers) as resp:
+        headers = request_headers(record, run_index)
+        async with budget, session.post(target.base_url + path, json=body, headers=headers) as resp:
             status = resp.status
             if resp.status != 200:
-                detail = (await resp.text())[:300].strip()
-                error = f"HTTP {resp.status}: {detail}"
+                detail = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
+                error = f"HTTP {resp.status}: {detail[:300].strip()}"
             else:
                 t_end = await stream_into(resp, recorder)
     except aiohttp.ClientConnectorError as exc:
         raise ServerUnreachable(f"cannot connect to {target.base_url}: {exc.os_error or exc}") from None
+    except SSELineTooLong as exc:
+        error = f"{exc}; the stream was abandoned"
     except (aiohttp.ClientError, TimeoutError) as exc:
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if budget.expired():
+            error = f"no complete response within the request deadline of {deadline_s:g} s"
+        else:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     error = error or recorder.failure()
     return RequestRow(
         run_index=run_index,

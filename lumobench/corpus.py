@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lumobench.errors import LumobenchError
 
@@ -33,8 +35,17 @@ SAMPLING_FIELDS = (
 )
 
 
+#: deepest nesting of arrays and objects in one record (a tool's JSON schema needs a few levels)
+MAX_DEPTH = 64
+#: the seeds servers take: a 64-bit key, signed or not (vLLM, SGLang, LumoTree)
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a value is sent as it is written, so `max_tokens: true` or `"temperature": "0.5"` are
+    # errors rather than silently converted; NaN/Infinity are not JSON numbers
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class FunctionCall(_Strict):
@@ -91,7 +102,7 @@ class Tool(_Strict):
 class Source(BaseModel):
     """Where a record was captured; extra keys (capture time, arm, ...) are kept as given."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     task: str | None = None
     conversation: str | None = None
@@ -111,13 +122,26 @@ class CorpusRecord(_Strict):
     min_p: float | None = Field(default=None, ge=0, le=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    input_ids: list[int] | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    input_ids: list[Annotated[int, Field(ge=0)]] | None = None
     source: Source | None = None
     #: engine-specific request fields merged into the body as given (e.g. chat_template_kwargs)
     extra_body: dict[str, Any] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _sendable_id(cls, rid: str) -> str:
+        # replay sends the id in the X-Request-Id header: no control characters, no blank ids, and no
+        # surrounding whitespace (HTTP clients strip it, so the server would see another id)
+        if not rid.strip():
+            raise ValueError("the id is blank")
+        if rid != rid.strip():
+            raise ValueError("the id starts or ends with whitespace")
+        if not rid.isprintable():
+            raise ValueError("the id contains control characters (it is sent in an HTTP header)")
+        return rid
 
     @model_validator(mode="after")
     def _tool_results_answer_calls(self) -> CorpusRecord:
@@ -151,8 +175,11 @@ class RecordIssue:
     record_id: str | None = None
 
     def __str__(self) -> str:
-        where = f"line {self.line}" + (f" (id {self.record_id})" if self.record_id else "")
-        return f"{where}: {self.field + ': ' if self.field else ''}{self.message}"
+        rid = self.record_id
+        shown = rid if rid is None or rid.isprintable() else ascii(rid)  # one line, whatever the id holds
+        where = f"line {self.line}" + (f" (id {shown})" if rid else "")
+        field = self.field if self.field.isprintable() else ascii(self.field)  # a key may hold a newline
+        return f"{where}: {field + ': ' if field else ''}{self.message}"
 
 
 class CorpusError(LumobenchError):
@@ -176,8 +203,52 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
+def _parse_line(raw: bytes, first: bool) -> Any:
+    """One line's JSON value; raises ValueError with a one-line reason."""
+    try:
+        text = raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at position {exc.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"not valid JSON (nested too deeply; at most {MAX_DEPTH} levels)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ValueError(f"not valid JSON ({str(exc).split(':')[0]})") from None
+
+
+def _unsendable(value: Any) -> tuple[str, str] | None:
+    """(field path, why) of the first part of a parsed line that replay cannot send or hash: nesting
+    deeper than MAX_DEPTH, a lone surrogate (no UTF-8 form), NaN or Infinity (not JSON)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if found := _SURROGATE.search(item):
+                code = ord(found.group())
+                return ".".join(path), f"lone surrogate U+{code:04X} (text must be valid Unicode)"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return ".".join(path), f"{item} is not a JSON number"
+        elif isinstance(item, dict | list):
+            if len(path) >= MAX_DEPTH:  # named by the top-level field: the full path is 64 parts long
+                return path[0], f"nested deeper than {MAX_DEPTH} levels"
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in reversed(list(pairs)):
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return ".".join(path), "a key holds a lone surrogate (text must be valid Unicode)"
+                stack.append((child, (*path, str(key))))
+    return None
+
+
 def check_corpus(path: Path) -> tuple[list[CorpusRecord], list[RecordIssue]]:
-    """Parse and validate every line of a JSONL corpus; return the valid records and every issue found."""
+    """Parse and validate every line of a JSONL corpus; return the valid records and every issue found.
+
+    A record is valid exactly when replay can send it: strict types, the servers' value ranges, an id
+    that fits an HTTP header, valid Unicode, finite numbers, bounded nesting.
+    """
     try:
         raw_lines = path.read_bytes().split(b"\n")
     except OSError as exc:
@@ -189,16 +260,21 @@ def check_corpus(path: Path) -> tuple[list[CorpusRecord], list[RecordIssue]]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            issues.append(RecordIssue(lineno, "", f"not valid JSON ({exc})"))
+            obj = _parse_line(raw, lineno == 1)
+        except ValueError as exc:
+            issues.append(RecordIssue(lineno, "", str(exc)))
             continue
         rid = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
+        if bad := _unsendable(obj):
+            issues.append(RecordIssue(lineno, *bad, rid))
+            continue
         try:
             record = CorpusRecord.model_validate(obj)
         except ValidationError as exc:
             for err in exc.errors():
-                issues.append(RecordIssue(lineno, _field_path(err["loc"]), err["msg"], rid))
+                # our own validators' reasons without pydantic's "Value error, " prefix
+                why = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+                issues.append(RecordIssue(lineno, _field_path(err["loc"]), why, rid))
             continue
         if record.id in seen:
             issues.append(RecordIssue(lineno, "id", f"duplicate id (first on line {seen[record.id]})", rid))

@@ -1,4 +1,10 @@
-"""Launching an arm: own process group, log file, readiness wait, whole-group shutdown."""
+"""Launching an arm: own process group, log file, readiness wait, whole-group shutdown.
+
+A launched arm never outlives lumobench: a watchdog process (`lumobench.watchdog`) stops its whole
+process group when lumobench dies without stopping it (kill -9). Its log never holds a secret: the
+command line lumobench writes there is masked, and when the arm has secrets its output passes through
+a thread that masks them on the way to the file.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +25,9 @@ from typing import IO
 import httpx
 
 from lumobench.arms import ResolvedArm
+from lumobench.client import auth_headers
 from lumobench.errors import LumobenchError
+from lumobench.redact import Redactor
 
 STOP_GRACE_S = 15.0
 
@@ -28,6 +38,8 @@ class ArmStartError(LumobenchError):
 
 def port_in_use(host: str, port: int) -> bool:
     """True when something already listens on (host, port) or the address cannot be bound."""
+    if not 0 < port < 65536:
+        raise LumobenchError(f"port {port} is not a TCP port (1-65535)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -35,6 +47,15 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError as exc:
             return exc.errno in (errno.EADDRINUSE, errno.EACCES)
     return False
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse, as a user mistake, a port something already listens on."""
+    if port_in_use(host, port):
+        raise LumobenchError(
+            f"port {port} on {host} is already in use (another server running?); "
+            f"stop it or pick another port with --port"
+        )
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -49,6 +70,19 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def arm_redactor(arm: ResolvedArm) -> Redactor:
+    """The secrets of a launched arm: its environment, its command line and its API key."""
+    return Redactor.for_launch(arm.argv, arm.env, arm.api_key)
+
+
+def _copy_masked(pipe: IO[bytes], log: IO[bytes], redactor: Redactor) -> None:
+    """Copy the arm's output to its log line by line, secrets masked (a thread, until end of output)."""
+    with contextlib.suppress(ValueError, OSError):  # the log closed under us at shutdown
+        for line in iter(pipe.readline, b""):
+            log.write(redactor.raw(line))
+            log.flush()
+
+
 class ArmServer:
     """One running arm process (and its children, all in one process group)."""
 
@@ -57,30 +91,31 @@ class ArmServer:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.served_model: str | None = None  # first id listed by the models endpoint once ready
+        self.redactor = arm_redactor(arm)
         self._log: IO[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._copier: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
         return self.arm.base_url
 
     def start(self) -> None:
-        host, port = self.arm.config.host, int(self.arm.base_url.rsplit(":", 1)[1])
-        if port_in_use(host, port):
-            raise LumobenchError(
-                f"port {port} on {host} is already in use (another server running?); "
-                f"stop it or pick another port with --port"
-            )
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._log.write(
-            f"\n=== lumobench: starting arm {self.arm.name}: {' '.join(self.arm.argv)}\n".encode()
-        )
+        check_port_free(self.arm.config.host, self.arm.port)
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("ab")
+        except OSError as exc:
+            raise LumobenchError(f"cannot write the server log {self.log_path}: {exc.strerror}") from None
+        command = " ".join(self.redactor.argv(self.arm.argv))
+        self._log.write(f"\n=== lumobench: starting arm {self.arm.name}: {command}\n".encode())
         self._log.flush()
+        masked = self.redactor.masks_text
         try:
             self.proc = subprocess.Popen(
                 self.arm.argv,
                 stdin=subprocess.DEVNULL,
-                stdout=self._log,
+                stdout=subprocess.PIPE if masked else self._log,
                 stderr=subprocess.STDOUT,
                 env=os.environ | self.arm.env,
                 start_new_session=True,  # own process group: one killpg stops the engine's workers too
@@ -90,6 +125,18 @@ class ArmServer:
             raise LumobenchError(
                 f"arm {self.arm.name}: cannot start {self.arm.argv[0]}: {exc.strerror}"
             ) from None
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "lumobench.watchdog", str(self.proc.pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if masked:
+            assert self.proc.stdout is not None
+            self._copier = threading.Thread(
+                target=_copy_masked, args=(self.proc.stdout, self._log, self.redactor), daemon=True
+            )
+            self._copier.start()
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -106,7 +153,8 @@ class ArmServer:
         ready = self.arm.config.readiness
         deadline = time.monotonic() + (timeout_s or ready.timeout_s)
         stage = "health"
-        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+        headers = auth_headers(self.arm.api_key)
+        with httpx.Client(base_url=self.base_url, timeout=5.0, headers=headers) as client:
             while True:
                 if (code := self.exit_code()) is not None:
                     raise self._fail(f"exited with code {code} before it was ready")
@@ -143,10 +191,27 @@ class ArmServer:
             _signal_group(self.proc.pid, signal.SIGKILL)
             return self.proc.wait()
         finally:
+            self._disarm_watchdog()
+            if self._copier:
+                self._copier.join(timeout=5)
+                self._copier = None
+                if self.proc.stdout:
+                    self.proc.stdout.close()
             if self._log:
                 self._log.write(f"=== lumobench: arm {self.arm.name} stopped\n".encode())
                 self._log.close()
                 self._log = None
+
+    def _disarm_watchdog(self) -> None:
+        if self._watchdog is None:
+            return
+        with contextlib.suppress(OSError):
+            assert self._watchdog.stdin is not None
+            self._watchdog.stdin.write(b"x")
+            self._watchdog.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._watchdog.wait(5)
+        self._watchdog = None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

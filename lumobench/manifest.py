@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from lumobench.corpus import CorpusRecord, file_sha256, record_sha256
 from lumobench.errors import LumobenchError
+from lumobench.results import write_text_atomic
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -88,8 +89,16 @@ def freeze_manifest(
 
 
 def write_manifest(manifest: Manifest, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(manifest.model_dump_json(indent=2) + "\n")
+    """Write the manifest file (atomically), creating its folder; a path that cannot be one is refused."""
+    if out.is_dir():
+        raise LumobenchError(
+            f"cannot write manifest {out}: it is a directory (give a file name, e.g. {out}/NAME.json)"
+        )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, manifest.model_dump_json(indent=2) + "\n")
+    except OSError as exc:
+        raise LumobenchError(f"cannot write manifest {out}: {exc.strerror or exc}") from None
 
 
 def read_manifest(path: Path) -> Manifest:

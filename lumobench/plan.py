@@ -1,7 +1,8 @@
 """Replay planning: turn CLI choices, or an interrupted run directory, into `Plan`s.
 
-Everything is validated up front (corpus, manifest, arms, endpoint, run directory) so that a mistake
-is reported before any server starts.
+Everything is validated up front (corpus, manifest, arms, ports, API keys, endpoint, results folder)
+so that a mistake is reported before any server starts and before any run directory is created. A run
+directory is locked by the one process that writes it (`RunDir.lock`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,21 @@ from pathlib import Path
 
 import httpx
 
-from lumobench.arms import REPO_ROOT, ResolvedArm, arm_path, check_launchable, load_arm, resolve_arm
-from lumobench.client import Target
+from lumobench.arms import (
+    REPO_ROOT,
+    ResolvedArm,
+    api_key_from_env,
+    arm_path,
+    check_launchable,
+    load_arm,
+    resolve_arm,
+)
+from lumobench.client import Target, auth_headers
 from lumobench.corpus import CorpusRecord, file_sha256, load_corpus, record_sha256
 from lumobench.errors import LumobenchError
+from lumobench.launch import arm_redactor, check_port_free
 from lumobench.manifest import ManifestDiff, ManifestMismatch, read_manifest, select_by_manifest
+from lumobench.redact import Redactor
 from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, now_iso
 
 #: the embedded default: LumoTree's own arms, compared on the matched set (their TOML files come
@@ -33,6 +44,21 @@ class Plan:
     records: list[CorpusRecord]
     target: Target
     arm: ResolvedArm | None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-request clocks (s): longest silence, and longest total time (None: derived per record)."""
+
+    silence_s: float = 900.0
+    deadline_s: float | None = None
+
+    def check(self) -> Timeouts:
+        if not self.silence_s > 0:
+            raise LumobenchError(f"--request-timeout must be more than 0 s (got {self.silence_s:g})")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise LumobenchError(f"--request-deadline must be more than 0 s (got {self.deadline_s:g})")
+        return self
 
 
 def _manifest_for(corpus: Path, manifest: Path | None) -> Path | None:
@@ -66,11 +92,16 @@ def _normalise_endpoint(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def probe_endpoint(base_url: str) -> tuple[str | None, str | None]:
+def probe_endpoint(base_url: str, api_key: str | None = None) -> tuple[str | None, str | None]:
     """(first served model id, engine version) of a running server; raises if it cannot be reached."""
     try:
-        with httpx.Client(base_url=base_url, timeout=10) as client:
+        with httpx.Client(base_url=base_url, timeout=10, headers=auth_headers(api_key)) as client:
             resp = client.get("/v1/models")
+            if resp.status_code in (401, 403):
+                raise LumobenchError(
+                    f"endpoint {base_url} refused the models list (HTTP {resp.status_code}): "
+                    + ("a wrong API key?" if api_key else "it needs an API key: --api-key-env NAME")
+                )
             model = resp.json()["data"][0]["id"] if resp.status_code == 200 else None
             version = client.get("/version")
             engine = version.json().get("version") if version.status_code == 200 else None
@@ -91,11 +122,12 @@ def _new_meta(
     records: list[CorpusRecord],
     runs: int,
     concurrency: int,
+    redactor: Redactor,
 ) -> RunMeta:
     return RunMeta(
         run_id=run_id,
         created=now_iso(),
-        argv=sys.argv,
+        argv=redactor.argv(sys.argv),
         arm=arm,
         endpoint=endpoint,
         api=target.api,
@@ -116,14 +148,17 @@ def _new_meta(
     )
 
 
-def _arm_info(arm: ResolvedArm) -> ArmInfo:
+def _arm_info(arm: ResolvedArm, redactor: Redactor) -> ArmInfo:
+    """The arm as run.json records it: secrets in its environment and command line masked."""
+    config = arm.config.model_dump(mode="json")
+    config["command"], config["env"] = redactor.argv(config["command"]), redactor.env(config["env"])
     return ArmInfo(
         name=arm.name,
         config={
             "file": str(arm.source),
-            "arm": arm.config.model_dump(mode="json"),
-            "argv": arm.argv,
-            "env": arm.env,
+            "arm": config,
+            "argv": redactor.argv(arm.argv),
+            "env": redactor.env(arm.env),
             "model": arm.model,
         },
         config_sha256=arm.source_sha256,
@@ -131,7 +166,7 @@ def _arm_info(arm: ResolvedArm) -> ArmInfo:
     )
 
 
-def _arm_target(arm: ResolvedArm, api: str | None, timeout: float) -> Target:
+def _arm_target(arm: ResolvedArm, api: str | None, timeouts: Timeouts) -> Target:
     req = arm.config.request
     return Target(
         base_url=arm.base_url,
@@ -139,8 +174,22 @@ def _arm_target(arm: ResolvedArm, api: str | None, timeout: float) -> Target:
         model=arm.served_model_name,
         stream_options=req.stream_options,
         extra_body=req.extra_body,
-        request_timeout_s=timeout,
+        request_timeout_s=timeouts.silence_s,
+        request_deadline_s=timeouts.deadline_s,
+        api_key=arm.api_key,
+        health_path=arm.config.readiness.health,
     )
+
+
+def _create_run_dirs(out: Path, plans: list[tuple[Path, RunMeta, Redactor]]) -> list[RunDir]:
+    """Create (and lock) the run directories, last of all: every check that can refuse the run is done."""
+    if out.exists() and not out.is_dir():
+        raise LumobenchError(f"--out {out} is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LumobenchError(f"cannot create the results folder {out}: {exc.strerror or exc}") from None
+    return [RunDir.create(path, meta, redactor) for path, meta, redactor in plans]
 
 
 def plan_new(
@@ -156,16 +205,20 @@ def plan_new(
     out: Path,
     port: int | None,
     model: str | None,
-    timeout: float,
+    timeouts: Timeouts,
     boot_per_run: bool | None = None,
     max_tokens_cap: int | None = None,
+    api_key_env: str | None = None,
 ) -> list[Plan]:
-    """Validate everything up front (corpus, manifest, arms, endpoint) before any server starts.
+    """Validate everything up front (corpus, manifest, arms, ports, endpoint) before any server starts,
+    then create the run directories.
 
     boot_per_run: start each launched arm afresh per repetition; None takes the arm file's setting.
     max_tokens_cap: lower every request's max_tokens to at most this (e.g. a corpus captured on a
     long-context arm, replayed on a small-context engine); recorded in run.json.
+    api_key_env: the environment variable holding the API key to send (default: the arm's).
     """
+    timeouts.check()
     if len(arms) > 1 and endpoint:
         raise LumobenchError("--endpoint takes at most one --arm (the arm that is already running there)")
     if not arms and not endpoint:
@@ -179,48 +232,100 @@ def plan_new(
     records, manifest = select_records(corpus, manifest)
     if api == "generate":
         _require_input_ids(records)
-    plans = []
     if endpoint:
         if boot_per_run:
             raise LumobenchError("--boot-per-run needs arms that lumobench launches, not --endpoint")
         base = _normalise_endpoint(endpoint)
-        served, engine = probe_endpoint(base)
-        target = Target(base_url=base, api=api or "chat", model=model or served, request_timeout_s=timeout)  # type: ignore[arg-type]
-        info = ArmInfo(name=label or "endpoint")
+        running = None
         if arms:  # an arm already running at the endpoint: use its request settings, launch nothing
             config, source = load_arm(arms[0])
-            running = resolve_arm(config, source, model=model)
-            target = replace(_arm_target(running, api, timeout), base_url=base, model=model or served)
-            info = _arm_info(running).model_copy(update={"launched": False, "name": label or running.name})
+            running = resolve_arm(config, source, model=model, api_key_env=api_key_env)
+        key = running.api_key if running else api_key_from_env(api_key_env, "--endpoint")
+        served, engine = probe_endpoint(base, key)
+        redactor = (arm_redactor(running) if running else Redactor()) | Redactor.for_launch(api_key=key)
+        target = Target(
+            base_url=base,
+            api=api or "chat",  # type: ignore[arg-type]
+            model=model or served,
+            request_timeout_s=timeouts.silence_s,
+            request_deadline_s=timeouts.deadline_s,
+            api_key=key,
+        )
+        info = ArmInfo(name=label or "endpoint")
+        if running:
+            target = replace(_arm_target(running, api, timeouts), base_url=base, model=model or served)
+            info = _arm_info(running, redactor).model_copy(
+                update={"launched": False, "name": label or running.name}
+            )
         target = replace(target, max_tokens_cap=max_tokens_cap)
         meta = _new_meta(
-            new_run_id(info.name), info, base, target, corpus, manifest, records, runs, concurrency
+            new_run_id(info.name),
+            info,
+            redactor.text(base),
+            target,
+            corpus,
+            manifest,
+            records,
+            runs,
+            concurrency,
+            redactor,
         )
         meta.engine_version = engine
-        plans.append(Plan(RunDir.create(out / meta.run_id, meta), meta, records, target, None))
-        return plans
+        meta.api_key_env = running.api_key_env if running else api_key_env
+        (run,) = _create_run_dirs(out, [(out / meta.run_id, meta, redactor)])
+        return [Plan(run, meta, records, target, None)]
     resolved = []
     for name in arms:
         config, source = load_arm(name)
-        arm = resolve_arm(config, source, port=port, model=model)
+        arm = resolve_arm(config, source, port=port, model=model, api_key_env=api_key_env)
         check_launchable(arm)
         resolved.append(arm)
     if any(a.config.request.api == "generate" for a in resolved):
         _require_input_ids(records)
+    for address in sorted({(a.config.host, a.port) for a in resolved}):
+        check_port_free(*address)
+    pending = []
     for arm in resolved:
-        target = replace(_arm_target(arm, api, timeout), max_tokens_cap=max_tokens_cap)
+        target = replace(_arm_target(arm, api, timeouts), max_tokens_cap=max_tokens_cap)
         run_id = new_run_id(arm.name if not label else f"{label}-{arm.name}")
+        redactor = arm_redactor(arm)
         meta = _new_meta(
-            run_id, _arm_info(arm), arm.base_url, target, corpus, manifest, records, runs, concurrency
+            run_id,
+            _arm_info(arm, redactor),
+            arm.base_url,
+            target,
+            corpus,
+            manifest,
+            records,
+            runs,
+            concurrency,
+            redactor,
         )
         meta.boot_per_run = arm.config.boot_per_run if boot_per_run is None else boot_per_run
-        plans.append(Plan(RunDir.create(out / run_id, meta), meta, records, target, arm))
-    return plans
+        meta.api_key_env = arm.api_key_env
+        pending.append((arm, target, out / run_id, meta, redactor))
+    run_dirs = _create_run_dirs(out, [(path, meta, r) for _, _, path, meta, r in pending])
+    return [
+        Plan(run, meta, records, target, arm)
+        for run, (arm, target, _, meta, _) in zip(run_dirs, pending, strict=True)
+    ]
 
 
-def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
-    """Reopen an interrupted run: same corpus records (checked by hash), same arm or endpoint."""
+def plan_resume(
+    run_path: Path,
+    corpus: Path | None,
+    timeouts: Timeouts,
+    port: int | None = None,
+    api_key_env: str | None = None,
+) -> Plan:
+    """Reopen an interrupted run: same corpus records (checked by hash), same arm or endpoint.
+
+    port: launch the arm on this port instead of the run's (0: a free one); api_key_env: the variable
+    holding the API key, instead of the one the run recorded. The run directory is locked first.
+    """
+    timeouts.check()
     run = RunDir.open(run_path)
+    run.lock()
     meta = run.read_meta()
     corpus = corpus or Path(meta.corpus)
     by_id = {r.id: r for r in load_corpus(corpus)}
@@ -233,24 +338,39 @@ def plan_resume(run_path: Path, corpus: Path | None, timeout: float) -> Plan:
     if diff.changed or diff.missing:
         raise ManifestMismatch(run.path / "run.json", diff)
     records = [by_id[i] for i in meta.request_ids]
+    key_env = api_key_env or meta.api_key_env
     if meta.arm.launched:
         config, source = load_arm(meta.arm.config.get("file") or meta.arm.name)
         arm = resolve_arm(
-            config, source, port=int(meta.endpoint.rsplit(":", 1)[1]), model=meta.arm.config.get("model")
+            config,
+            source,
+            port=int(meta.endpoint.rsplit(":", 1)[1]) if port is None else port,
+            model=meta.arm.config.get("model"),
+            api_key_env=key_env,
         )
         if arm.source_sha256 != meta.arm.config_sha256:
             raise LumobenchError(f"arm file {source} changed since run {meta.run_id} started; resume refused")
         check_launchable(arm)
-        target = replace(_arm_target(arm, meta.api, timeout), max_tokens_cap=meta.max_tokens_cap)
+        check_port_free(arm.config.host, arm.port)
+        run.redactor = arm_redactor(arm)
+        meta.endpoint, meta.api_key_env = arm.base_url, arm.api_key_env
+        target = replace(_arm_target(arm, meta.api, timeouts), max_tokens_cap=meta.max_tokens_cap)
         return Plan(run, meta, records, target, arm)
-    probe_endpoint(meta.endpoint)
+    if port is not None:
+        raise LumobenchError(f"--port launches arms; run {meta.run_id} replayed a running endpoint")
+    key = api_key_from_env(key_env, f"run {meta.run_id}")
+    probe_endpoint(meta.endpoint, key)
+    run.redactor = Redactor.for_launch(api_key=key)
+    meta.api_key_env = key_env
     target = Target(
         base_url=meta.endpoint,
         api=meta.api,
         model=meta.model,
         stream_options=meta.stream_options,
         extra_body=meta.extra_body,
-        request_timeout_s=timeout,
+        request_timeout_s=timeouts.silence_s,
+        request_deadline_s=timeouts.deadline_s,
+        api_key=key,
         max_tokens_cap=meta.max_tokens_cap,
     )
     return Plan(run, meta, records, target, None)

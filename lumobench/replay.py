@@ -4,14 +4,16 @@ its run directory, recording the rows (`execute`).
 
 The paper's protocol is one active request at a time (`concurrency=1`). Each repetition is one or
 more segments (a resumed repetition opens a new one); `/metrics` is scraped before and after each
-segment. A failed request is recorded and the run continues; a server that is gone (connection
-refused, or the launched process exited) aborts the run, keeping every row written so far. The
-command line (`lumobench.commands.replay`) only shows what happens, through a `PlanUI`.
+segment. A failed request is recorded and the run continues; a server that is gone aborts the run,
+keeping every row written so far: the connection is refused, the launched process exited, or requests
+get "unavailable" answers (HTTP 502/503/504) while the health check fails too, or several in a row.
+The command line (`lumobench.commands.replay`) only shows what happens, through a `PlanUI`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -21,7 +23,7 @@ from typing import Literal, Protocol
 import httpx
 
 from lumobench.arms import ResolvedArm
-from lumobench.client import ServerUnreachable, Target, new_session, send_request
+from lumobench.client import ServerUnreachable, Target, auth_headers, new_session, send_request
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
 from lumobench.launch import ArmServer, launched
@@ -29,9 +31,47 @@ from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
 from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys, now_iso
 
+#: answers that mean "no server to serve this" rather than "this request is bad"
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+#: unavailable answers in a row that abort the run even while the health check still passes
+UNAVAILABLE_IN_A_ROW = 3
+#: after a dropped connection, how long a launched server may take to finish exiting: a crashing process
+#: closes its sockets one by one, so the next request can still reach its listening socket
+SERVER_EXIT_GRACE_S = 0.5
+
 
 class RunAborted(LumobenchError):
     """The server went away; rows so far are kept and `--resume` continues the run."""
+
+
+class AvailabilityCheck:
+    """Aborts a run whose server answers "unavailable" (HTTP 502/503/504): at once when its health check
+    fails too, else after `UNAVAILABLE_IN_A_ROW` such answers in a row. Call `after` with every row."""
+
+    def __init__(self, client: httpx.AsyncClient, target: Target) -> None:
+        self.client, self.target, self.in_a_row = client, target, 0
+
+    async def after(self, row: RequestRow) -> None:
+        self.in_a_row = self.in_a_row + 1 if row.http_status in UNAVAILABLE_STATUSES else 0
+        if not self.in_a_row:
+            return
+        health = await self._health_status()
+        if health != 200:
+            raise RunAborted(
+                f"the server answered HTTP {row.http_status} and its health check {self.target.health_path} "
+                + (f"answers HTTP {health}" if health else "does not answer")
+            )
+        if self.in_a_row >= UNAVAILABLE_IN_A_ROW:
+            raise RunAborted(
+                f"the server answered HTTP {row.http_status} to {UNAVAILABLE_IN_A_ROW} requests in a row"
+            )
+
+    async def _health_status(self) -> int | None:
+        try:
+            url = self.target.base_url + self.target.health_path
+            return (await self.client.get(url, timeout=10)).status_code
+        except httpx.HTTPError:
+            return None
 
 
 class ReplayProgress(Protocol):
@@ -60,18 +100,27 @@ async def _replay_keys(
     concurrency: int,
     server_alive: Callable[[], bool] | None,
     progress: ReplayProgress | None,
+    probe: httpx.AsyncClient,
 ) -> tuple[int, int]:
     queue = list(keys)
     counts = {"completed": 0, "failed": 0}
+    availability = AvailabilityCheck(probe, target)
 
-    def check_server() -> None:
-        if server_alive is not None and not server_alive():
-            raise RunAborted("the server process exited during the run")
+    async def check_server(grace_s: float = 0.0) -> None:
+        """Abort when the launched server process exited (waiting up to `grace_s` for it to)."""
+        if server_alive is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while server_alive():
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+        raise RunAborted("the server process exited during the run")
 
     async def worker() -> None:
-        async with new_session(concurrency, target.request_timeout_s) as session:
+        async with new_session(concurrency, target.request_timeout_s, target.api_key) as session:
             while queue:
-                check_server()
+                await check_server()
                 run_index, rid = queue.pop(0)
                 row = await send_request(session, target, records[rid], run_index, seq_of[rid])
                 run.append_row(row)
@@ -79,7 +128,9 @@ async def _replay_keys(
                 if progress:
                     progress.row_written(row)
                 if row.status == "failed":
-                    check_server()
+                    # a stream cut short (no HTTP error answer): the server may be exiting
+                    await check_server(SERVER_EXIT_GRACE_S if row.http_status in (None, 200) else 0.0)
+                await availability.after(row)
 
     tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]
     try:
@@ -119,7 +170,7 @@ async def execute(
     completed = sum(r.status == "completed" for r in rows)
     failed = sum(r.status == "failed" for r in rows)
     meta.status = "running"
-    async with httpx.AsyncClient() as metrics_client:
+    async with httpx.AsyncClient(headers=auth_headers(target.api_key)) as metrics_client:
         for run_index in range(meta.runs) if run_indices is None else sorted(run_indices):
             keys = [k for k in todo if k[0] == run_index]
             if not keys:
@@ -135,7 +186,7 @@ async def execute(
                 run.write_metrics(run_index, segment.segment, "before", text)
             try:
                 ok, bad = await _replay_keys(
-                    run, keys, by_id, seq_of, target, concurrency, server_alive, progress
+                    run, keys, by_id, seq_of, target, concurrency, server_alive, progress, metrics_client
                 )
             except (RunAborted, ServerUnreachable) as exc:
                 segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
@@ -149,6 +200,10 @@ async def execute(
                 )
             except asyncio.CancelledError:
                 segment.outcome, segment.finished_at, meta.status = "interrupted", now_iso(), "interrupted"
+                run.write_meta(meta)
+                raise
+            except Exception:  # a bug: still leave a run that --resume can continue
+                segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
                 run.write_meta(meta)
                 raise
             completed, failed = completed + ok, failed + bad
@@ -200,7 +255,7 @@ def _launch_and_replay(
     try:
         with launched(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting)) as server:
             ui.arm_started()
-            plan.meta.engine_version = probe_endpoint(arm.base_url)[1]
+            plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
             plan.meta.model = plan.target.model or server.served_model
             plan.target = replace(plan.target, model=plan.meta.model)
             plan.run.write_meta(plan.meta)

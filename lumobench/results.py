@@ -7,13 +7,17 @@ Layout of `results/<run-id>/` (DESIGN §6):
     failed-attempts.jsonl     rows of failed attempts that `--resume` retried (kept for the record)
     metrics/run{R}.seg{S}.{before,after}.prom   raw /metrics text around each run segment
     server.log                output of the launched arm (when lumobench started the server)
+    lumobench.lock            held (flock) by the one lumobench process writing the run; names it
 
 A run segment is one uninterrupted stretch of a repetition; resuming a repetition opens a new segment,
-so counter deltas never straddle a server restart.
+so counter deltas never straddle a server restart. Everything written passes through the run's
+`Redactor`, so no secret of the arm (keys in its environment or command line) reaches the disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import platform
 import socket
@@ -27,6 +31,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from lumobench import __version__
 from lumobench.errors import LumobenchError
+from lumobench.redact import Redactor
 
 RUN_SCHEMA_VERSION = 1
 ROWS_FILE = "requests.jsonl"
@@ -34,6 +39,7 @@ FAILED_ATTEMPTS_FILE = "failed-attempts.jsonl"
 RUN_FILE = "run.json"
 SERVER_LOG = "server.log"
 METRICS_DIR = "metrics"
+LOCK_FILE = "lumobench.lock"
 
 
 class RequestRow(BaseModel):
@@ -119,6 +125,7 @@ class RunMeta(BaseModel):
     runs: int = Field(ge=1)
     concurrency: int = Field(ge=1, default=1)
     boot_per_run: bool = False  # a launched arm was started afresh for every repetition
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key)
     stream_options: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     max_tokens_cap: int | None = Field(default=None, ge=1)  # --max-tokens-cap (kept for --resume)
@@ -147,29 +154,59 @@ def new_run_id(label: str) -> str:
 
 
 RowT = TypeVar("RowT", bound=BaseModel)
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` by atomic replace, durably: the file is fsync'd before the rename and the directory
+    after it, so a crash or power loss leaves the old file or the new one, never a torn or empty one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
 def write_json_atomic(path: Path, model: BaseModel) -> None:
-    """Write `model` as indented JSON by atomic replace, so a crash never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(model.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write `model` as indented JSON with `write_text_atomic`."""
+    write_text_atomic(path, model.model_dump_json(indent=2) + "\n")
 
 
 def append_jsonl(path: Path, row: BaseModel) -> None:
-    """Append one JSON line with flush + fsync, so a crash loses nothing already written."""
+    """Append one JSON line with flush + fsync, so a crash loses nothing already written (the first
+    line also fsyncs the directory, which holds the new file's name)."""
+    new = not path.exists()
     with path.open("a") as fh:
         fh.write(row.model_dump_json() + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+    if new:
+        _fsync_dir(path.parent)
 
 
 def read_jsonl(path: Path, model: type[RowT]) -> list[RowT]:
     """All rows of a JSONL file ([] if absent); a torn last line (crash mid-write) is ignored, a corrupt
-    earlier line is an error."""
-    if not path.exists():
+    earlier line (bad JSON, wrong fields, invalid UTF-8) is an error."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
         return []
-    lines = path.read_text().split("\n")
+    except OSError as exc:
+        raise LumobenchError(f"cannot read {path}: {exc.strerror or exc}") from None
     rows: list[RowT] = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -187,19 +224,29 @@ def make_run_path(path: Path) -> None:
     """Create an empty run directory; a non-empty one is refused (continuing it is --resume's job)."""
     if path.exists() and any(path.iterdir()):
         raise LumobenchError(f"run directory {path} already exists and is not empty (use --resume {path})")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LumobenchError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
 
 
 class RunDir:
-    """A run directory on disk; rows are appended with flush + fsync so a crash loses nothing."""
+    """A run directory on disk; rows are appended with flush + fsync so a crash loses nothing.
 
-    def __init__(self, path: Path) -> None:
+    `redactor` masks the secrets of the run's arm in everything written here; `lock` makes this process
+    the run's only writer.
+    """
+
+    def __init__(self, path: Path, redactor: Redactor | None = None) -> None:
         self.path = path
+        self.redactor = redactor or Redactor()
+        self._lock_fd: int | None = None
 
     @classmethod
-    def create(cls, path: Path, meta: RunMeta) -> RunDir:
+    def create(cls, path: Path, meta: RunMeta, redactor: Redactor | None = None) -> RunDir:
         make_run_path(path)
-        run = cls(path)
+        run = cls(path, redactor)
+        run.lock()
         run.write_meta(meta)
         return run
 
@@ -210,10 +257,39 @@ class RunDir:
             raise LumobenchError(f"{path} is not a lumobench run directory (no {RUN_FILE})")
         return run
 
+    def lock(self) -> None:
+        """Hold an exclusive lock on the run until this process exits (kill -9 included); refuse when
+        another process holds it, naming that process."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "a process that did not say"
+            os.close(fd)
+            raise LumobenchError(
+                f"run directory {self.path} is in use by another lumobench process ({holder}); "
+                "wait for it to finish or stop it"
+            ) from None
+        os.ftruncate(fd, 0)
+        command = " ".join(["lumobench", *self.redactor.argv(sys.argv[1:])])
+        os.write(fd, f"pid {os.getpid()}: {command[:300]}\n".encode(errors="replace"))
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
     # -- metadata ---------------------------------------------------------------------------------
     def read_meta(self) -> RunMeta:
         try:
             meta = RunMeta.model_validate_json((self.path / RUN_FILE).read_bytes())
+        except OSError as exc:
+            raise LumobenchError(f"cannot read {self.path / RUN_FILE}: {exc.strerror or exc}") from None
         except ValidationError as exc:
             raise LumobenchError(
                 f"{self.path / RUN_FILE} is not valid run metadata: {exc.errors()[0]['msg']}"
@@ -225,8 +301,13 @@ class RunDir:
         return meta
 
     def write_meta(self, meta: RunMeta) -> None:
-        """Atomic replace, so a crash never leaves a half-written run.json."""
-        write_json_atomic(self.path / RUN_FILE, meta)
+        """Atomic replace, so a crash never leaves a half-written run.json; secrets masked."""
+        write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+
+    def _redacted(self, model: ModelT) -> ModelT:
+        if not self.redactor.secrets:
+            return model
+        return type(model).model_validate(self.redactor.value(model.model_dump(mode="json")))
 
     # -- rows -------------------------------------------------------------------------------------
     @property
@@ -234,7 +315,7 @@ class RunDir:
         return self.path / ROWS_FILE
 
     def append_row(self, row: RequestRow) -> None:
-        append_jsonl(self.rows_path, row)
+        append_jsonl(self.rows_path, self._redacted(row))
 
     def read_rows(self) -> list[RequestRow]:
         """All rows; a torn last line (crash mid-write) is ignored, a corrupt earlier line is an error."""
@@ -255,9 +336,9 @@ class RunDir:
         if failed:
             with (self.path / FAILED_ATTEMPTS_FILE).open("a") as fh:
                 fh.writelines(r.model_dump_json() + "\n" for r in failed)
-        tmp = self.path / (ROWS_FILE + ".tmp")
-        tmp.write_text("".join(r.model_dump_json() + "\n" for r in kept.values()))
-        os.replace(tmp, self.rows_path)
+                fh.flush()
+                os.fsync(fh.fileno())
+        write_text_atomic(self.rows_path, "".join(r.model_dump_json() + "\n" for r in kept.values()))
         return list(kept.values())
 
     # -- metrics and logs -------------------------------------------------------------------------
@@ -269,7 +350,7 @@ class RunDir:
     ) -> None:
         path = self.metrics_path(run_index, segment, when)
         path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
+        write_text_atomic(path, self.redactor.text(text))
 
     def metric_segments(self) -> list[tuple[int, int, str, str]]:
         """(run_index, segment, before_text, after_text) for every segment with both snapshots."""
@@ -278,7 +359,8 @@ class RunDir:
             after = before.with_name(before.name.replace(".before.", ".after."))
             if after.exists():
                 run_part, seg_part = before.name.split(".")[:2]
-                out.append((int(run_part[3:]), int(seg_part[3:]), before.read_text(), after.read_text()))
+                texts = [p.read_bytes().decode(errors="replace") for p in (before, after)]
+                out.append((int(run_part[3:]), int(seg_part[3:]), *texts))
         return out
 
     @property

@@ -11,11 +11,27 @@ The completion-token count n comes from the server (chat: `usage`; generate: `me
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from lumobench.sse import SSEParser
 
 DONE = "[DONE]"
+# a JSON escape of a UTF-16 surrogate: paired ones decode to one character, a lone one to a str that
+# has no UTF-8 form (it could not be written to requests.jsonl)
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_unicode(value: Any) -> Any:
+    """`value` with every lone surrogate in its strings replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_unicode(v) for v in value]
+    return value
 
 
 class StreamRecorder:
@@ -46,9 +62,11 @@ class StreamRecorder:
             self.chunks += 1
             try:
                 obj = json.loads(event.data)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError, ValueError):
                 self.error = f"event {self.chunks} is not JSON: {event.data[:120]!r}"
                 continue
+            if _ESCAPED_SURROGATE.search(event.data):
+                obj = _valid_unicode(obj)
             if isinstance(obj, dict) and "error" in obj:
                 err = obj["error"]
                 self.error = str(err.get("message", err) if isinstance(err, dict) else err)

@@ -9,6 +9,13 @@ range, the same tokens over the engine thread's CPU time (stable when other proc
 machine), accepted drafts per speculative event, acceptance by depth, tokens per cycle, mean phase
 spans, and the weight-read floor: the bytes of weights a cycle must stream over the machine's
 measured read bandwidth (the memory-bound limit of this model size on a CPU).
+
+    lumobench bench engine --kernels cpu-native --kernels cpu-fast     (native C vs PyTorch forward)
+
+With several --kernels every arm runs under each kernel set, all interleaved per request; "vs AR" is
+then over the first set's AR arm, and each set reports whether its arms gave the same tokens.
+
+    lumobench bench engine --tree-shape compact --tree-shape paper     (one tree arm per shape)
 """
 
 from __future__ import annotations
@@ -28,12 +35,13 @@ from typing import Annotated, Any
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 from tokenizers import Tokenizer
 
 from lumobench.corpus import load_corpus
-from lumotree.engine.config import EngineConfig
+from lumotree.engine.config import CPU_KERNEL_SETS, TREE_SHAPES, EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.model import HybridLM, default_model_path
@@ -85,20 +93,20 @@ def load_requests(
     return out
 
 
-def timed_request(engine: LLMEngine, req: GenerationRequest) -> tuple[int, float, float]:
+def timed_request(engine: LLMEngine, req: GenerationRequest) -> tuple[list[int], float, float]:
     """Run one request alone: (tokens emitted, wall and thread-CPU seconds from the first token's
     event to the last)."""
     engine.add_request(req)
     first = end = (0.0, 0.0)
-    n = 0
+    tokens: list[int] = []
     while engine.has_unfinished():
         for event in engine.step():
             now = (time.perf_counter(), time.thread_time())
-            if event.token_ids and n == 0:
+            if event.token_ids and not tokens:
                 first = now
-            n += len(event.token_ids)
+            tokens += event.token_ids
             end = now
-    return n, end[0] - first[0], end[1] - first[1]
+    return tokens, end[0] - first[0], end[1] - first[1]
 
 
 def read_bandwidth_gbs(mib: int = 256) -> float:
@@ -194,41 +202,87 @@ def engine_command(
     model: Annotated[
         Path | None, typer.Option(help="Checkpoint folder (default: the shipped model).")
     ] = None,
+    kernels: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Kernel set of the engines (auto, cpu-native, cpu-fast, reference); repeat it to "
+            "run every arm under each set side by side, interleaved per request (default: auto)."
+        ),
+    ] = None,
+    tree_shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Tree shape of the LumoTree arm (auto, paper, compact); repeat it for one tree arm "
+            "per shape (default: auto, the engine's choice for the kernels)."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark AR, chain MTP-5 and LumoTree on CPU in one process (see the module docstring)."""
     if not corpus.is_file():
         console.print(f"[red]error:[/] no corpus at {corpus}")
+        raise typer.Exit(2)
+    sets = kernels or ["auto"]
+    bad = [k for k in sets if k not in CPU_KERNEL_SETS]
+    if bad or len(set(sets)) != len(sets):
+        console.print(f"[red]error:[/] --kernels takes distinct values of {', '.join(CPU_KERNEL_SETS)}")
+        raise typer.Exit(2)
+    shapes = tree_shape or ["auto"]
+    if any(s not in TREE_SHAPES for s in shapes) or len(set(shapes)) != len(shapes):
+        console.print(f"[red]error:[/] --tree-shape takes distinct values of {', '.join(TREE_SHAPES)}")
         raise typer.Exit(2)
     torch.set_num_threads(1)
     folder = model or default_model_path()
     requests = load_requests(corpus, folder, max_tokens, greedy)
     bandwidth = read_bandwidth_gbs()
     load_before = os.getloadavg()
-    totals: dict[str, list[ArmRun]] = {k: [] for k in ARMS}
+    # (kernel set, drafter, tree shape)
+    keys = [
+        (k, kind, shape) for k in sets for kind in ARMS for shape in (shapes if kind == "tree" else ["auto"])
+    ]
+    totals: dict[tuple[str, str, str], list[ArmRun]] = {key: [] for key in keys}
+    outputs: dict[tuple[str, str, str], dict[str, list[int]]] = {key: {} for key in keys}
     with Progress(console=console) as progress:
         task = progress.add_task("requests", total=runs * len(requests))
         for _ in range(runs):
-            engines = {k: LLMEngine(EngineConfig(model=folder, drafter=k)) for k in ARMS}  # type: ignore[arg-type]
-            current = {k: ArmRun() for k in ARMS}
+            engines = {
+                (k, kind, shape): LLMEngine(
+                    EngineConfig(model=folder, drafter=kind, kernels=k, tree_shape=shape)  # type: ignore[arg-type]
+                )
+                for k, kind, shape in keys
+            }
+            current = {key: ArmRun() for key in keys}
             for req in requests:
-                for kind, engine in engines.items():
-                    n, seconds, cpu_seconds = timed_request(engine, req)
-                    if n >= 2:
-                        current[kind].tokens += n - 1
-                        current[kind].decode_s += seconds
-                        current[kind].decode_cpu_s += cpu_seconds
+                for key, engine in engines.items():
+                    tokens, seconds, cpu_seconds = timed_request(engine, req)
+                    outputs[key].setdefault(req.request_id, tokens)
+                    if len(tokens) >= 2:
+                        current[key].tokens += len(tokens) - 1
+                        current[key].decode_s += seconds
+                        current[key].decode_cpu_s += cpu_seconds
                 progress.advance(task)
-            for kind, engine in engines.items():
-                current[kind].metrics = _metrics_json(engine, len(requests))
-                totals[kind].append(current[kind])
-    probe = engines["tree"]
+            for key, engine in engines.items():
+                current[key].metrics = _metrics_json(engine, len(requests))
+                totals[key].append(current[key])
+    probe = engines[(sets[0], "tree", shapes[0])]
     bytes_ = weight_bytes(probe.model)
-    arms = [summarise(k, totals[k], bytes_, bandwidth, probe.config.mtp_depth) for k in ARMS]
+    arms = []
+    for key in keys:
+        k, kind, _ = key
+        engine = engines[key]
+        arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp)
+        if kind == "tree" and len(shapes) > 1:
+            arm["arm"] += f"[{engine.config.tree_shape}]"
+        if len(sets) > 1:
+            arm["arm"] += f"[{k}]"
+        arm["kernels"] = engine.config.kernels  # what "auto" became on this machine
+        arm["rows"] = engine.geometry.rows
+        arms.append(arm)
     ar_rate = arms[0]["pooled_tokens_per_s"]
     ar_cpu_rate = arms[0]["pooled_tokens_per_cpu_s"]
     for arm in arms:
         arm["speedup_vs_ar"] = arm["pooled_tokens_per_s"] / ar_rate
         arm["cpu_time_speedup_vs_ar"] = arm["pooled_tokens_per_cpu_s"] / ar_cpu_rate
+    same = {k: _same_outputs([outputs[key] for key in keys if key[0] == k]) for k in sets}
     result = {
         "command": _command_line(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -250,12 +304,22 @@ def engine_command(
         "weight_bytes": bytes_,
         "geometry": {"rows": probe.geometry.rows, "max_depth": probe.geometry.max_depth},
         "arms": arms,
+        # per kernel set: requests whose first run gave the same tokens in every arm of that set
+        "same_output_requests": same,
     }
     _print_table(arms, bandwidth)
+    for k, n in same.items():
+        console.print(f"{k}: same output in every arm on {n}/{len(requests)} requests")
+    console.print(f"vs AR: over {arms[0]['arm']}")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
+
+
+def _same_outputs(arms: list[dict[str, list[int]]]) -> int:
+    """Requests whose tokens are the same in every arm (each arm: request id -> tokens)."""
+    return sum(all(arm[rid] == tokens for arm in arms[1:]) for rid, tokens in arms[0].items())
 
 
 def _command_line() -> str:
@@ -276,7 +340,7 @@ def _print_table(arms: list[dict[str, Any]], bandwidth: float) -> None:
         rate = a["pooled_tokens_per_s"]
         acc = a["accepted_per_event"]
         table.add_row(
-            a["arm"],
+            escape(a["arm"]),  # "lumotree-ar[cpu-fast]" is not a style tag
             f"{rate:.1f}",
             f"{min(a['per_run_tokens_per_s']):.1f}–{max(a['per_run_tokens_per_s']):.1f}",
             f"{a['speedup_vs_ar']:.2f}x",
@@ -290,7 +354,7 @@ def _print_table(arms: list[dict[str, Any]], bandwidth: float) -> None:
             f"{a['weight_read_floor_ms_per_token']:.2f}",
             f"{1e3 / rate:.2f}",
         )
-    Console(width=170).print(table)
+    Console(width=190).print(table)
 
 
 if __name__ == "__main__":

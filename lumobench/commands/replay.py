@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.status import Status
 
+from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.launch import interrupt_on_signals, log_tail
-from lumobench.plan import Plan, plan_new, plan_resume
+from lumobench.plan import Plan, Timeouts, plan_new, plan_resume
 from lumobench.replay import run_plan
 from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import RequestRow
@@ -110,11 +111,33 @@ def replay(
         ),
     ] = None,
     label: Annotated[str | None, typer.Option(help="Name for the run (and the endpoint in reports).")] = None,
-    port: Annotated[int | None, typer.Option(help="Launch arms on this port instead of their own.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Launch arms on this port instead of their own (0: a free one); also with --resume.",
+        ),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Arms: model path instead of the arm's. Endpoint: model name to send.")
     ] = None,
     request_timeout: Annotated[float, typer.Option(help="Longest silence within one response (s).")] = 900.0,
+    request_deadline: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Longest total time of one request (s); default: {DEADLINE_BASE_S:g} s + "
+            f"{DEADLINE_PER_TOKEN_S:g} s per max_tokens of the record ({DEADLINE_WITHOUT_MAX_TOKENS_S:g} s "
+            "without max_tokens)."
+        ),
+    ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(
+            help="Environment variable holding the API key to send (Authorization: Bearer); default: the "
+            "arm's api_key_env. Only the variable's name is recorded."
+        ),
+    ] = None,
     boot_per_run: Annotated[
         bool | None,
         typer.Option(
@@ -136,9 +159,10 @@ def replay(
     interrupt_on_signals()
     if api not in (None, "chat", "generate"):
         raise typer.BadParameter("must be chat or generate", param_hint="--api")
+    timeouts = Timeouts(request_timeout, request_deadline)
     with user_errors():
         if resume:
-            plans = [plan_resume(resume, corpus, request_timeout)]
+            plans = [plan_resume(resume, corpus, timeouts, port, api_key_env)]
             concurrency = plans[0].meta.concurrency
         elif corpus is None:
             raise LumobenchError("give a CORPUS file (or --resume RUN_DIR)")
@@ -155,9 +179,10 @@ def replay(
                 out=out,
                 port=port,
                 model=model,
-                timeout=request_timeout,
+                timeouts=timeouts,
                 boot_per_run=boot_per_run,
                 max_tokens_cap=max_tokens_cap,
+                api_key_env=api_key_env,
             )
             if plans[0].meta.manifest:
                 console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")

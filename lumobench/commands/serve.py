@@ -31,7 +31,10 @@ def serve(
     arm: Annotated[
         str, typer.Argument(help="Arm name (serving/arms/NAME.toml) or path to an arm TOML file.")
     ],
-    port: Annotated[int | None, typer.Option(help="Listen on this port instead of the arm's.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="Listen on this port instead of the arm's (0: pick a free one)."),
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Model path or name instead of the arm's.")] = None,
     log: Annotated[
         Path | None, typer.Option(help="Server log file (default results/serve-<arm>-<time>.log).")
@@ -43,6 +46,8 @@ def serve(
         config, source = load_arm(arm)
         resolved = resolve_arm(config, source, port=port, model=model)
         check_launchable(resolved)
+    if port == 0:
+        typer.secho(f"arm {config.name}: picked free port {resolved.port}", err=True)
     log = log or Path("results") / f"serve-{new_run_id(config.name)}.log"
     server = ArmServer(resolved, log)
     interrupt_on_signals()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 import torch
@@ -261,6 +261,23 @@ def chain_tree(
 ) -> TreeDescriptor:
     """A chain root -> tokens[1] -> tokens[2] ... (chain MTP, and AR when len(tokens) == 1)."""
     return build_tree(tokens, [-1, *range(len(tokens) - 1)], prefix_len=prefix_len, rows=rows, **kw)
+
+
+def root_tree(token: int, *, prefix_len: int, max_depth: int = MAX_DEPTH) -> TreeDescriptor:
+    """chain_tree([token], prefix_len=prefix_len): the root-only tree of an autoregressive step,
+    made from a cached template (only the token and the position differ between cycles)."""
+    template = _root_template(max_depth)
+    return replace(
+        template,
+        tokens=torch.tensor([int(token)]),
+        position=torch.tensor([prefix_len]),
+        prefix_len=prefix_len,
+    )
+
+
+@cache
+def _root_template(max_depth: int) -> TreeDescriptor:
+    return chain_tree([PAD_TOKEN], prefix_len=0, max_depth=max_depth)
 
 
 class TreeBuilder:

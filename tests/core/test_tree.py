@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
 from lumotree.drafting.random_trees import SHAPES, paper_tree, random_tree
-from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree
+from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree, root_tree
 from lumotree.verify.attention.reference import tree_attention_mask
 
 
@@ -204,3 +205,16 @@ def test_builder_trees_skip_validation_but_equal_the_validated_build(seed: int) 
                  "ancestor_at_depth", "child_nodes", "child_tokens", "spine", "conv_gather"):  # fmt: skip
         assert torch.equal(getattr(tree, name), getattr(validated, name)), name
     assert torch.equal(tree.paths.nodes, validated.paths.nodes)
+
+
+@pytest.mark.parametrize("prefix_len", [0, 7, 4000])
+def test_root_tree_equals_the_built_root_only_chain(prefix_len: int) -> None:
+    fast, built = root_tree(4321, prefix_len=prefix_len), chain_tree([4321], prefix_len=prefix_len)
+    for f in dataclasses.fields(built):
+        a, b = getattr(fast, f.name), getattr(built, f.name)
+        if isinstance(b, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        else:
+            assert a == b, f.name
+    for g in dataclasses.fields(built.paths):  # the lazily planned GDN scan schedule too
+        assert torch.equal(getattr(fast.paths, g.name), getattr(built.paths, g.name)), g.name

@@ -20,16 +20,32 @@ def test_bench_engine_writes_every_arm_and_its_own_command_line(
     corpus = tmp_path / "two.jsonl"
     corpus.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:2]))
     out = tmp_path / "engine.json"
-    args = ["bench", "engine", str(corpus), "--runs", "1", "--max-tokens", "6", "--out", str(out)]
+    args = ["bench", "engine", str(corpus), "--runs", "1", "--max-tokens", "6", "--out", str(out),
+            "--kernels", "cpu-native", "--kernels", "cpu-fast",
+            "--tree-shape", "compact", "--tree-shape", "paper"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", [".venv/bin/lumobench", *args])  # what the console script sees
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     written = json.loads(out.read_text())
     assert written["command"] == "lumobench bench engine " + " ".join(args[2:])
-    assert [a["arm"] for a in written["arms"]] == ["lumotree-ar", "lumotree-mtp5", "lumotree"]
+    names = ["lumotree-ar", "lumotree-mtp5", "lumotree[compact]", "lumotree[paper]"]
+    assert [a["arm"] for a in written["arms"]] == [
+        f"{n}[{k}]" for k in ("cpu-native", "cpu-fast") for n in names
+    ]
+    assert [a["kernels"] for a in written["arms"]] == ["cpu-native"] * 4 + ["cpu-fast"] * 4
+    assert [a["rows"] for a in written["arms"]] == [1, 6, 9, 28] * 2
     assert written["requests"] == 2 and all(a["pooled_tokens_per_s"] > 0 for a in written["arms"])
+    assert written["same_output_requests"] == {"cpu-native": 2, "cpu-fast": 2}  # lossless in each set
+    assert "lumotree-mtp5[cpu-fast]" in result.output  # the table names the arms as the JSON does
 
 
 def test_bench_engine_refuses_a_missing_corpus(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "engine", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "no corpus" in result.output
+
+
+def test_bench_engine_refuses_an_unknown_kernel_set(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "engine", str(DEMO), "--kernels", "triton"])
+    assert result.exit_code == 2 and "--kernels takes" in result.output
+    result = CliRunner().invoke(app, ["bench", "engine", str(DEMO), "--tree-shape", "huge"])
+    assert result.exit_code == 2 and "--tree-shape takes" in result.output

@@ -87,7 +87,7 @@ def test_tree_drafter_hangs_rescue_branches_where_a_continuation_leaves_the_tree
 
 
 def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[GenerationRequest]) -> None:
-    engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192))
+    engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, tree_shape="paper"))
     trees = []
     real_propose = engine.drafter.propose
 

@@ -45,11 +45,20 @@ def ar_outputs(demo_prompts: list[GenerationRequest]) -> dict[str, list[int]]:
     return _greedy_outputs("ar", demo_prompts)[0]
 
 
-@pytest.mark.parametrize("kind", ["tree", "mtp"])
+# "tree": the shape this CPU picks (compact on the native forward); "tree-paper": the paper's 28 rows
+@pytest.mark.parametrize(
+    ("kind", "shape"),
+    [("tree", "auto"), ("tree", "paper"), ("mtp", "auto")],
+    ids=["tree", "tree-paper", "mtp"],
+)
 def test_greedy_speculation_equals_autoregressive_on_the_demo_corpus(
-    kind: str, demo_prompts: list[GenerationRequest], ar_outputs: dict[str, list[int]], model: HybridLM
+    kind: str,
+    shape: str,
+    demo_prompts: list[GenerationRequest],
+    ar_outputs: dict[str, list[int]],
+    model: HybridLM,
 ) -> None:
-    outputs, engine = _greedy_outputs(kind, demo_prompts)
+    outputs, engine = _greedy_outputs(kind, demo_prompts, tree_shape=shape)
     for p in demo_prompts:
         want, got = ar_outputs[p.request_id], outputs[p.request_id]
         if want != got:

@@ -1,4 +1,5 @@
-"""Helpers for the harness tests: free ports, the CLI as a subprocess, small corpora."""
+"""Helpers for the harness tests: free ports, the CLI as a subprocess, small corpora, the scripted
+server as a process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,3 +44,25 @@ def small_corpus(tmp_path: Path, n: int, max_tokens: int = 16) -> Path:
     out = tmp_path / "small.jsonl"
     out.write_text("".join(json.dumps(json.loads(x) | {"max_tokens": max_tokens}) + "\n" for x in lines))
     return out
+
+
+@contextmanager
+def scripted_server(tmp_path: Path, api_key: str | None = None, **script: object) -> Iterator[str]:
+    """Run `lumobench.bench.client.scripted_server` with `script`; yield its base URL once it listens."""
+    port = free_port()
+    script_path = tmp_path / f"script-{port}.json"
+    script_path.write_text(json.dumps(script))
+    command = [sys.executable, "-m", "lumobench.bench.client.scripted_server", "--port", str(port)]
+    command += ["--script", str(script_path)] + (["--api-key", api_key] if api_key else [])
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait()

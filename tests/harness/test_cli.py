@@ -4,23 +4,24 @@ the right exit code, and rows that `--resume` completes without duplicates or ga
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from lumobench.cli import app
 from lumobench.metrics import spec_counters
-from lumobench.results import RunDir
+from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta
 
-from .helpers import DEMO, REPO, free_port, lumobench, small_corpus
+from .helpers import DEMO, REPO, free_port, lumobench, scripted_server, small_corpus
 
 
 def _run_dir(out: Path) -> Path:
@@ -98,6 +99,7 @@ def test_port_in_use_is_refused(tmp_path: Path, scripted_arm: Callable[..., Path
         busy.listen()
         proc = lumobench("replay", small_corpus(tmp_path, 2), "--arm", arm, "--out", tmp_path / "r")
     assert proc.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in proc.stderr
+    assert not (tmp_path / "r").exists()  # refused before any run directory was made
 
 
 def test_server_dying_mid_stream_fails_one_row_and_the_run_continues(
@@ -213,22 +215,12 @@ def test_generate_endpoint_replays_input_ids(tmp_path: Path) -> None:
     corpus.write_text(
         "".join(json.dumps(r | {"input_ids": list(range(5 + i))}) + "\n" for i, r in enumerate(records))
     )
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lumobench.bench.client.scripted_server", "--port", str(port)]
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
+    with scripted_server(tmp_path) as url:
         proc = lumobench(
             "replay",
             corpus,
             "--endpoint",
-            f"http://127.0.0.1:{port}/v1",
+            f"{url}/v1",
             "--api",
             "generate",
             "--label",
@@ -236,9 +228,6 @@ def test_generate_endpoint_replays_input_ids(tmp_path: Path) -> None:
             "--out",
             tmp_path / "r",
         )
-    finally:
-        server.terminate()
-        server.wait()
     assert proc.returncode == 0, proc.stderr
     rows = RunDir(_run_dir(tmp_path / "r")).read_rows()
     assert [r.prompt_tokens for r in rows] == [5, 6, 7]
@@ -316,6 +305,7 @@ def test_corpus_stats_count_the_text_of_content_parts(tmp_path: Path) -> None:
 
 def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     argvs = [
+        ["--help"],  # lists the torch sub-apps without importing them
         ["record", "--help"],
         ["agent", "--help"],
         ["evaluate", "--help"],
@@ -334,3 +324,91 @@ def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "heavy: []"
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[..., Result]]:
+    """The CLI in this process (a fresh one costs seconds of imports); replay's signal handlers are
+    put back afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    runner = CliRunner()
+    yield lambda *args: runner.invoke(app, [str(a) for a in args])
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _one_line_error(result: Result, text: str, exit_code: int = 2) -> None:
+    assert result.exit_code == exit_code and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output and text in result.output, result.output
+
+
+def test_bad_options_and_paths_are_one_clear_line_and_create_no_run_directory(
+    tmp_path: Path, scripted_arm: Callable[..., Path], cli: Callable[..., Result]
+) -> None:
+    arm, corpus = scripted_arm(), small_corpus(tmp_path, 2)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    out = tmp_path / "r"
+    bad_id = tmp_path / "bad-id.jsonl"
+    bad_id.write_text(json.dumps(json.loads(corpus.read_text().splitlines()[0]) | {"id": "a\nb"}) + "\n")
+    for args, text in [
+        (["--out", a_file], f"--out {a_file} is not a directory"),
+        (["--out", a_file / "sub"], f"cannot create the results folder {a_file / 'sub'}: Not a directory"),
+        (["--out", out, "--port", "70000"], "Invalid value for '--port'"),
+        (["--out", out, "--port", "-1"], "Invalid value for '--port'"),
+        (["--out", out, "--request-timeout", "0"], "--request-timeout must be more than 0 s (got 0)"),
+        (["--out", out, "--request-timeout", "-5"], "--request-timeout must be more than 0 s (got -5)"),
+        (["--out", out, "--request-deadline", "0"], "--request-deadline must be more than 0 s"),
+        (
+            ["--out", out, "--api-key-env", "UNSET_KEY"],
+            "the environment variable UNSET_KEY, which is not set",
+        ),
+    ]:
+        _one_line_error(cli("replay", corpus, "--arm", arm, *args), text)
+    # an id replay cannot put into its X-Request-Id header is refused before anything starts
+    _one_line_error(
+        cli("replay", bad_id, "--arm", arm, "--out", out), "id: the id contains control characters"
+    )
+    assert not out.exists()
+    _one_line_error(
+        cli("corpus", "freeze", DEMO, "--out", tmp_path),
+        f"cannot write manifest {tmp_path}: it is a directory",
+    )
+    nasty = tmp_path / "nasty.jsonl"
+    surrogate = b'{"id": "s", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    nasty.write_bytes(b"[" * 50_000 + b"]" * 50_000 + b"\n" + surrogate + b"\n")
+    _one_line_error(
+        cli("corpus", "freeze", nasty, "--out", tmp_path / "m.json"),
+        "line 1: not valid JSON (nested too deeply",
+    )
+    checked = cli("corpus", "check", nasty)
+    _one_line_error(checked, f"{nasty}:line 2 (id s): messages.0.content: lone surrogate U+D800", exit_code=1)
+    assert f"{nasty}:line 1: not valid JSON (nested too deeply; at most 64 levels)" in checked.output
+
+
+def test_report_on_rows_that_are_not_utf8_is_one_clear_line(
+    tmp_path: Path, cli: Callable[..., Result]
+) -> None:
+    meta = RunMeta(
+        run_id="r",
+        created="t",
+        arm=ArmInfo(name="a"),
+        endpoint="http://x",
+        corpus="c",
+        corpus_sha256="h",
+        request_ids=["a", "b"],
+        runs=1,
+    )
+    run = RunDir.create(tmp_path / "run", meta)
+    run.unlock()
+    row = RequestRow(run_index=0, seq=0, request_id="a", status="completed", t_send_ns=0, started_at="t")
+    good = row.model_dump_json().encode()
+    run.rows_path.write_bytes(good.replace(b'"a"', b'"\xff"') + b"\n" + good + b"\n")
+    _one_line_error(cli("report", run.path), f"{run.rows_path}: line 1 is not a valid RequestRow")
+
+
+def test_the_lazy_sub_apps_run_their_own_commands() -> None:
+    listing = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "120"})
+    assert listing.exit_code == 0 and re.search(r"bench\s+Kernel, engine", listing.output), listing.output
+    bench = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "120"})
+    assert bench.exit_code == 0 and "kernels" in bench.output and "engine" in bench.output, bench.output

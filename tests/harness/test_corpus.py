@@ -152,3 +152,50 @@ def test_shipped_demo_manifest_matches_demo_corpus() -> None:
     assert [r.id for r in select_by_manifest(manifest, manifest_path, load_corpus(DEMO))] == [
         r.id for r in load_corpus(DEMO)
     ]
+
+
+def _issues_of(tmp_path: Path, raw: bytes) -> list:
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(json.dumps(_record("ok")).encode() + b"\n" + raw + b"\n")
+    records, issues = check_corpus(path)
+    assert [r.id for r in records] == ["ok"]  # the good line still loads
+    return issues
+
+
+SET, SET_TEXT = "<set>", b'"<set>"'  # a placeholder value, then replaced by raw JSON text
+
+
+def _line(**over: object) -> bytes:
+    # ensure_ascii keeps lone surrogates as \ud800 escapes, exactly as a JSON file can hold them
+    return json.dumps(_record("bad", **over)).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "why"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "", "nested too deeply"),
+        (_line(extra_body={"a": json.loads("[" * 70 + "]" * 70)}), "extra_body", "nested deeper than 64"),
+        (b'{"id": "big", "seed": ' + b"9" * 5000 + b"}", "", "4300 digits"),
+        (b'{"id": "x", "messages": [{"role": "user", "content": "\xff"}]}', "", "not valid UTF-8"),
+        (_line(messages=[{"role": "user", "content": "a\ud800b"}]), "messages.0.content", "lone surrogate"),
+        (_line(extra_body={"k\udc00": 1}), "extra_body", "lone surrogate"),
+        (_line(id="two\nlines"), "id", "control characters"),
+        (_line(id="   "), "id", "blank"),
+        (_line(id=" padded"), "id", "whitespace"),
+        (_line(repetition_penalty=SET).replace(SET_TEXT, b"Infinity"), "repetition_penalty", "inf"),
+        (_line(temperature=SET).replace(SET_TEXT, b"NaN"), "temperature", "nan"),
+        (_line(temperature=SET).replace(SET_TEXT, b"1e400"), "temperature", "inf"),
+        (_line(max_tokens=True), "max_tokens", "valid integer"),
+        (_line(temperature="0.5"), "temperature", "valid number"),
+        (_line(repetition_penalty=3.0), "repetition_penalty", "less than or equal to 2"),
+        (_line(seed=2**70), "seed", "less than or equal to"),
+        (_line(input_ids=[1, -2]), "input_ids.1", "greater than or equal to 0"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_records_replay_cannot_send_are_rejected_with_line_and_field(
+    tmp_path: Path, raw: bytes, field: str, why: str
+) -> None:
+    (issue,) = _issues_of(tmp_path, raw)
+    assert (issue.line, issue.field) == (2, field)
+    assert why in issue.message and "\n" not in str(issue)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from lumobench.errors import LumobenchError
-from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta, missing_keys
+from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta, missing_keys, write_text_atomic
 
 
 def _meta() -> RunMeta:
@@ -46,3 +48,25 @@ def test_existing_run_dir_is_not_overwritten(tmp_path: Path) -> None:
         RunDir.create(tmp_path / "run", _meta())
     with pytest.raises(LumobenchError, match="not a lumobench run"):
         RunDir.open(tmp_path)
+
+
+def test_atomic_writes_fsync_the_file_before_the_rename_and_the_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without both fsyncs a power loss can leave run.json empty or the rename undone (ext4, xfs)."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_text_atomic(tmp_path / "run.json", "{}\n")
+    assert events == ["fsync file", "replace", "fsync dir"]
+    assert (tmp_path / "run.json").read_text() == "{}\n" and not list(tmp_path.glob("*.tmp"))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lumobench.sse import SSEEvent, SSEParser
+from lumobench.sse import SSEEvent, SSELineTooLong, SSEParser
 from lumobench.stream import ChatRecorder, GenerateRecorder
 
 STREAM = (
@@ -51,6 +53,32 @@ def test_spec_features_in_one_read() -> None:
 def test_reads_split_anywhere_give_the_same_events(cuts: list[int]) -> None:
     """Lines, fields, CRLF pairs and multi-byte characters may be cut by any read boundary."""
     assert _parse_in_pieces(STREAM, cuts) == _parse_in_pieces(STREAM, [])
+
+
+def test_a_long_line_in_small_reads_costs_linear_time() -> None:
+    # 16 MB in 4 KB reads: re-copying the unfinished line on every read copies ~32 GB (minutes);
+    # appending in place copies it about twice
+    parser = SSEParser(max_line_bytes=32 * 1024 * 1024)
+    piece = b"x" * 4096
+    start = time.process_time()
+    assert parser.feed(b"data: ") == []
+    for _ in range(4096):
+        assert parser.feed(piece) == []
+    (event,) = parser.feed(b"\n\n")
+    assert len(event.data) == 4096 * 4096 and time.process_time() - start < 3
+
+
+def test_a_line_or_event_over_the_limit_is_refused() -> None:
+    parser = SSEParser(max_line_bytes=1000)
+    assert parser.feed(b"data: " + b"y" * 900) == []
+    with pytest.raises(SSELineTooLong, match="longer than 1000 bytes"):
+        parser.feed(b"y" * 200)
+    many = SSEParser(max_line_bytes=1000)  # short lines, but one event of 1,200 bytes
+    with pytest.raises(SSELineTooLong, match="event is longer"):
+        many.feed((b"data: " + b"z" * 400 + b"\n") * 3)
+    split = SSEParser(max_line_bytes=1000)  # the limit holds when the line ends in a later read
+    with pytest.raises(SSELineTooLong):
+        split.feed(b"data: " + b"w" * 1200 + b"\n\n")
 
 
 def test_unterminated_event_at_end_is_discarded() -> None:

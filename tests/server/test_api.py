@@ -5,8 +5,11 @@ replay parses is what these tests check. Real generation is tested in test_live_
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -16,6 +19,7 @@ from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
 from lumotree.model import default_model_path
 from lumotree.server.app import create_app
 from lumotree.server.context import ServingContext
+from lumotree.server.guards import default_allowed_hosts
 from lumotree.server.metrics import render_metrics
 from lumotree.server.tokenizer import ModelTokenizer
 
@@ -301,3 +305,142 @@ def test_metrics_use_vllm_names_that_lumobench_reads(client: TestClient, engine:
     assert ({"model_name": "lumo-tiny-coder", "finished_reason": "stop"}, 1.0) in samples[
         "vllm:request_success_total"
     ]
+
+
+def _post_raw(client: TestClient, path: str, body: dict) -> httpx.Response:
+    # json.dumps escapes a lone surrogate as \udXXX: valid JSON that no tokenizer can read
+    return client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a\ud800"}]},
+            "messages.0.content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+            "messages.0.content.0.text",
+        ),
+        ("/v1/chat/completions", {"messages": USER, "stop": ["x", "\ud83d"]}, "stop.1"),
+        ("/v1/completions", {"prompt": "def f(\udc00"}, "prompt"),
+        ("/generate", {"text": "\ud800 x"}, "text"),
+        ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "ok", "name": "\udead"}]}, "messages.0.name"),
+    ],
+)
+def test_lone_surrogates_get_400_naming_the_field(
+    client: TestClient, path: str, body: dict, field: str
+) -> None:
+    resp = _post_raw(client, path, body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field and "lone surrogate" in error["message"]
+
+
+def test_context_length_errors_name_the_field_that_holds_the_prompt(client: TestClient) -> None:
+    long_text = "word " * MAX_LEN
+    for path, body, field in [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_text}]}, "messages"),
+        ("/v1/completions", {"prompt": long_text}, "prompt"),
+        ("/generate", {"text": long_text}, "text"),
+        ("/generate", {"input_ids": [5] * MAX_LEN}, "input_ids"),
+    ]:
+        error = client.post(path, json=body).json()["error"]
+        assert (error["param"], error["code"]) == (field, "context_length_exceeded"), path
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": USER, "stream": "yes"}, "stream"),
+        ({"messages": USER, "max_tokens": True}, "max_tokens"),
+        ({"messages": USER, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ({"messages": USER, "temperature": "0.5"}, "temperature"),
+    ],
+)
+def test_values_of_the_wrong_json_type_are_not_converted(client: TestClient, body: dict, field: str) -> None:
+    resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == field
+
+
+def test_head_health_answers_like_get(client: TestClient) -> None:
+    assert client.head("/health").status_code == 200 and client.get("/health").status_code == 200
+
+
+def _guarded_client(engine: ScriptedEngine, base_url: str, **guards: object) -> TestClient:
+    ctx = ServingContext.for_model(engine, default_model_path(), MAX_LEN)
+    app = create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name), **guards)  # type: ignore[arg-type]
+    return TestClient(app, base_url=base_url)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "status"),
+    [
+        ("http://127.0.0.1:8000", 200),
+        ("http://localhost:8000", 200),
+        ("http://[::1]:8000", 200),
+        ("http://agent.localhost", 200),
+        ("http://rebind.attacker.example:8000", 403),  # DNS rebinding: the page's name, our address
+        ("http://127.0.0.1.attacker.example", 403),
+    ],
+)
+def test_a_loopback_server_answers_only_loopback_host_names(
+    engine: ScriptedEngine, base_url: str, status: int
+) -> None:
+    with _guarded_client(engine, base_url, allowed_hosts=default_allowed_hosts("127.0.0.1")) as c:
+        for resp in (c.get("/health"), c.post("/v1/chat/completions", json={"messages": USER})):
+            assert resp.status_code == status
+        if status == 403:
+            assert resp.json()["error"]["code"] == "host_not_allowed"
+    assert default_allowed_hosts("0.0.0.0") is None  # bound to be reached: any Host
+
+
+def test_no_cors_headers_are_sent(client: TestClient) -> None:
+    origin = {"Origin": "https://attacker.example"}
+    preflight = client.options(
+        "/v1/chat/completions", headers=origin | {"Access-Control-Request-Method": "POST"}
+    )
+    answer = client.post("/v1/chat/completions", json={"messages": USER}, headers=origin)
+    for resp in (preflight, answer):
+        assert not any(h.lower().startswith("access-control-") for h in resp.headers)
+
+
+def test_bodies_over_the_limit_get_413_before_they_are_parsed(engine: ScriptedEngine) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    with _guarded_client(engine, "http://127.0.0.1", max_body_bytes=4096) as c:
+        declared = c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        chunked = c.post(
+            "/v1/chat/completions",
+            content=(body[i : i + 1000] for i in range(0, len(body), 1000)),  # no Content-Length
+            headers={"content-type": "application/json"},
+        )
+        small = c.post("/v1/chat/completions", json={"messages": USER})
+    for resp in (declared, chunked):
+        assert resp.status_code == 413 and "larger than this server's limit of 4096 bytes" in resp.text
+    assert small.status_code == 200 and len(engine.requests) == 1
+
+
+def test_a_huge_prompt_is_tokenized_off_the_event_loop(client: TestClient) -> None:
+    """Tokenizing 1.2 MB takes seconds; /health keeps answering meanwhile (it waited 8-19 s for 10 MB)."""
+    prompt = "def f(x):\n    return x + 1  # a comment\n" * 30_000
+    took: dict[str, float] = {}
+
+    def tokenize() -> None:
+        start = time.monotonic()
+        assert client.post("/tokenize", json={"prompt": prompt}).status_code == 200
+        took["tokenize"] = time.monotonic() - start
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    waits = []
+    while worker.is_alive():
+        start = time.monotonic()
+        assert client.get("/health").status_code == 200
+        waits.append(time.monotonic() - start)
+        time.sleep(0.05)
+    worker.join()
+    assert took["tokenize"] > 0.5 and max(waits) < took["tokenize"] / 4, (took, max(waits))

@@ -14,6 +14,8 @@ from harness.helpers import DEMO, lumobench
 
 from lumobench.corpus import load_corpus
 from lumobench.metrics import parse_prometheus
+from lumobench.plan import Timeouts, plan_new
+from lumobench.replay import execute
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
 
 from .live import LIVE_MAX_LEN as MAX_LEN
@@ -229,8 +231,20 @@ def test_replay_of_the_demo_corpus_reports_acceptance_from_metrics(url: str, tmp
     assert served == sum(r["completion_tokens"] for r in rows)
 
 
-def test_api_key_is_required_when_set(tmp_path: Path) -> None:
-    with lumotree_server(tmp_path / "server.log", "--api-key", "k3y", "--max-model-len", "512") as base:
+def test_foreign_host_names_huge_bodies_and_invalid_text_get_4xx(url: str) -> None:
+    # bound to 127.0.0.1: a name a web page controls (DNS rebinding) is refused, loopback names are not
+    assert httpx.get(url + "/health", headers={"Host": "rebind.attacker.example"}).status_code == 403
+    assert httpx.get(url.replace("127.0.0.1", "localhost") + "/health").status_code == 200
+    raw = {"content-type": "application/json"}
+    bad_text = httpx.post(url + "/v1/completions", content=json.dumps({"prompt": "\ud800"}), headers=raw)
+    assert bad_text.status_code == 400 and bad_text.json()["error"]["param"] == "prompt"
+    huge = b'{"prompt": "' + b"x" * (33 * 2**20) + b'"}'  # over the default 32 MiB limit
+    assert httpx.post(url + "/v1/completions", content=huge, headers=raw, timeout=60).status_code == 413
+
+
+def test_api_key_is_required_when_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "lumo-test-key-k3y"
+    with lumotree_server(tmp_path / "server.log", "--api-key", key, "--max-model-len", "512") as base:
         assert httpx.get(base + "/v1/models").status_code == 401
         bad = httpx.post(
             base + "/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}
@@ -239,8 +253,22 @@ def test_api_key_is_required_when_set(tmp_path: Path) -> None:
         ok = httpx.post(
             base + "/v1/completions",
             json={"prompt": "def f():", "max_tokens": 4},
-            headers={"Authorization": "Bearer k3y"},
+            headers={"Authorization": "Bearer " + key},
             timeout=60,
         )
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
         assert httpx.get(base + "/health").status_code == 200
+        # replay sends the key it finds in the variable --api-key-env names, and writes only the name
+        corpus = tmp_path / "short.jsonl"
+        record = {"messages": CODE, "max_tokens": 8, "temperature": 0}
+        corpus.write_text("".join(json.dumps(record | {"id": f"k{i}"}) + "\n" for i in range(2)))
+        monkeypatch.setenv("LUMO_TEST_KEY", key)
+        (plan,) = plan_new(
+            corpus, arms=[], endpoint=base, api=None, label=None, runs=1, manifest=None, concurrency=1,
+            out=tmp_path / "r", port=None, model=None, timeouts=Timeouts(), api_key_env="LUMO_TEST_KEY",
+        )  # fmt: skip
+        outcome = asyncio.run(execute(plan.run, plan.meta, plan.records, plan.target))
+    assert (outcome.status, outcome.completed) == ("finished", 2)
+    assert plan.run.read_meta().api_key_env == "LUMO_TEST_KEY"
+    files = [p for p in plan.run.path.rglob("*") if p.is_file()]
+    assert [p.name for p in files if key.encode() in p.read_bytes()] == []

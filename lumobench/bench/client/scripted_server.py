@@ -3,17 +3,24 @@ SGLang-style `/generate` events at known times, with faults on demand.
 
 It is not an engine: it stands for one in the client benchmark (`lumobench bench client`) and in the
 harness tests (dying mid-stream, HTTP errors, reads split anywhere, comments, multi-line data, a
-process that crashes once). Its `/metrics` exposes vLLM-named speculative-decoding counters that grow
-deterministically, so counter deltas can be checked exactly.
+process that crashes once, streams that never end, an engine that turns unavailable, an API key).
+Its `/metrics` exposes vLLM-named speculative-decoding counters that grow deterministically, so
+counter deltas can be checked exactly.
 
-    python -m lumobench.bench.client.scripted_server --port 8500 [--script script.json]
+    python -m lumobench.bench.client.scripted_server --port 8500 [--script script.json] [--api-key KEY]
 
 Script keys (all optional): tokens (completion tokens per request, capped by max_tokens), tokens_per_event,
 interval_ms, reasoning_events, stamp (put the server's monotonic ns into each event), startup_delay_s,
-faults ({request id: "die" | "http500" | "split" | "comments" | "multiline"}; the id is the part of the
-X-Request-Id header before ".r<run>"), crash_once_file + crash_after (once `crash_after` requests were
-served, and only while that file does not exist: create it and kill the process mid-stream, like an
-engine that crashes), draft_tokens (per speculative event).
+faults ({request id: "die" | "http500" | "split" | "comments" | "multiline" | "comments_forever" |
+"endless_line"}; the id is the part of the X-Request-Id header before ".r<run>"; the last two keep the
+stream open for good: keep-alive comments and no data, or one `data:` line that never ends),
+crash_once_file + crash_after (once `crash_after` requests were served, and only while that file does
+not exist: create it and kill the process mid-stream, like an engine that crashes), draft_tokens (per
+speculative event), unavailable_after (after that many generation requests, answer every one with
+HTTP 503, and /health too unless health_stays_ok), pid_file (write the process id there),
+echo_env (names of environment variables whose values it prints at startup, as engines print their
+settings). It prints its command line at startup, as vLLM does. With --api-key every route,
+/health included, needs `Authorization: Bearer KEY` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +52,10 @@ class Script:
     crash_once_file: str | None = None
     crash_after: int = 0
     draft_tokens: int = 3
+    unavailable_after: int | None = None
+    health_stays_ok: bool = False
+    pid_file: str | None = None
+    echo_env: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, text: str) -> Script:
@@ -82,10 +94,12 @@ class Counters:
 
 
 class ScriptedServer:
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, api_key: str | None = None) -> None:
         self.script = script
+        self.api_key = api_key
         self.counters = Counters()
         self.served = 0
+        self.generation_requests = 0
 
     # -- HTTP plumbing ----------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -107,16 +121,31 @@ class ScriptedServer:
     @staticmethod
     async def respond(writer: asyncio.StreamWriter, status: int, payload: str, ctype: str) -> None:
         data = payload.encode()
-        reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}[status]
+        reason = {
+            200: "OK",
+            401: "Unauthorized",
+            404: "Not Found",
+            500: "Internal Server Error",
+            503: "Service Unavailable",
+        }[status]
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n"
         writer.write(head.encode() + data)
         await writer.drain()
 
+    def _unavailable(self) -> bool:
+        limit = self.script.unavailable_after
+        return limit is not None and self.generation_requests > limit
+
     async def route(
         self, method: str, path: str, headers: dict[str, str], body: bytes, writer: asyncio.StreamWriter
     ) -> None:
-        if method == "GET" and path == "/health":
-            await self.respond(writer, 200, "", "text/plain")
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            await self.respond(
+                writer, 401, json.dumps({"error": {"message": "API key needed"}}), "application/json"
+            )
+        elif method == "GET" and path == "/health":
+            down = self._unavailable() and not self.script.health_stays_ok
+            await self.respond(writer, 503 if down else 200, "", "text/plain")
         elif method == "GET" and path == "/v1/models":
             await self.respond(writer, 200, json.dumps({"data": [{"id": MODEL_ID}]}), "application/json")
         elif method == "GET" and path == "/version":
@@ -124,6 +153,12 @@ class ScriptedServer:
         elif method == "GET" and path == "/metrics":
             await self.respond(writer, 200, self.counters.prometheus(), "text/plain; version=0.0.4")
         elif method == "POST" and path in ("/v1/chat/completions", "/generate"):
+            self.generation_requests += 1
+            if self._unavailable():
+                await self.respond(
+                    writer, 503, json.dumps({"error": {"message": "engine gone"}}), "application/json"
+                )
+                return
             request_id = headers.get("x-request-id", "")
             fault = self.script.faults.get(request_id.rsplit(".r", 1)[0])
             if fault == "http500":
@@ -143,6 +178,9 @@ class ScriptedServer:
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
+        if fault in ("comments_forever", "endless_line"):
+            await self.never_finish(writer, fault)
+            return
         chat = path == "/v1/chat/completions"
         params = req if chat else req.get("sampling_params", {})
         limit = params.get("max_tokens" if chat else "max_new_tokens") or self.script.tokens
@@ -210,6 +248,19 @@ class ScriptedServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
+    @staticmethod
+    async def never_finish(writer: asyncio.StreamWriter, fault: str) -> None:
+        """Keep the stream open for good: a comment every 0.2 s, or one data line 64 KB at a time."""
+        piece = b": keep-alive\n\n" if fault == "comments_forever" else b"x" * 65536
+        if fault == "endless_line":
+            piece = b"data: " + piece
+        while True:
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await writer.drain()
+            if fault == "endless_line":
+                piece = b"x" * 65536
+            await asyncio.sleep(0.2 if fault == "comments_forever" else 0)
+
     def _should_crash(self) -> bool:
         self.served += 1
         marker = self.script.crash_once_file
@@ -266,9 +317,9 @@ class ScriptedServer:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "finish_reason": finish}
 
 
-async def serve(host: str, port: int, script: Script) -> None:
+async def serve(host: str, port: int, script: Script, api_key: str | None = None) -> None:
     await asyncio.sleep(script.startup_delay_s)
-    server = await asyncio.start_server(ScriptedServer(script).handle, host, port)
+    server = await asyncio.start_server(ScriptedServer(script, api_key).handle, host, port)
     async with server:
         await server.serve_forever()
 
@@ -278,10 +329,16 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", type=Path, help="JSON file with script keys (see module docstring)")
+    parser.add_argument("--api-key", help="Require Authorization: Bearer KEY on every route")
     args = parser.parse_args()
     script = Script.from_json(args.script.read_text()) if args.script else Script()
+    print(f"scripted server: args {sys.argv[1:]}", flush=True)
+    for name in script.echo_env:
+        print(f"scripted server: {name}={os.environ.get(name)}", flush=True)
+    if script.pid_file:
+        Path(script.pid_file).write_text(f"{os.getpid()}\n")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, script))
+        asyncio.run(serve(args.host, args.port, script, args.api_key))
 
 
 if __name__ == "__main__":

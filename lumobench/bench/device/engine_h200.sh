@@ -17,6 +17,7 @@
 #   DTYPES     engine dtypes to replay (LUMOTREE_DTYPE of the arms)       default "float32 bfloat16"
 #   TESTS_S    GPU test time limit in seconds; 0 skips them               default 240
 #   REPLAY_S   time limit of each replay in seconds                       default 170
+#   RUNS       repetitions per arm in each replay (fresh engine each)     default 1
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -37,7 +38,7 @@ if (( ${TESTS_S:-240} > 0 )); then
 fi
 for dtype in ${DTYPES:-float32 bfloat16}; do
     LUMOTREE_DTYPE=$dtype timeout "${REPLAY_S:-170}" python3 -m lumobench.cli replay corpora/demo.jsonl \
-        --out "/tmp/engine-replay/$dtype" > "$OUT/replay-$dtype.log" 2>&1
+        --runs "${RUNS:-1}" --out "/tmp/engine-replay/$dtype" > "$OUT/replay-$dtype.log" 2>&1
     runs=/tmp/engine-replay/$dtype  # AR first: the report compares every arm with the first
     python3 -m lumobench.cli report "$runs"/*-lumotree-ar "$runs"/*-lumotree-mtp5 "$runs"/*-lumotree \
         --format json > "$OUT/engine-tiny-$dtype.json"

@@ -80,12 +80,13 @@ class SuffixIndex:
         if not slot:
             return []
         out = []
+        reach = min(max_match, len(context))
         for sid, start in reversed(slot):
             seq = self.seqs.get(sid)
             if seq is None or start >= len(seq):
                 continue
-            n = k
-            while n < max_match and n < len(context) and n < start and seq[start - 1 - n] == context[-1 - n]:
+            n, limit = k, min(reach, start)
+            while n < limit and seq[start - 1 - n] == context[-1 - n]:
                 n += 1
             out.append((n, sid, start))
         return out

@@ -59,18 +59,19 @@ class RowSampler:
         self.params, self.prompt_seen, self.seed = params, prompt_seen, seed
         self.position = len(generated)
         self.vocab = int(prompt_seen.shape[0])
-        self._generated = history_counts(generated, self.vocab)
-        self._needs_history = (
+        needs_history = (
             params.repetition_penalty != 1.0
             or params.frequency_penalty != 0.0
             or params.presence_penalty != 0.0
         )
+        # counted only when a penalty reads them (a full-vocabulary bincount per cycle otherwise)
+        self._generated = history_counts(generated, self.vocab) if needs_history else None
 
     def penalised(self, logits: Tensor, path_drafts: Sequence[Sequence[int]]) -> Tensor:
         """logits [n, V] -> float32 [n, V] after the logit bias and penalties; row i's history adds
         path_drafts[i]."""
         logits = apply_logit_bias(logits, self.params)
-        if not self._needs_history:
+        if self._generated is None:
             return logits
         counts = self._generated.repeat(len(path_drafts), 1)
         rows = [i for i, path in enumerate(path_drafts) for _ in path]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from lumotree.drafting.geometry import GeometryConfig
 from lumotree.engine.config import EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.metrics import EngineMetrics
@@ -70,6 +71,11 @@ class AsyncEngine:
     @property
     def kernels(self) -> str:
         return self.engine.config.kernels
+
+    @property
+    def geometry(self) -> GeometryConfig:
+        """The draft tree's counts after the tree shape was chosen for the kernels."""
+        return self.engine.geometry
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -14,8 +14,20 @@ from lumotree.tree import DEFAULT_ROWS, MAX_DEPTH
 
 DrafterKind = Literal["ar", "mtp", "tree"]
 DRAFTER_KINDS: tuple[str, ...] = ("ar", "mtp", "tree")
-KernelSet = Literal["auto", "cpu-fast", "reference", "triton"]
-KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-fast", "reference", "triton")
+KernelSet = Literal["auto", "cpu-native", "cpu-fast", "reference", "triton"]
+KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-native", "cpu-fast", "reference", "triton")
+CPU_KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-native", "cpu-fast", "reference")
+TreeShape = Literal["auto", "paper", "compact"]
+TREE_SHAPES: tuple[str, ...] = ("auto", "paper", "compact")
+#: (mtp_depth, siblings, tail_len, rescue_lens) of the named tree shapes
+SHAPE_COUNTS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
+    # the paper's geometry, 28 rows: on a GPU the extra verification rows are nearly free
+    "paper": (5, 2, 6, (4, 2)),
+    # 9 rows for the native CPU forward, where each verification row costs about as much as a tenth
+    # of an AR step (measured: the paper tree ran at 0.91x AR there, this one fastest of the shapes
+    # tried: results/cpu/tree-shapes.md)
+    "compact": (2, 0, 4, (2,)),
+}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -25,13 +37,19 @@ class EngineConfig:
 
     drafter: "ar" (no drafts), "mtp" (chain of `mtp_depth` MTP spine drafts) or "tree" (the paper
     geometry: MTP spine + `siblings` runner-ups per depth + suffix tail + rescue branches).
+    tree_shape: the tree's counts. "paper" (5-depth spine, 2 siblings, tail 6, rescues 4 and 2) or
+    "compact" (SHAPE_COUNTS) replace mtp_depth/siblings/tail_len/rescue_lens; "auto" keeps the
+    counts given, except that the paper's counts become the compact ones on the native CPU forward.
     rows: verification rows of a tree (None: on a CPU exactly the geometry's capacity, 1 + max
     drafts; with the triton kernels the paper's 32, fixed shapes for GPU tiles and CUDA graphs).
     max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
     device: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
-    kernels: "auto" (triton on CUDA, cpu-fast on a CPU), "cpu-fast" (vectorised variants, tested
-    equal to the references), "reference", or "triton" (the device cycle; on a CPU only under
-    TRITON_INTERPRET=1, for tests).
+    kernels: "auto" (triton on CUDA, cpu-native on a CPU), "cpu-native" (the model's native C
+    forward, `lumotree.model.native`: every row bitwise independent of the other rows, so AR, chain
+    and tree agree bit for bit; the engine falls back to cpu-fast, saying why, when "auto" meets a
+    machine without a C compiler or a model it does not support), "cpu-fast" (vectorised PyTorch
+    variants, tested equal to the references), "reference", or "triton" (the device cycle; on a CPU
+    only under TRITON_INTERPRET=1, for tests).
     eager: no CUDA graphs on the device path (debugging; slower).
     random_weights: a shape preset (`lumotree.model.random_weights`, e.g. "qwen3.5-27b") built on
     the device from `seed` instead of loading `model` (whose tokenizer the server still uses).
@@ -46,6 +64,7 @@ class EngineConfig:
     siblings: int = 2
     tail_len: int = 6
     rescue_lens: tuple[int, ...] = (4, 2)
+    tree_shape: TreeShape = "auto"
     max_depth: int = MAX_DEPTH
     rows: int | None = None
     max_model_len: int | None = None
@@ -71,6 +90,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.drafter != "ar" and not 1 <= self.mtp_depth <= self.max_depth:
             raise ValueError(f"mtp_depth must be in 1..{self.max_depth}, got {self.mtp_depth}")
+        if self.tree_shape not in TREE_SHAPES:
+            raise ValueError(f"tree_shape must be one of {', '.join(TREE_SHAPES)}, got {self.tree_shape!r}")
         if self.kernels not in KERNEL_SETS:
             raise ValueError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {self.kernels!r}")
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
@@ -95,7 +116,7 @@ class EngineConfig:
             raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
         kernels = self.kernels
         if kernels == "auto":
-            kernels = "triton" if device.startswith("cuda") else "cpu-fast"
+            kernels = "triton" if device.startswith("cuda") else "cpu-native"
         if device.startswith("cuda") and kernels != "triton":
             raise ValueError(f"the {kernels} kernels run on a CPU only; on CUDA use the triton kernels")
         if kernels == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -104,6 +125,21 @@ class EngineConfig:
         if kernels == "triton" and self.drafter == "tree" and rows is None:
             rows = DEFAULT_ROWS
         return replace(self, device=device, kernels=kernels, rows=rows)
+
+    def shaped(self) -> EngineConfig:
+        """This config with the tree's counts set by `tree_shape` for the kernels it runs on (call it
+        once the kernel set is final: the native CPU forward's fallback can change it)."""
+        shape = self.tree_shape
+        counts = (self.mtp_depth, self.siblings, self.tail_len, self.rescue_lens)
+        if shape == "auto":
+            native = self.kernels == "cpu-native" and counts == SHAPE_COUNTS["paper"]
+            shape = "compact" if native else "paper" if counts == SHAPE_COUNTS["paper"] else "auto"
+        if self.drafter != "tree" or shape == "auto":
+            return self
+        depth, siblings, tail, rescues = SHAPE_COUNTS[shape]
+        return replace(
+            self, tree_shape=shape, mtp_depth=depth, siblings=siblings, tail_len=tail, rescue_lens=rescues
+        )
 
     def geometry(self) -> GeometryConfig:
         """The draft geometry of this drafter kind (AR: the root alone; MTP: a chain)."""

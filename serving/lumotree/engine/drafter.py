@@ -19,13 +19,15 @@ from torch import Tensor
 
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
 from lumotree.drafting.mtp import MTPDrafter, MTPProposal
+from lumotree.drafting.native_mtp import NativeMTPDrafter
 from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.engine.config import EngineConfig
 from lumotree.model.model import HybridLM
 from lumotree.model.mtp import mtp_chain_step
+from lumotree.model.native.model import NativeModel
 from lumotree.model.state import KVCache
-from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree
+from lumotree.tree import TreeBuilder, TreeDescriptor, chain_tree, root_tree
 
 if TYPE_CHECKING:  # the device path needs Triton, which CPU-only installs may lack
     from lumotree.engine.device_runner import DeviceRunner
@@ -60,7 +62,7 @@ class ARDrafter:
         """Tokens the request emitted (kept ones only)."""
 
     def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
-        return chain_tree([root], prefix_len=prefix_len)
+        return root_tree(root, prefix_len=prefix_len)
 
     def receive(self, proposal: MTPProposal | None) -> None:
         """The MTP proposal a device cycle drafted for the next cycle (device path only)."""
@@ -80,15 +82,21 @@ class ChainDrafter(ARDrafter):
         model: HybridLM,
         capacity: int,
         draft_head: Callable[[Tensor], Tensor] | None = None,
+        native: NativeModel | None = None,
     ) -> None:
         super().__init__(geometry)
-        self.mtp = MTPDrafter(
-            model,
-            geometry.depth_mtp,
-            1 + geometry.siblings_per_depth,
-            capacity,
-            select_topk=ordered_topk_fast,
-            step=partial(mtp_chain_step, model, lm_head=draft_head),
+        depth, k = geometry.depth_mtp, 1 + geometry.siblings_per_depth
+        self.mtp = (
+            NativeMTPDrafter(model, depth, k, capacity, native)
+            if native is not None
+            else MTPDrafter(
+                model,
+                depth,
+                k,
+                capacity,
+                select_topk=ordered_topk_fast,
+                step=partial(mtp_chain_step, model, lm_head=draft_head),
+            )
         )
 
     @property
@@ -127,8 +135,9 @@ class TreeDrafter(ChainDrafter):
         capacity: int,
         suffix: SuffixDrafter,
         draft_head: Callable[[Tensor], Tensor] | None = None,
+        native: NativeModel | None = None,
     ) -> None:
-        super().__init__(geometry, model, capacity, draft_head)
+        super().__init__(geometry, model, capacity, draft_head, native)
         self.suffix = suffix
 
     @property
@@ -295,11 +304,13 @@ def make_drafter(
     model: HybridLM,
     capacity: int,
     runner: DeviceRunner | None = None,
+    native: NativeModel | None = None,
     outputs: OutputCache | None = None,
 ) -> ARDrafter:
     """The drafter of config.drafter, with the geometry of config.geometry(); on the device path
-    (`runner` given) the MTP passes are the runner's; a tree drafter's suffix lookups use `outputs`
-    as their cache of earlier outputs (default: its own)."""
+    (`runner` given) the MTP passes are the runner's, with `native` (the cpu-native kernels) the
+    native forward's; a tree drafter's suffix lookups use `outputs` as their cache of earlier
+    outputs (default: its own)."""
     geometry = config.geometry()
     suffix = SuffixDrafter(
         min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=outputs
@@ -310,7 +321,7 @@ def make_drafter(
         if config.drafter == "mtp":
             return DeviceChainDrafter(geometry, runner)
         return DeviceTreeDrafter(geometry, runner, suffix)
-    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" else None
+    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" and native is None else None
     if config.drafter == "mtp":
-        return ChainDrafter(geometry, model, capacity, head)
-    return TreeDrafter(geometry, model, capacity, suffix, head)
+        return ChainDrafter(geometry, model, capacity, head, native)
+    return TreeDrafter(geometry, model, capacity, suffix, head, native)

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,8 @@ from lumotree.engine.prefix_cache import PrefixCache
 from lumotree.engine.scheduler import Scheduler
 from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
+from lumotree.model.native.build import NativeBuildError, load_library
+from lumotree.model.native.model import unsupported_reason
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.tree_mode import TreeForward
 from lumotree.sampling import SamplingParams
@@ -66,11 +69,15 @@ class LLMEngine:
     """One active sequence, a FIFO queue behind it; see the module docstring for the cycle."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
+        asked = (config or EngineConfig()).kernels
         self.config = config = (config or EngineConfig()).resolved()
         torch.set_num_threads(config.threads)
         self.device = torch.device(config.device)
         self.model_dir = Path(config.model) if config.model else default_model_path()
         self.model = _build_model(config, self.model_dir, self.device)
+        if config.kernels == "cpu-native":
+            self.config = config = replace(config, kernels=_native_or_fallback(self.model, asked))
+        self.config = config = config.shaped()
         mcfg = self.model.config
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.geometry = config.geometry()
@@ -85,9 +92,11 @@ class LLMEngine:
             )
             self.runner: ModelRunner | DeviceRunner = self.device_runner
         else:
-            kernels = CPU_FAST if config.kernels == "cpu-fast" else REFERENCE
-            self.runner = ModelRunner(self.model, capacity, kernels)
-        self.drafter = make_drafter(config, self.model, capacity, self.device_runner)
+            kernels = CPU_FAST if config.kernels in ("cpu-fast", "cpu-native") else REFERENCE
+            native = (self.geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None
+            self.runner = ModelRunner(self.model, capacity, kernels, native)
+        native_model = self.runner.native if isinstance(self.runner, ModelRunner) else None
+        self.drafter = make_drafter(config, self.model, capacity, self.device_runner, native_model)
         self.prefix_cache = (
             PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
         )
@@ -385,6 +394,24 @@ class LLMEngine:
         elif hidden is not None:
             self.drafter.rows(hidden, kept, commit=False)
         return seq.event(kept, logprobs)
+
+
+def _native_or_fallback(model: HybridLM, asked: str) -> str:
+    """The kernel set for a resolved "cpu-native": itself when the native forward builds here and
+    supports `model`; else, for an "auto" request, "cpu-fast" with a one-line warning, and for an
+    explicit cpu-native a ValueError."""
+    reason = unsupported_reason(model)
+    if reason is None:
+        try:
+            load_library()
+        except NativeBuildError as exc:
+            reason = str(exc).splitlines()[0]  # a compiler's log is long: its first line says it
+    if reason is None:
+        return "cpu-native"
+    if asked == "cpu-native":
+        raise ValueError(f"the cpu-native kernels cannot run: {reason}")
+    log.warning("native CPU forward unavailable (%s): using the cpu-fast kernels", reason)
+    return "cpu-fast"
 
 
 def _build_model(config: EngineConfig, model_dir: Path, device: torch.device) -> HybridLM:

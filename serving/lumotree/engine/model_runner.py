@@ -8,6 +8,9 @@ between requests.
 Padding rows give a GPU fixed shapes; on a CPU they only cost compute, so the runner verifies the
 active rows alone (`TreeDescriptor.without_padding`): padding is invisible to every stage by
 contract, so results are the same.
+
+With a `NativeModel` (the cpu-native kernels) verification, publication and logits rows run in the
+model's native C forward over the same state tensors; prefill stays in the model's PyTorch code.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.model import HybridLM
+from lumotree.model.native.model import NativeModel
 from lumotree.model.state import GDNState, ModelState
 from lumotree.model.tree_mode import TreeForward, publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor
@@ -23,11 +27,15 @@ from lumotree.verify.kernel_sets import TreeKernels
 
 
 class ModelRunner:
-    """Tensor work for the engine; `capacity` = KV rows of the state bank."""
+    """Tensor work for the engine; `capacity` = KV rows of the state bank. native=(tree rows, MTP
+    rows): verification, publication, logits and MTP passes run in the native forward instead."""
 
-    def __init__(self, model: HybridLM, capacity: int, kernels: TreeKernels) -> None:
+    def __init__(
+        self, model: HybridLM, capacity: int, kernels: TreeKernels, native: tuple[int, int] | None = None
+    ) -> None:
         self.model, self.kernels, self.capacity = model, kernels, capacity
         self.state: ModelState = model.new_state(capacity)
+        self.native = NativeModel(model, self.state, *native) if native else None
 
     @property
     def length(self) -> int:
@@ -50,15 +58,22 @@ class ModelRunner:
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [n, H] -> logits [n, V]."""
+        if self.native is not None:
+            return self.native.logits(hidden)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def verify(self, tree: TreeDescriptor) -> TreeForward:
         """One target forward over every active tree row (the durable state is only read)."""
+        if self.native is not None:
+            return TreeForward(tree, self.native.verify(tree), [])
         return verify_tree(self.model, self.state, tree.without_padding(), self.kernels)
 
     @torch.inference_mode()
     def publish(self, forward: TreeForward, accepted: list[int]) -> None:
         """Publish the accepted path (logical nodes, root first) into the state."""
+        if self.native is not None:
+            self.native.publish(forward.tree, accepted)
+            return
         path = forward.tree.padded_path(accepted)
         publish_tree_(self.state, forward, path, len(accepted), self.kernels)

@@ -14,6 +14,7 @@ from lumotree.engine import DRAFTER_KINDS, AsyncEngine, EngineConfig
 from lumotree.model import default_model_path
 from lumotree.server.app import create_app
 from lumotree.server.context import ServingContext
+from lumotree.server.guards import DEFAULT_MAX_BODY_BYTES, default_allowed_hosts
 from lumotree.server.metrics import render_metrics
 
 log = logging.getLogger("lumotree.server")
@@ -31,6 +32,14 @@ def serve(
     mtp_depth: Annotated[
         int, typer.Option(help="MTP drafting passes (the chain length for --drafter mtp).")
     ] = 5,
+    tree_shape: Annotated[
+        str,
+        typer.Option(
+            help="The tree of --drafter tree: paper (28 rows: 5-depth MTP spine, 2 siblings, suffix "
+            "tail 6, rescues 4 and 2), compact (9 rows: spine 2, tail 4, rescue 2) or auto (compact "
+            "on the native CPU forward, where each row costs, else paper)."
+        ),
+    ] = "auto",
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[
@@ -54,7 +63,10 @@ def serve(
     ] = "auto",
     kernels: Annotated[
         str,
-        typer.Option(help="auto (triton on CUDA, cpu-fast on a CPU), cpu-fast, reference or triton."),
+        typer.Option(
+            help="auto (triton on CUDA, cpu-native on a CPU: cpu-fast where it cannot build), "
+            "cpu-native (the native C forward), cpu-fast (PyTorch), reference or triton."
+        ),
     ] = "auto",
     eager: Annotated[
         bool, typer.Option("--eager", help="No CUDA graphs on the GPU (debugging; slower).")
@@ -71,6 +83,16 @@ def serve(
         int | None, typer.Option(help="Seed for the seeds of requests that bring none (default: random).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    max_request_bytes: Annotated[
+        int, typer.Option(min=0, help="Largest request body in bytes, 413 beyond (0: no limit).")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated Host header names to answer ('*' any, '*.example.org' a domain); "
+            "default: loopback names when bound to loopback (against DNS rebinding), else any."
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions), SGLang's /generate,
     /v1/models, /health and /metrics (vLLM metric names) with the LumoTree engine."""
@@ -84,7 +106,7 @@ def serve(
         config = EngineConfig(
             model=folder, drafter=drafter, mtp_depth=mtp_depth, max_model_len=max_model_len,  # type: ignore[arg-type]
             dtype=dtype, threads=threads, seed=seed, device=device, kernels=kernels,  # type: ignore[arg-type]
-            eager=eager, random_weights=random_weights,
+            eager=eager, random_weights=random_weights, tree_shape=tree_shape,  # type: ignore[arg-type]
         )  # fmt: skip
         engine = AsyncEngine.from_config(config)
     except (FileNotFoundError, ValueError) as exc:
@@ -99,11 +121,19 @@ def serve(
         config=dataclasses.asdict(config),
     )
     log.info(
-        "serving %s as %r: drafter %s, max_model_len %d, dtype %s, device %s (%s kernels%s), on http://%s:%d%s",
-        random_weights or folder, ctx.model_name, drafter, engine.max_model_len, dtype, engine.device,
-        engine.kernels, ", eager" if eager else "", host, port, " (API key required)" if api_key else "",
+        "serving %s as %r: drafter %s (%d rows), max_model_len %d, dtype %s, device %s (%s kernels%s), "
+        "on http://%s:%d%s",
+        random_weights or folder, ctx.model_name, drafter, engine.geometry.rows, engine.max_model_len, dtype,
+        engine.device, engine.kernels, ", eager" if eager else "", host, port,
+        " (API key required)" if api_key else "",
     )  # fmt: skip
-    http = create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name))
+    hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None
+    http = create_app(
+        ctx,
+        lambda: render_metrics(engine.metrics(), ctx.model_name),
+        allowed_hosts=hosts or default_allowed_hosts(host),
+        max_body_bytes=max_request_bytes or None,
+    )
     try:
         uvicorn.run(http, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     finally:

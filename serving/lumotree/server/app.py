@@ -2,7 +2,9 @@
 
 `create_app(ctx, metrics)` serves one model. Generation routes (`/v1/*`, `/generate`, `/tokenize`)
 require `Authorization: Bearer KEY` when the server has an API key; `/health`, `/version` and
-`/metrics` stay open, as in vLLM.
+`/metrics` stay open, as in vLLM. Every route sits behind `guards.RequestGuards` (Host check, body
+size limit). Prompts are rendered and tokenized in a worker thread, so a huge prompt never stalls
+the event loop (`/health`, other streams).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lumotree.server.context import ServingContext
 from lumotree.server.disconnect import ClientDisconnected, unless_disconnected
 from lumotree.server.errors import APIError, error_response, install_error_handlers
 from lumotree.server.generation import EngineFailure
+from lumotree.server.guards import DEFAULT_MAX_BODY_BYTES, RequestGuards
 from lumotree.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -42,6 +45,7 @@ _ERRORS = {
     400: {"model": ErrorResponse, "description": "invalid request"},
     401: {"model": ErrorResponse, "description": "missing or wrong API key"},
     404: {"model": ErrorResponse, "description": "unknown model"},
+    413: {"model": ErrorResponse, "description": "request body over the server's limit"},
 }
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -50,11 +54,21 @@ def _streamed(model: type) -> dict:
     return {200: {"model": model, "content": {MEDIA_TYPE: {}}, "description": "JSON, or SSE with stream"}}
 
 
-def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
+def create_app(
+    ctx: ServingContext,
+    metrics: Callable[[], str],
+    *,
+    allowed_hosts: list[str] | None = None,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The HTTP app over `ctx`; `metrics()` renders the Prometheus text of GET /metrics (it may block
-    for one engine cycle, so it runs in a worker thread)."""
+    for one engine cycle, so it runs in a worker thread).
+
+    allowed_hosts: Host header names answered (None: any; see `guards.default_allowed_hosts`);
+    max_body_bytes: the largest request body (None: no limit), 413 beyond."""
     app = FastAPI(title="LumoTree", version=__version__, summary="OpenAI-compatible LumoTree server")
     install_error_handlers(app)
+    app.add_middleware(RequestGuards, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
 
     def authorized(request: Request) -> None:
         if ctx.api_key is None:
@@ -81,8 +95,9 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
             return error_response(APIError(exc.status, str(exc), code="engine_error"))
         return JSONResponse(result.model_dump(mode="json"))
 
-    @app.get(
+    @app.api_route(
         "/health",
+        methods=["GET", "HEAD"],
         response_class=Response,
         summary="200 (empty body) when the server can take requests, 503 when its engine died",
         responses={200: {"content": None}, 503: {"model": ErrorResponse, "description": "engine died"}},
@@ -114,7 +129,7 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
         "/v1/chat/completions", dependencies=guarded, responses=_ERRORS | _streamed(ChatCompletionResponse)
     )
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        gen, opts = prepare_chat(ctx, req)
+        gen, opts = await asyncio.to_thread(prepare_chat, ctx, req)
         return await answer(
             request,
             req.stream,
@@ -124,7 +139,7 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=guarded, responses=_ERRORS | _streamed(CompletionResponse))
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        gen, opts = prepare_completion(ctx, req)
+        gen, opts = await asyncio.to_thread(prepare_completion, ctx, req)
         return await answer(
             request,
             req.stream,
@@ -134,7 +149,7 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
 
     @app.post("/generate", dependencies=guarded, responses=_ERRORS | _streamed(GenerateResponse))
     async def generate(req: GenerateRequest, request: Request) -> Response:
-        gen, opts = prepare_generate(ctx, req)
+        gen, opts = await asyncio.to_thread(prepare_generate, ctx, req)
         return await answer(
             request,
             req.stream,
@@ -142,8 +157,7 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
             lambda: generate_full(ctx, gen, opts),
         )
 
-    @app.post("/tokenize", dependencies=guarded, responses=_ERRORS)
-    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+    def tokenize_ids(req: TokenizeRequest) -> list[int]:
         ctx.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
@@ -151,9 +165,12 @@ def create_app(ctx: ServingContext, metrics: Callable[[], str]) -> FastAPI:
             chat = ChatCompletionRequest(
                 messages=req.messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt
             )
-            ids = chat_prompt_ids(ctx, chat)
-        else:
-            ids = ctx.tokenizer.encode(req.prompt or "")
+            return chat_prompt_ids(ctx, chat)
+        return ctx.tokenizer.encode(req.prompt or "")
+
+    @app.post("/tokenize", dependencies=guarded, responses=_ERRORS)
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        ids = await asyncio.to_thread(tokenize_ids, req)
         return TokenizeResponse(count=len(ids), max_model_len=ctx.limits.max_model_len, tokens=ids)
 
     return app

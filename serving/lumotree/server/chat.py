@@ -152,7 +152,12 @@ def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[Gener
     ctx.check_model(req.model)
     k = (req.top_logprobs or 0) if req.logprobs else None
     return build_request(
-        new_id("chatcmpl"), chat_prompt_ids(ctx, req), SamplingInput.from_openai(req), ctx.limits, logprobs=k
+        new_id("chatcmpl"),
+        chat_prompt_ids(ctx, req),
+        SamplingInput.from_openai(req),
+        ctx.limits,
+        logprobs=k,
+        prompt_field="messages",
     )
 
 

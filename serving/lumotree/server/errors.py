@@ -12,11 +12,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lumotree.server.protocol import ErrorInfo, ErrorResponse
+from lumotree.server.protocol import INVALID_UNICODE, ErrorInfo, ErrorResponse
 
 log = logging.getLogger("lumotree.server")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+}
 
 
 class APIError(Exception):
@@ -49,6 +55,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('msg', '')}", None
+    if first.get("type") == INVALID_UNICODE:
+        return str(first.get("msg")), str(first["ctx"]["field"])
     where = ".".join(loc) or "body"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return f"{where}: {first.get('msg', 'invalid value')}{more}", where

@@ -146,20 +146,24 @@ def build_request(
     s: SamplingInput,
     limits: RequestLimits,
     logprobs: int | None = None,
+    prompt_field: str = "prompt",
 ) -> tuple[GenerationRequest, TextOptions]:
-    """Validate one request against the model and build what the engine and the detokenizer need."""
+    """Validate one request against the model and build what the engine and the detokenizer need.
+
+    prompt_field: the request field the prompt came from (messages, prompt, text or input_ids), named
+    by the errors about it."""
     if s.n != 1:
         raise bad_request("n > 1 is not supported: this server returns one choice per request", "n")
     if not prompt_ids:
-        raise bad_request("the prompt is empty", "prompt")
-    _check_ids(prompt_ids, limits.vocab_size, "prompt")
+        raise bad_request("the prompt is empty", prompt_field)
+    _check_ids(prompt_ids, limits.vocab_size, prompt_field)
     _check_ids(list(s.stop_token_ids or ()), limits.vocab_size, "stop_token_ids")
     room = limits.max_model_len - len(prompt_ids)
     if room < 1:
         raise bad_request(
             f"this model's maximum context length is {limits.max_model_len} tokens, but the prompt has "
             f"{len(prompt_ids)} tokens (no room for a completion)",
-            "messages",
+            prompt_field,
             "context_length_exceeded",
         )
     if s.max_tokens is not None and s.max_tokens > room:

@@ -1,16 +1,20 @@
 """Request and response models of the HTTP API: OpenAI chat/completions (+ vLLM's extensions) and
 SGLang's `/generate`.
 
-Wrong types, out-of-range values and NaN/infinity are rejected here (400 with the field's path). Sampling
+Wrong types (strictly: `"stream": "yes"` is not a boolean, `"max_tokens": true` not an integer),
+out-of-range values, NaN/infinity and text that is not valid Unicode (a lone UTF-16 surrogate, which
+JSON can escape but no tokenizer can read) are rejected here (400 with the field's path). Sampling
 values the request leaves unset fall back to the model's `generation_config.json`, as vLLM does.
 Unknown request fields are ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the engine's coins take a 64-bit key
 MAX_LOGPROBS = 20
@@ -21,8 +25,45 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 RepetitionPenalty = Annotated[float, Field(ge=0.01, le=2.0)]
 
 
+#: the error type (and `ctx["field"]`, its path) of text that is not valid Unicode
+INVALID_UNICODE = "invalid_unicode"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate_path(value: Any) -> str | None:
+    """Dotted path of the first string (or key) in a JSON value that holds a lone surrogate."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return ".".join(path) if path else "body"
+        elif isinstance(item, dict | list):
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return ".".join((*path, key))
+                stack.append((child, (*path, str(key))))
+    return None
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+
+class _Request(_Body):
+    """A whole request body: its text must be valid Unicode everywhere (the tokenizer reads it all)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if (where := _lone_surrogate_path(data)) is not None:
+            raise PydanticCustomError(
+                INVALID_UNICODE,
+                "{field}: a lone surrogate (an unpaired \\uD800-\\uDFFF escape) is not valid Unicode text",
+                {"field": where},
+            )
+        return data
 
 
 class _Out(BaseModel):
@@ -38,7 +79,7 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(_Body):
+class SamplingFields(_Request):
     """Sampling and stopping fields shared by chat and completions (OpenAI + vLLM extensions)."""
 
     temperature: float | None = Field(default=None, ge=0.0, description="0 = greedy")
@@ -172,7 +213,7 @@ class GenerateSamplingParams(_Body):
     n: int = Field(default=1, ge=1, description="only 1 is supported")
 
 
-class GenerateRequest(_Body):
+class GenerateRequest(_Request):
     """SGLang `/generate`: exactly one of `text` and `input_ids`."""
 
     text: str | None = None
@@ -183,7 +224,7 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = Field(default=0, ge=0, le=MAX_LOGPROBS)
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_Request):
     """vLLM's `/tokenize`: a prompt, or chat messages rendered with the chat template."""
 
     model: str | None = None

@@ -40,7 +40,8 @@ def prepare_generate(ctx: ServingContext, req: GenerateRequest) -> tuple[Generat
         n=p.n,
     )
     logprobs = req.top_logprobs_num if req.return_logprob else None
-    return build_request(new_id("gen"), ids, sampling, ctx.limits, logprobs)
+    field = "text" if req.text is not None else "input_ids"
+    return build_request(new_id("gen"), ids, sampling, ctx.limits, logprobs, prompt_field=field)
 
 
 def _finish_reason(d: OutputDelta, gen: GenerationRequest) -> dict[str, Any] | None:
