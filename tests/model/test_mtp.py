@@ -83,3 +83,17 @@ def test_mtp_rollback_overwrites_speculative_rows(tiny_model) -> None:
         state.length = 19
         _, got = tiny_model.mtp_step(hidden[19:20], ids[0, 20:21], state)
     torch.testing.assert_close(got, want)
+
+
+def test_a_load_without_layers_drafts_as_the_full_model() -> None:
+    """What a drafter beside another engine's target loads: embedding, norm, lm_head and MTP only."""
+    from lumotree.model import default_model_path, load_checkpoint
+
+    full = load_checkpoint(default_model_path())
+    head = load_checkpoint(default_model_path(), without_layers=True)
+    assert len(head.model.layers) == 0 and head.mtp is not None
+    hidden, tokens = torch.randn(3, full.config.hidden_size), torch.tensor([5, 6, 7])
+    with torch.no_grad():
+        a = full.mtp_step(hidden, tokens, full.new_mtp_state(8))
+        b = head.mtp_step(hidden, tokens, head.new_mtp_state(8))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

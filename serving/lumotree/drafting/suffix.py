@@ -92,22 +92,48 @@ class SuffixIndex:
         return out
 
 
+class OutputCache:
+    """The global cache of earlier requests' outputs, bounded to `budget` tokens (oldest evicted
+    first). One cache may serve several drafters (an engine serving concurrent requests)."""
+
+    def __init__(self, min_match: int = 2, budget: int = 65_536, per_key: int = 32) -> None:
+        self.index = SuffixIndex(min_match, per_key)
+        self.budget = budget
+        self._cached: deque[tuple[int, int]] = deque()  # (sequence id, tokens), oldest first
+        self._tokens = 0
+
+    def add(self, output: Sequence[int]) -> None:
+        """Keep a finished request's output, evicting the oldest outputs beyond the budget."""
+        if not output or self.budget <= 0:
+            return
+        self._cached.append((self.index.add(output), len(output)))
+        self._tokens += len(output)
+        while self._tokens > self.budget:
+            sid, n = self._cached.popleft()
+            self.index.remove(sid)
+            self._tokens -= n
+
+
 class SuffixDrafter:
     """Suffix lookups over this request's prompt + output and a bounded cache of earlier outputs.
 
     min_match: tokens of context an occurrence must match (the index key length); max_match: how
     far back a match is extended when ranking; cache_tokens: budget of the global output cache
-    (oldest outputs evicted first).
+    (oldest outputs evicted first); cache: an output cache shared with other drafters (default:
+    a cache of this drafter's own).
     """
 
     def __init__(
-        self, min_match: int = 2, max_match: int = 24, cache_tokens: int = 65_536, per_key: int = 32
+        self,
+        min_match: int = 2,
+        max_match: int = 24,
+        cache_tokens: int = 65_536,
+        per_key: int = 32,
+        cache: OutputCache | None = None,
     ) -> None:
-        self.min_match, self.max_match, self.cache_tokens = min_match, max_match, cache_tokens
+        self.min_match, self.max_match = min_match, max_match
         self.per_key = per_key
-        self.cache = SuffixIndex(min_match, per_key)
-        self._cached: deque[tuple[int, int]] = deque()  # (sequence id, tokens), oldest first
-        self._cached_tokens = 0
+        self.outputs = cache if cache is not None else OutputCache(min_match, cache_tokens, per_key)
         self.local = SuffixIndex(min_match, per_key)
         self._sid = self.local.add()
         self._output: list[int] = []
@@ -124,14 +150,8 @@ class SuffixDrafter:
         self._output.extend(int(t) for t in tokens)
 
     def finish(self) -> None:
-        """Move the request's output into the global cache, evicting the oldest beyond the budget."""
-        if self._output and self.cache_tokens > 0:
-            self._cached.append((self.cache.add(self._output), len(self._output)))
-            self._cached_tokens += len(self._output)
-            while self._cached_tokens > self.cache_tokens:
-                sid, n = self._cached.popleft()
-                self.cache.remove(sid)
-                self._cached_tokens -= n
+        """Move the request's output into the global cache."""
+        self.outputs.add(self._output)
         self._output = []
 
     def continuations(self, extra: Sequence[int], length: int, limit: int) -> list[SuffixMatch]:
@@ -146,8 +166,8 @@ class SuffixDrafter:
             (-n, 0, i, self.local.seqs[sid], start)
             for i, (n, sid, start) in enumerate(self.local.matches(context, self.max_match))
         ] + [
-            (-n, 1, i, self.cache.seqs[sid], start)
-            for i, (n, sid, start) in enumerate(self.cache.matches(context, self.max_match))
+            (-n, 1, i, self.outputs.index.seqs[sid], start)
+            for i, (n, sid, start) in enumerate(self.outputs.index.matches(context, self.max_match))
         ]
         ranked.sort(key=lambda r: r[:3])
         out: list[SuffixMatch] = []

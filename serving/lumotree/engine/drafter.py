@@ -21,7 +21,7 @@ from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper
 from lumotree.drafting.mtp import MTPDrafter, MTPProposal
 from lumotree.drafting.native_mtp import NativeMTPDrafter
 from lumotree.drafting.selection_fast import ordered_topk_fast
-from lumotree.drafting.suffix import SuffixDrafter
+from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.engine.config import EngineConfig
 from lumotree.model.model import HybridLM
 from lumotree.model.mtp import mtp_chain_step
@@ -305,12 +305,16 @@ def make_drafter(
     capacity: int,
     runner: DeviceRunner | None = None,
     native: NativeModel | None = None,
+    outputs: OutputCache | None = None,
 ) -> ARDrafter:
     """The drafter of config.drafter, with the geometry of config.geometry(); on the device path
     (`runner` given) the MTP passes are the runner's, with `native` (the cpu-native kernels) the
-    native forward's."""
+    native forward's; a tree drafter's suffix lookups use `outputs` as their cache of earlier
+    outputs (default: its own)."""
     geometry = config.geometry()
-    suffix = SuffixDrafter(min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens)
+    suffix = SuffixDrafter(
+        min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=outputs
+    )
     if config.drafter == "ar":
         return ARDrafter(geometry)
     if runner is not None:

@@ -24,15 +24,22 @@ _SKIP = ("model.visual.", "visual.", "model.vision_tower.")
 
 
 def load_checkpoint(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    without_layers: bool = False,
 ) -> HybridLM:
     """Load a checkpoint folder (config.json + *.safetensors) into a HybridLM of `dtype` on `device`.
 
+    without_layers: skip the decoder layers (not even read): embedding, final norm, lm_head and the
+    MTP module only, what MTP drafting beside another engine's target needs.
     Raises ConfigError for unsupported configs and ValueError for missing or unexpected tensors.
     """
     path = Path(path)
     config = HybridConfig.from_file(path)
-    tensors = _read_safetensors(path)
+    if without_layers:
+        config = config.replace(num_hidden_layers=0, layer_types=(), mlp_only_layers=())
+    tensors = _read_safetensors(path, skip_layers=without_layers)
     tensors = {_canonical_name(k): v for k, v in tensors.items() if not k.startswith(_SKIP)}
     if config.mtp_num_hidden_layers and not any(k.startswith("mtp.") for k in tensors):
         config = config.replace(mtp_num_hidden_layers=0)  # config announces an MTP the file lacks
@@ -99,7 +106,7 @@ def save_checkpoint(
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: Path, skip_layers: bool = False) -> dict[str, torch.Tensor]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {path}")
@@ -107,7 +114,8 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open handles are not mappings)
-                tensors[key] = f.get_tensor(key)
+                if not (skip_layers and _canonical_name(key).startswith("model.layers.")):
+                    tensors[key] = f.get_tensor(key)
     return tensors
 
 

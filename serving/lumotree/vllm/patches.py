@@ -1,0 +1,184 @@
+"""The runtime patches into vLLM 0.32 (each function they wrap or replace is pinned in `pins.py`).
+
+- vLLM's CPU GDN core op (`cpu_gdn_attention_core`) is replaced before vLLM registers it, so its
+  Qwen3-Next layers call LumoTree's conv + recurrence (chunks and trees, any dtype);
+- `CPUAttentionBackendImpl.forward` runs as before, then the tree rows are recomputed;
+- the model runner's `_update_states` and `_prepare_inputs` are followed by the plugin's hooks
+  (the step plan, depth positions); with a LumoTree proposer, `_sample` is LumoTree's (first
+  tokens, acceptance walks, publication) and `sample_tokens` carries failed requests out;
+- the scheduler's `update_from_output` finishes those requests with an error.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from lumotree.vllm.requests import unsupported_parameters
+from lumotree.vllm.worker import LumoTreeWorker, get_worker
+
+FAILED_ATTR = "lumotree_failed"  # on ModelRunnerOutput: {request id: message}
+
+
+def _after(cls: type, name: str, hook: Callable[..., None]) -> None:
+    """cls.name runs, then hook(self, *args) runs."""
+    original = getattr(cls, name)
+
+    @functools.wraps(original)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        hook(self, *args, **kwargs)
+        return result
+
+    setattr(cls, name, wrapped)
+
+
+def patch_gdn_op(worker: LumoTreeWorker) -> None:
+    """Swap vLLM's CPU GDN core function before vLLM registers it as an op (cpu_gdn_attention_core)."""
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+
+    from lumotree.vllm.gdn_op import make_gdn_op
+
+    if gdn_attention._CPU_GDN_ATTENTION_OPS_REGISTERED:
+        raise RuntimeError(
+            "lumotree.vllm activated too late: vLLM already registered cpu_gdn_attention_core "
+            "(activate before the model is built: LUMOTREE_VLLM=1 loads the plugin at start-up)"
+        )
+    replacement = make_gdn_op(worker)
+    replacement.__wrapped__ = gdn_attention.cpu_gdn_attention_core  # type: ignore[attr-defined]  # for pins
+    gdn_attention.cpu_gdn_attention_core = replacement
+
+
+def patch_attention(worker: LumoTreeWorker) -> None:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    original = CPUAttentionBackendImpl.forward
+
+    @functools.wraps(original)
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        if attn_metadata is not None:
+            worker.attention(layer, query, key, value, kv_cache, output)
+        return result
+
+    CPUAttentionBackendImpl.forward = forward
+
+
+def patch_runner(worker: LumoTreeWorker) -> None:
+    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _after(GPUModelRunner, "_update_states", lambda self, out, *a, **k: worker.update_states(self, out))
+    _after(GPUModelRunner, "_prepare_inputs", lambda self, out, *a, **k: worker.prepare_inputs(self, out))
+
+    original_sample = GPUModelRunner._sample
+
+    @functools.wraps(original_sample)
+    def _sample(self, logits, spec_decode_metadata):  # type: ignore[no-untyped-def]
+        if not worker.trees:
+            return original_sample(self, logits, spec_decode_metadata)
+        samples = worker.sample(self, logits)
+        return SamplerOutput(sampled_token_ids=samples.as_tensor(), logprobs_tensors=None)
+
+    GPUModelRunner._sample = _sample
+
+    original_sample_tokens = GPUModelRunner.sample_tokens
+
+    @functools.wraps(original_sample_tokens)
+    def sample_tokens(self, grammar_output):  # type: ignore[no-untyped-def]
+        state = self.execute_model_state
+        if state is not None:
+            worker.hidden = state.hidden_states
+            if grammar_output is not None and worker.trees:
+                raise RuntimeError("lumotree.vllm does not support structured outputs")
+        try:
+            output = original_sample_tokens(self, grammar_output)
+        finally:
+            worker.end_step()
+        failed = {r: worker.failed[r] for r in getattr(output, "req_ids", ()) if r in worker.failed}
+        if failed:
+            setattr(output, FAILED_ATTR, failed)
+        return output
+
+    GPUModelRunner.sample_tokens = sample_tokens
+
+
+def patch_scheduler() -> None:
+    """Requests the worker failed finish with an error (vLLM answers HTTP 500; the log names why)."""
+    from vllm.logger import init_logger
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.request import RequestStatus
+
+    log = init_logger("vllm.lumotree")
+    original = Scheduler.update_from_output
+
+    @functools.wraps(original)
+    def update_from_output(self, scheduler_output, model_runner_output):  # type: ignore[no-untyped-def]
+        outputs = original(self, scheduler_output, model_runner_output)
+        failed: dict[str, str] = getattr(model_runner_output, FAILED_ATTR, None) or {}
+        if not failed:
+            return outputs
+        for request in self.finish_requests(set(failed), RequestStatus.FINISHED_ERROR):
+            log.error("request %s failed: %s", request.request_id, failed[request.request_id])
+            client = outputs.setdefault(request.client_index, EngineCoreOutputs(outputs=[]))
+            client.outputs.append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                )
+            )
+        return outputs
+
+    Scheduler.update_from_output = update_from_output
+
+
+def is_lumotree_proposer(speculative_config: Any) -> bool:
+    """True when vLLM's speculative config names the LumoTree proposer."""
+    model = getattr(speculative_config, "model", None) or ""
+    return getattr(speculative_config, "method", None) == "custom_class" and model.startswith("lumotree.vllm")
+
+
+def patch_sampling_validation() -> None:
+    """vLLM refuses min_p and logit_bias with any speculation (its rejection sampler cannot apply
+    them); the LumoTree walk applies min_p exactly, so with its proposer only what the walk cannot
+    honour is refused, at admission (HTTP 400 naming the parameters)."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    original = SamplingParams._validate_spec_decode
+
+    @functools.wraps(original)
+    def _validate_spec_decode(self, speculative_config):  # type: ignore[no-untyped-def]
+        if speculative_config is None or not is_lumotree_proposer(speculative_config):
+            return original(self, speculative_config)
+        asked = unsupported_parameters(self)
+        if asked:
+            raise VLLMValidationError(
+                f"lumotree.vllm: the LumoTree sampler does not support {', '.join(asked)}"
+            )
+        return None
+
+    SamplingParams._validate_spec_decode = _validate_spec_decode
+
+
+def install(worker: LumoTreeWorker) -> None:
+    """Every patch, once per process."""
+    if get_worker() is not worker:
+        raise RuntimeError("install the worker before patching")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        from lumotree.vllm.gpu import patch_cuda
+
+        patch_cuda(worker)
+    else:
+        patch_gdn_op(worker)
+        patch_attention(worker)
+    patch_runner(worker)
+    patch_scheduler()
+    patch_sampling_validation()

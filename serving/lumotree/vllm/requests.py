@@ -1,0 +1,132 @@
+"""Per-request LumoTree state inside vLLM's worker: the drafter (the project engine's, one per
+request), the sampling settings in the core's terms, the seed of the acceptance coins, and the tree
+proposed for the request's next step.
+
+The MTP drafter's rows follow the engine's protocol (lumotree.drafting.mtp): prefill rows are
+(h_t, x_{t+1}) committed chunk by chunk; after each sampled step the accepted nodes' target rows
+are queued with the tokens that follow them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lumotree.engine.acceptance import history_counts
+from lumotree.engine.drafter import ARDrafter
+from lumotree.sampling import SamplingParams
+from lumotree.tree import TreeDescriptor
+
+_SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
+#: per-request switch (OpenAI API: "vllm_xargs": {"lumotree_drafts": 0}): verify root-only trees
+DRAFTS_ARG = "lumotree_drafts"
+_SEEDS = random.SystemRandom()
+
+
+class UnsupportedRequest(ValueError):
+    """A request asks for something the LumoTree sampler does not do (the message names it)."""
+
+
+#: what vLLM requests may ask for that the exact walk does not do
+UNSUPPORTED = ("logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "structured_outputs")
+#: what the sampler does not return (yet): such a request fails when it is sampled
+NOT_RETURNED = ("logprobs", "logprob_token_ids")
+
+
+def unsupported_parameters(params: object) -> list[str]:
+    """The names of set sampling parameters the LumoTree walk cannot honour."""
+    return [name for name in UNSUPPORTED if getattr(params, name, None)]
+
+
+def core_sampling(params: object) -> SamplingParams:
+    """vLLM SamplingParams -> the core's; UnsupportedRequest naming what the walk cannot honour."""
+    asked = unsupported_parameters(params) + [n for n in NOT_RETURNED if getattr(params, n, None)]
+    if asked:
+        raise UnsupportedRequest(f"the LumoTree sampler does not support {', '.join(asked)}")
+    temperature = float(params.temperature)  # type: ignore[attr-defined]
+    greedy = temperature < _SAMPLING_EPS
+    top_k = int(params.top_k)  # type: ignore[attr-defined]
+    return SamplingParams(
+        temperature=0.0 if greedy else temperature,
+        top_k=0 if greedy or top_k < 0 else top_k,
+        top_p=1.0 if greedy else float(params.top_p),  # type: ignore[attr-defined]
+        min_p=0.0 if greedy else float(params.min_p),  # type: ignore[attr-defined]
+        presence_penalty=float(params.presence_penalty),  # type: ignore[attr-defined]
+        frequency_penalty=float(params.frequency_penalty),  # type: ignore[attr-defined]
+        repetition_penalty=float(params.repetition_penalty),  # type: ignore[attr-defined]
+    )
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """vLLM's stop check (v1/core/sched/utils.check_stop), applied before the drafter sees tokens."""
+
+    eos: int | None
+    stop_ids: frozenset[int]
+    max_tokens: int
+    max_model_len: int
+
+    def kept(self, tokens: Sequence[int], prompt_len: int, output_len: int) -> tuple[list[int], bool]:
+        """The tokens vLLM keeps of a step's emitted ones, and whether the request stops."""
+        out: list[int] = []
+        for token in tokens:
+            out.append(int(token))
+            n_out = output_len + len(out)
+            if (
+                token == self.eos
+                or token in self.stop_ids
+                or prompt_len + n_out >= self.max_model_len
+                or n_out >= self.max_tokens
+            ):
+                return out, True
+        return out, False
+
+
+class RequestState:
+    """What LumoTree keeps about one request between vLLM steps (drafting=False: the request asked
+    for no drafts; its steps verify root-only trees, as the "ar" drafter's do)."""
+
+    def __init__(self, drafter: ARDrafter, params: object, vocab: int, max_model_len: int) -> None:
+        self.drafter = drafter
+        self.sampling = core_sampling(params)
+        seed = getattr(params, "seed", None)
+        self.seed = int(seed) if seed is not None else _SEEDS.getrandbits(63)
+        self.stop = StopRule(
+            eos=getattr(params, "eos_token_id", None),  # None when ignore_eos
+            stop_ids=frozenset(getattr(params, "stop_token_ids", None) or ()),
+            max_tokens=int(getattr(params, "max_tokens", None) or max_model_len),
+            max_model_len=max_model_len,
+        )
+        self.vocab = vocab
+        extra = getattr(params, "extra_args", None) or {}
+        self.drafting = str(extra.get(DRAFTS_ARG, 1)).lower() not in ("0", "false")
+        self.prompt_seen: Tensor | None = None
+        self.pending: TreeDescriptor | None = None
+        self.last_hidden: Tensor | None = None  # target row of the last prefilled token
+        self.stopped = False
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A sequence (re)starts from an empty state with this prompt."""
+        self.drafter.begin(prompt, 0)
+        self.prompt_seen = history_counts(prompt, self.vocab) > 0
+        self.pending, self.last_hidden, self.stopped = None, None, False
+
+    def prefill_rows(self, hidden: Tensor, chunk: Sequence[int]) -> None:
+        """A prefilled chunk's tokens and target rows [n, H]: MTP rows (h_t, x_{t+1}), the
+        previous chunk's last row joined to this chunk's first token."""
+        if self.last_hidden is None:
+            self.drafter.rows(hidden[:-1], chunk[1:], commit=True)
+        else:
+            self.drafter.rows(torch.cat([self.last_hidden, hidden[:-1]]), chunk, commit=True)
+        self.last_hidden = hidden[-1:]
+
+    def sampled(self, hidden: Tensor, kept: Sequence[int], stopped: bool) -> None:
+        """Tokens vLLM keeps from a step (each produced by a row of `hidden` [n, H])."""
+        self.drafter.emitted(kept)
+        self.stopped = stopped
+        if not stopped:
+            self.drafter.rows(hidden[: len(kept)], kept, commit=False)

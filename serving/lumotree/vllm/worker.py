@@ -1,0 +1,260 @@
+"""LumoTree's state in one vLLM worker process and the hooks vLLM's patched functions call.
+
+Per step (vLLM's order): `update_states` (requests in and out) -> `prepare_inputs` (the step plan:
+chunks and trees, depth positions) -> the forward (`gdn` for every GDN layer, `attention` after
+vLLM's attention for every attention layer) -> `sample` (first tokens, acceptance walks,
+publication) -> `propose` (the next tree per request, through vLLM's custom-class proposer hook).
+Without a LumoTree proposer (no speculative config) only `gdn` changes what vLLM computes: every
+step is chunks, and vLLM samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from lumotree.drafting.suffix import OutputCache
+from lumotree.engine.drafter import make_drafter
+from lumotree.model.model import HybridLM
+from lumotree.tree import TreeDescriptor
+from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
+from lumotree.vllm.gdn_core import gdn_core
+from lumotree.vllm.paged_kv import check_layout
+from lumotree.vllm.publish import LayerIndex
+from lumotree.vllm.requests import RequestState, UnsupportedRequest
+from lumotree.vllm.sampler import StepSamples, sample_step
+from lumotree.vllm.settings import PluginSettings, SettingsError
+from lumotree.vllm.steps import RequestStep, StepPlan, physical_tokens, scheduled_tree
+from lumotree.vllm.tree_attention import tree_attention_rows
+
+
+class LumoTreeWorker:
+    """Process-wide plugin state: settings, op set, per-request states and the current step."""
+
+    def __init__(self, settings: PluginSettings) -> None:
+        self.settings = settings
+        self.kernels: TreeKernels = CPU_FAST if settings.kernels == "cpu-fast" else REFERENCE
+        self.requests: dict[str, RequestState] = {}
+        self.outputs = OutputCache()  # earlier outputs, shared by every request's suffix drafter
+        self.plan: StepPlan | None = None
+        self.hidden: Tensor | None = None
+        self.failed: dict[str, str] = {}
+        self.trees = False  # True once a LumoTree proposer is loaded: vLLM schedules our drafts
+        self.max_rows = 1
+        self.mtp_model: HybridLM | None = None
+        self._groups: dict[str, int] | None = None
+        self._layers: LayerIndex | None = None
+        self._conv_dim_first = False
+        self.runner: object | None = None  # vLLM's model runner (seen in the first hook)
+
+    # ---- the proposer ------------------------------------------------------------------------
+    def enable_trees(self, mtp_model: HybridLM | None, max_rows: int) -> None:
+        """The proposer is in place: trees of at most max_rows rows, drafts from mtp_model's MTP."""
+        self.mtp_model, self.max_rows, self.trees = mtp_model, max_rows, True
+
+    def _new_request(self, runner: object, req_id: str) -> RequestState:
+        req = runner.requests[req_id]  # type: ignore[attr-defined]
+        config = self.settings.engine_config(self.max_rows)
+        capacity = runner.max_model_len + self.max_rows  # type: ignore[attr-defined]
+        drafter = make_drafter(config, self.mtp_model, capacity, outputs=self.outputs)  # type: ignore[arg-type]
+        return RequestState(drafter, req.sampling_params, runner.input_batch.vocab_size, runner.max_model_len)  # type: ignore[attr-defined]
+
+    # ---- vLLM layers -------------------------------------------------------------------------
+    def _index(self, runner: object) -> None:
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+        mode = runner.cache_config.mamba_cache_mode  # type: ignore[attr-defined]
+        if mode != "none":
+            raise SettingsError(
+                f"lumotree.vllm serves vLLM's mamba cache mode 'none' (no prefix caching), not {mode!r}"
+            )
+        config = runner.kv_cache_config  # type: ignore[attr-defined]
+        context = runner.compilation_config.static_forward_context  # type: ignore[attr-defined]
+        groups = {name: g for g, group in enumerate(config.kv_cache_groups) for name in group.layer_names}
+        gdn, attention = {}, {}
+        for name, group in groups.items():
+            layer = context[name]
+            if hasattr(layer, "conv1d"):
+                gdn[name] = (layer, group)
+            elif hasattr(layer, "impl"):
+                attention[name] = (layer, group)
+        impls = {type(layer.impl).__name__ for layer, _ in attention.values()}
+        if not impls <= {"CPUAttentionBackendImpl", "FlashAttentionImpl"}:
+            raise SettingsError(
+                f"lumotree.vllm reads the KV cache of vLLM's CPU and FlashAttention backends, not {impls}"
+            )
+        self._groups = groups
+        self._conv_dim_first = is_conv_state_dim_first()
+        self._layers = LayerIndex(gdn, attention, self._conv_dim_first)
+        if runner.device.type == "cuda":  # type: ignore[attr-defined]
+            from lumotree.vllm.gpu import disable_fused_decode, triton_kernels
+
+            self.kernels = triton_kernels()
+            disable_fused_decode([layer for layer, _ in gdn.values()])
+        elif self.trees:
+            layer = next(iter(attention.values()))[0]
+            check_layout(vllm_kv_writer(), layer.isa, layer.kv_cache.dtype)
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def update_states(self, runner: object, scheduler_output: object) -> None:
+        """After vLLM updated its persistent batch: forget finished requests."""
+        self.runner = runner
+        for req_id in scheduler_output.finished_req_ids:  # type: ignore[attr-defined]
+            state = self.requests.pop(req_id, None)
+            if state is not None:
+                state.drafter.finish()
+            self.failed.pop(req_id, None)
+        if self.trees:
+            # vLLM's per-request generators are for its own sampler; with them, its bookkeeping
+            # rewinds their offsets for split prefills, which CPU generators do not support.
+            runner.input_batch.generators.clear()  # type: ignore[attr-defined]
+
+    def prepare_inputs(self, runner: object, scheduler_output: object) -> None:
+        """After vLLM prepared the step's inputs: the plan, depth positions for tree rows."""
+        if self._groups is None:
+            self._index(runner)
+        batch = runner.input_batch  # type: ignore[attr-defined]
+        scheduled = scheduler_output.num_scheduled_tokens  # type: ignore[attr-defined]
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens  # type: ignore[attr-defined]
+        steps, start, logit = [], 0, 0
+        for index, req_id in enumerate(batch.req_ids):
+            count = int(scheduled[req_id])
+            prefix = int(batch.num_computed_tokens_cpu[index])
+            drafts = list(spec_tokens.get(req_id, ()))
+            req = runner.requests[req_id]  # type: ignore[attr-defined]
+            tokens = [int(t) for t in batch.token_ids_cpu[index, prefix : prefix + count]]
+            step = RequestStep(req_id, index, start, count, tokens, prefix, req.num_prompt_tokens)
+            decode = (
+                count - len(drafts) == 1 and prefix + 1 == req.num_tokens and len(req.output_token_ids) > 0
+            )
+            if self.trees:
+                state = self._state(runner, req_id, restart=prefix == 0)
+                if decode and state is not None:
+                    self._place_tree(runner, step, tokens[0], drafts, state.pending)
+                else:
+                    step.ends_sequence = prefix + count == req.num_tokens
+            step.logit_start = logit
+            steps.append(step)
+            start += count
+            logit += len(drafts) + 1
+        tables = batch.block_table.block_tables
+        self.plan = StepPlan(steps, [t.block_table.np for t in tables], [t.block_size for t in tables])
+
+    def _state(self, runner: object, req_id: str, restart: bool) -> RequestState | None:
+        """The request's state, (re)started when its sequence starts; None once it failed."""
+        if req_id in self.failed:
+            return None
+        state = self.requests.get(req_id)
+        if state is None or restart:
+            req = runner.requests[req_id]  # type: ignore[attr-defined]
+            try:
+                state = self.requests[req_id] = self._new_request(runner, req_id)
+            except UnsupportedRequest as exc:
+                self.failed[req_id] = f"lumotree: {exc}"
+                return None
+            state.begin(req.prompt_token_ids)
+        return state
+
+    def _place_tree(
+        self, runner: object, step: RequestStep, root: int, drafts: list[int], pending: TreeDescriptor | None
+    ) -> None:
+        tree = scheduled_tree(root, drafts, pending, step.prefix_len)
+        if physical_tokens(tree) != step.token_ids:
+            raise RuntimeError(f"lumotree: tree tokens {physical_tokens(tree)} != scheduled {step.token_ids}")
+        step.tree = tree
+        step.rows = step.start + tree.slot_map
+        order = torch.argsort(tree.slot_map)
+        positions = runner.positions  # type: ignore[attr-defined]
+        positions[step.start : step.start + step.count] = tree.position[order].to(positions.dtype)
+
+    def gdn(self, layer: torch.nn.Module, mixed_qkv: Tensor, b: Tensor, a: Tensor, out: Tensor) -> None:
+        """vLLM's GDN core op for one layer, all requests of the step."""
+        assert self.plan is not None and self._groups is not None
+        group = self._groups[layer.prefix]
+        gdn_core(layer, self.plan, group, self._conv_dim_first, self.kernels, mixed_qkv, b, a, out)
+
+    def attention(
+        self,
+        layer: torch.nn.Module,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        kv_cache: Tensor,
+        output: Tensor,
+    ) -> None:
+        """After vLLM's attention for one layer: recompute the tree rows."""
+        if self.plan is None or not self.plan.trees:
+            return
+        assert self._groups is not None
+        group = self._groups[layer.layer_name]
+        tree_attention_rows(
+            self.plan, group, self.kernels, query, key, value, kv_cache, output, kv_layout(layer)
+        )
+
+    def sample(self, runner: object, logits: Tensor) -> StepSamples:
+        """The step's tokens in place of vLLM's samplers (publication included)."""
+        assert self.plan is not None and self.hidden is not None and self._layers is not None
+        outputs = [runner.requests[r.req_id].output_token_ids for r in self.plan.requests]  # type: ignore[attr-defined]
+        # the walk runs on the host (its Philox coins are numpy's); on a GPU that copies the rows
+        samples = sample_step(
+            self.plan, logits.cpu(), self.hidden, self.requests, outputs, self._layers, self.kernels
+        )
+        self.failed.update(samples.failed)
+        return samples
+
+    def propose(self) -> list[list[int]]:
+        """The next step's drafts per request (input-batch order), physical order; trees kept."""
+        runner = self.runner
+        assert runner is not None
+        drafts: list[list[int]] = []
+        batch = runner.input_batch  # type: ignore[attr-defined]
+        for req_id in batch.req_ids:
+            state = self.requests.get(req_id)
+            req = runner.requests[req_id]  # type: ignore[attr-defined]
+            if state is None or state.stopped or not state.drafting or not req.output_token_ids:
+                drafts.append([])  # failed, finished, no drafts asked for, or mid-prompt
+                continue
+            # every token but the pending root (the last output) is in the state now
+            tree = state.drafter.propose(req.output_token_ids[-1], req.num_tokens - 1)
+            state.pending = tree
+            drafts.append(physical_tokens(tree)[1:])
+        return drafts
+
+    def end_step(self) -> None:
+        self.plan, self.hidden = None, None
+
+
+def kv_layout(layer: object) -> str:
+    """The paged-KV layout of an attention layer: its CPU ISA, or FlashAttention's on CUDA."""
+    return getattr(layer, "isa", None) or "flash"
+
+
+def vllm_kv_writer() -> Callable[..., None]:
+    """vLLM's CPU KV-cache writer with the plugin's probe signature (see paged_kv.check_layout)."""
+    from vllm import _custom_ops as ops
+
+    def write(
+        key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slots: Tensor, isa: str
+    ) -> None:
+        ops.cpu_attn_reshape_and_cache(
+            key, value, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
+        )
+
+    return write
+
+
+_WORKER: LumoTreeWorker | None = None
+
+
+def get_worker() -> LumoTreeWorker | None:
+    """This process's plugin state (None before activation)."""
+    return _WORKER
+
+
+def install_worker(settings: PluginSettings) -> LumoTreeWorker:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = LumoTreeWorker(settings)
+    return _WORKER
