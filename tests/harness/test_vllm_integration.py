@@ -170,6 +170,7 @@ class TestServedTiny:
         assert waited > 0.2 and idle < 0.05, (waited, idle)
 
 
+@pytest.mark.slow  # 84 s in CI (two boots); kill and resume are also tested against scripted servers
 def test_killed_engine_then_resume_completes_the_run(vllm_cpu: None, tmp_path: Path) -> None:
     requests = 24  # killed after the first row, ~10 s of requests still to run (CI raced it at 16, 3 rows)
     corpus = small_corpus(tmp_path, requests, max_tokens=128)
