@@ -31,7 +31,7 @@ from lumobench.launch import ArmServer, arm_redactor, free_port, port_in_use
 from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
-from lumobench.replay import ReplayOutcome, ReplayProgress
+from lumobench.replay import AvailabilityCheck, ReplayOutcome, ReplayProgress, RunAborted
 from lumobench.results import RequestRow, Segment, missing_keys, now_iso
 
 T = TypeVar("T")
@@ -193,7 +193,13 @@ def _close_segment(m: Member, segment: Segment, outcome: str) -> None:
 
 
 async def _send(
-    m: Member, session: aiohttp.ClientSession, run_index: int, rid: str, slot: int, others: list[int]
+    m: Member,
+    session: aiohttp.ClientSession,
+    availability: AvailabilityCheck,
+    run_index: int,
+    rid: str,
+    slot: int,
+    others: list[int],
 ) -> RequestRow | None:
     plan = m.plan
     record = next(r for r in plan.records if r.id == rid)
@@ -211,6 +217,10 @@ async def _send(
         m.progress.row_written(row)
     if row.status == "failed" and m.server is not None and m.server.exit_code() is not None:
         m.dead = f"the server of arm {m.name} exited during the run"
+    try:
+        await availability.after(row)  # an engine answering 503 to everything went away too
+    except RunAborted as exc:
+        m.dead = str(exc)
     return row
 
 
@@ -239,6 +249,8 @@ async def replay_repetition(members: Sequence[Member], run_index: int, quiet_wai
         if (text := await _scrape(m)) is not None:
             m.plan.run.write_metrics(run_index, segments[id(m)].segment, "before", text)
     sessions = {id(m): new_session(1, m.plan.target.request_timeout_s, m.plan.target.api_key) for m in active}
+    probes = {id(m): httpx.AsyncClient(headers=auth_headers(m.plan.target.api_key)) for m in active}
+    checks = {id(m): AvailabilityCheck(probes[id(m)], m.plan.target) for m in active}
     try:
         for seq, rid in enumerate(request_ids):
             for slot, m in enumerate(rotation(members, run_index, seq, len(request_ids))):
@@ -247,7 +259,7 @@ async def replay_repetition(members: Sequence[Member], run_index: int, quiet_wai
                 others = [g for x in members if x is not m and (g := x.pgid()) is not None]
                 if quiet_wait:
                     await asyncio.to_thread(wait_quiet, others)
-                await _send(m, sessions[id(m)], run_index, rid, slot, others)
+                await _send(m, sessions[id(m)], checks[id(m)], run_index, rid, slot, others)
                 m.todo.discard((run_index, rid))
                 if m.dead:
                     _close_segment(m, segments.pop(id(m)), "aborted")
@@ -259,6 +271,8 @@ async def replay_repetition(members: Sequence[Member], run_index: int, quiet_wai
     finally:
         for session in sessions.values():
             await session.close()
+        for probe in probes.values():
+            await probe.aclose()
     for m in active:
         if id(m) not in segments:
             continue

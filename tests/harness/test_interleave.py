@@ -153,6 +153,21 @@ def test_an_arm_whose_port_was_taken_since_the_plan_starts_on_a_free_one(
     ]
 
 
+def test_an_arm_that_turns_unavailable_leaves_the_rotation_as_aborted(
+    tmp_path: Path, scripted_arm: Callable[..., Path]
+) -> None:
+    steady = scripted_arm("steady", arm_fields="memory_gb = 0.1", tokens=8)
+    down = scripted_arm("down", arm_fields="memory_gb = 0.1", tokens=8, unavailable_after=2)
+    out = tmp_path / "r"
+    proc = lumobench("replay", small_corpus(tmp_path, 4), "--arm", steady, "--arm", down, "--out", out)
+    assert proc.returncode == 3, proc.stderr
+    assert "interleaved" in proc.stderr and "down: run aborted" in proc.stderr
+    assert "health check" in proc.stderr  # the 503 and the failing /health, in one line
+    dirs = {json.loads((d / "run.json").read_text())["arm"]["name"]: d for d in out.iterdir()}
+    assert len(_rows(dirs["steady"])) == 4
+    assert Counter(r.status for r in _rows(dirs["down"])) == Counter({"completed": 2, "failed": 1})
+
+
 def test_an_arm_that_dies_leaves_the_rotation_and_resume_finishes_the_group(
     tmp_path: Path, scripted_arm: Callable[..., Path]
 ) -> None:
