@@ -23,9 +23,9 @@ TREE_SHAPES: tuple[str, ...] = ("auto", "paper", "compact")
 SHAPE_COUNTS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
     # the paper's geometry, 28 rows: on a GPU the extra verification rows are nearly free
     "paper": (5, 2, 6, (4, 2)),
-    # 9 rows for the native CPU forward, where each verification row costs about as much as a tenth
-    # of an AR step (measured: the paper tree ran at 0.91x AR there, this one fastest of the shapes
-    # tried: results/cpu/tree-shapes.md)
+    # 9 rows for the native CPU forward, where each extra row costs about a fifth of an AR step's
+    # forward (paper tree: 10.5 ms target span against 1.6 ms for AR, 0.84x AR overall; this shape
+    # was the fastest tried: results/cpu/tree-shapes.md)
     "compact": (2, 0, 4, (2,)),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -129,13 +129,13 @@ class EngineConfig:
     def shaped(self) -> EngineConfig:
         """This config with the tree's counts set by `tree_shape` for the kernels it runs on (call it
         once the kernel set is final: the native CPU forward's fallback can change it)."""
-        shape = self.tree_shape
-        counts = (self.mtp_depth, self.siblings, self.tail_len, self.rescue_lens)
-        if shape == "auto":
-            native = self.kernels == "cpu-native" and counts == SHAPE_COUNTS["paper"]
-            shape = "compact" if native else "paper" if counts == SHAPE_COUNTS["paper"] else "auto"
-        if self.drafter != "tree" or shape == "auto":
+        if self.drafter != "tree":
             return self
+        shape = self.tree_shape
+        if shape == "auto":
+            if (self.mtp_depth, self.siblings, self.tail_len, self.rescue_lens) != SHAPE_COUNTS["paper"]:
+                return self  # counts were given: they are kept
+            shape = "compact" if self.kernels == "cpu-native" else "paper"
         depth, siblings, tail, rescues = SHAPE_COUNTS[shape]
         return replace(
             self, tree_shape=shape, mtp_depth=depth, siblings=siblings, tail_len=tail, rescue_lens=rescues
