@@ -26,42 +26,54 @@ from .scripted_server import Script, ScriptedServer
 N_EVENTS, SPACING_S = 60, 0.01
 
 
-class TimedSSEServer:
-    """A test SSE server: each event carries the perf_counter_ns at which it was written; it keeps the
-    exact bytes it sent per request."""
+class BackgroundChatServer:
+    """A test server on its own event loop thread whose /v1/chat/completions is `chat`."""
+
+    handler_cancellation = False
 
     def __init__(self) -> None:
-        self.sent: list[bytes] = []
         self.port = free_port()
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
 
-    async def _start(self) -> None:
-        async def chat(request: web.Request) -> web.StreamResponse:
-            await request.read()
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            sent = bytearray()
-            for i in range(N_EVENTS):
-                delta = {
-                    "choices": [{"index": 0, "delta": {"content": f"t{i} "}}],
-                    "sent_ns": time.perf_counter_ns(),
-                }
-                event = b"data: " + json.dumps(delta).encode() + b"\n\n"
-                await response.write(event)
-                sent += event
-                await asyncio.sleep(SPACING_S)
-            usage = b'data: {"choices": [], "usage": {"completion_tokens": 60}}\n\ndata: [DONE]\n\n'
-            await response.write(usage)
-            self.sent.append(bytes(sent + usage))
-            return response
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
 
+    async def _start(self) -> None:
         app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        runner = web.AppRunner(app, handler_cancellation=self.handler_cancellation)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
+
+
+class TimedSSEServer(BackgroundChatServer):
+    """A test SSE server: each event carries the perf_counter_ns at which it was written; it keeps the
+    exact bytes it sent per request."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        super().__init__()
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        sent = bytearray()
+        for i in range(N_EVENTS):
+            delta = {
+                "choices": [{"index": 0, "delta": {"content": f"t{i} "}}],
+                "sent_ns": time.perf_counter_ns(),
+            }
+            event = b"data: " + json.dumps(delta).encode() + b"\n\n"
+            await response.write(event)
+            sent += event
+            await asyncio.sleep(SPACING_S)
+        usage = b'data: {"choices": [], "usage": {"completion_tokens": 60}}\n\ndata: [DONE]\n\n'
+        await response.write(usage)
+        self.sent.append(bytes(sent + usage))
+        return response
 
 
 def _stream(url: str) -> tuple[bytes, list[float]]:
@@ -226,36 +238,28 @@ def test_request_log_times_every_chat_request_in_order(tmp_path):
     assert rows[0].end_s <= rows[1].sent_s
 
 
-class StallingUpstream:
+class StallingUpstream(BackgroundChatServer):
     """A test upstream that answers a chat request with headers, then stays silent (a long prefill, or a
     request queued behind another); it notes when the request's connection is gone."""
 
+    handler_cancellation = True  # the server cancels a handler whose client went away
+
     def __init__(self) -> None:
-        self.port = free_port()
         self.started = threading.Event()
         self.gone = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        super().__init__()
 
-    async def _start(self) -> None:
-        async def chat(request: web.Request) -> web.StreamResponse:
-            await request.read()
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            self.started.set()
-            try:
-                await asyncio.sleep(60)
-            except asyncio.CancelledError:  # the server cancels a handler whose client went away
-                self.gone.set()
-                raise
-            return response
-
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.gone.set()
+            raise
+        return response
 
 
 def test_a_client_that_goes_away_takes_its_upstream_request_with_it(tmp_path):
