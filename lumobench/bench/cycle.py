@@ -11,6 +11,11 @@ nothing; the paper's mean 4.05 accepted drafts per tree event and 3.17 per MTP-5
 `--accept`), so publication replays paths of realistic length. The projected decode rate is
 (accepted + 1) / cycle. Also: GDN verification of the 48 GDN layers in model order (one launch per
 layer, captured, 32 rows), tree attention at each context against its KV-read floor, and memory.
+
+Variants, side by side in the one process: "fused" is the product's path (fused projections and
+the dense Triton kernels of `lumotree/model/fused/`), "unfused" the same engine with them off
+(separate cuBLAS projections, PyTorch elementwise ops). Each variant's AR verify step is also
+profiled once eagerly (kernel count, GEMM time against the rest).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.random_trees import paper_tree
 from lumotree.engine.device_runner import DeviceRunner
+from lumotree.model.fused.ops import KernelMode, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
@@ -40,6 +46,8 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
+VARIANTS: dict[str, KernelMode] = {"fused": "auto", "unfused": "off"}
+GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
 
 @dataclass(frozen=True)
@@ -192,6 +200,31 @@ def attention_over_floor(
     return ms / floor_ms
 
 
+def kernel_profile(runner: DeviceRunner, top: int = 12) -> dict:
+    """One eager verify stage under the profiler: kernels launched, GEMM time and the rest (device
+    time of the kernels themselves; launch gaps excluded), and the costliest kernels by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.run_stage("verify")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.run_stage("verify")
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.device_time_total / 1e3)
+    gemm = {n: t for n, t in kernels.items() if any(g in n.lower() for g in GEMM_KERNELS)}
+    ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "kernels": sum(len(t) for t in kernels.values()),
+        "gemm_kernels": sum(len(t) for t in gemm.values()),
+        "gemm_ms": sum(sum(t) for t in gemm.values()),
+        "other_ms": sum(sum(t) for n, t in kernels.items() if n not in gemm),
+        "top": [{"name": n[:120], "count": len(t), "ms": sum(t)} for n, t in ranked],
+    }
+
+
 def fill_state_(runner: DeviceRunner, ctx: int) -> None:
     """A context of `ctx` committed tokens: random KV rows and GDN states (values do not change
     the timing, but zeros are never timed)."""
@@ -209,7 +242,14 @@ def fill_state_(runner: DeviceRunner, ctx: int) -> None:
         runner.mtp.reset(ctx - 1)
 
 
-def bench(contexts: list[int], iters: int, warmup: int, tree_accepted: float, mtp_accepted: float) -> dict:
+def bench(
+    contexts: list[int],
+    iters: int,
+    warmup: int,
+    tree_accepted: float,
+    mtp_accepted: float,
+    variants: list[str],
+) -> dict:
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)
     bandwidth = copy_bandwidth(device)
@@ -224,17 +264,32 @@ def bench(contexts: list[int], iters: int, warmup: int, tree_accepted: float, mt
         "floor_ms": floor_ms,
         "copy_bandwidth_tbps": bandwidth / 1e12,
         "weight_gb": weight_bytes(model) / 1e9,
+        "variants": variants,
         "contexts": {},
+        "profile": {},
     }
+    for variant in variants:
+        with kernel_mode(VARIANTS[variant]):
+            runner = DeviceRunner(model, 4096 + 64, 1, MAX_DEPTH, None, graphs=False)
+            fill_state_(runner, 4096)
+            runner.tables.load_(arm_tree(arms[0], 4096, model.config.vocab_size))
+            result["profile"][variant] = kernel_profile(runner)
+            del runner
     for ctx in contexts:
         row: dict = {}
-        for arm in arms:
-            runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, graphs=True)
-            fill_state_(runner, ctx)
-            tree = arm_tree(arm, ctx, model.config.vocab_size)
-            row[arm.name] = time_cycle(runner, tree, arm, timer) | {"graph_mib": runner.graph_bytes / 2**20}
-            del runner
-            torch.cuda.empty_cache()
+        for variant in variants:
+            for arm in arms:
+                with kernel_mode(VARIANTS[variant]):
+                    runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, graphs=True)
+                fill_state_(runner, ctx)
+                tree = arm_tree(arm, ctx, model.config.vocab_size)
+                name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"
+                row[name] = time_cycle(runner, tree, arm, timer) | {
+                    "graph_mib": runner.graph_bytes / 2**20,
+                    "variant": variant,
+                }
+                del runner
+                torch.cuda.empty_cache()
         tree = arm_tree(arms[2], ctx, model.config.vocab_size)
         row["gdn_verify_model_order_ms"] = gdn_model_order(model, tree, timer)
         row["attention_over_floor"] = attention_over_floor(model, tree, ctx, timer, bandwidth)
@@ -245,11 +300,10 @@ def bench(contexts: list[int], iters: int, warmup: int, tree_accepted: float, mt
             "total_gib": total / 2**30,
             "kv_tokens_fit_in_free": free // kv_bytes_per_token(model),
         }
-        ar, mtp, tr = (row[a]["cycle_ms"] for a in ("ar", "mtp5", "tree"))
         row["projected_tokens_per_s"] = {
-            "ar": 1e3 / ar,
-            "mtp5": (mtp_accepted + 1) * 1e3 / mtp,
-            "tree": (tree_accepted + 1) * 1e3 / tr,
+            name: (t["accepted"] + 1) * 1e3 / t["cycle_ms"]
+            for name, t in row.items()
+            if isinstance(t, dict) and "cycle_ms" in t
         }
         result["contexts"][str(ctx)] = row
     return result
@@ -294,13 +348,14 @@ def markdown(result: dict, head: dict) -> str:
     ]
     rows = {"ar": 1, "mtp5": 6, "tree": 32}
     for ctx, row in result["contexts"].items():
-        for arm, r in rows.items():
-            t = row[arm]
+        for name, t in row.items():
+            if not (isinstance(t, dict) and "cycle_ms" in t):
+                continue
             lines.append(
-                f"| {ctx} | {arm} | {r} | {t['verify_ms']:.3f} | {t['walk_ms']:.3f} "
+                f"| {ctx} | {name} | {rows[name.split('-')[0]]} | {t['verify_ms']:.3f} | {t['walk_ms']:.3f} "
                 f"| {t['publish_ms']:.3f} | "
                 f"{t['draft_ms']:.3f} | {t['cycle_ms']:.3f} | {t['cycle_ms'] / result['floor_ms']:.2f} | "
-                f"{t['accepted']:.2f} | {row['projected_tokens_per_s'][arm]:.1f} |"
+                f"{t['accepted']:.2f} | {row['projected_tokens_per_s'][name]:.1f} |"
             )
         lines.append(
             f"| {ctx} | GDN verify, 48 layers in model order (32 rows, one launch per layer) | | "
@@ -309,6 +364,19 @@ def markdown(result: dict, head: dict) -> str:
         lines.append(
             f"| {ctx} | tree attention, one layer, over its KV-read floor | | "
             f"{row['attention_over_floor']:.2f}x | | | | | | | |"
+        )
+    lines += [
+        "",
+        "AR verify step at 4096, one eager run under the profiler (kernel device time only):",
+        "",
+        "| variant | kernels | GEMM kernels | GEMM ms | other ms | costliest kernels (count, ms) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for variant, prof in result.get("profile", {}).items():
+        top = "; ".join(f"{k['name'][:48]} ({k['count']}, {k['ms']:.2f})" for k in prof["top"][:4])
+        lines.append(
+            f"| {variant} | {prof['kernels']} | {prof['gemm_kernels']} | {prof['gemm_ms']:.2f} "
+            f"| {prof['other_ms']:.2f} | {top} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -320,13 +388,20 @@ def main(
     warmup: Annotated[int, typer.Option(help="Warm-up iterations.")] = 10,
     tree_accepted: Annotated[float, typer.Option(help="Forced mean accepted drafts per tree cycle.")] = 4.05,
     mtp_accepted: Annotated[float, typer.Option(help="Forced mean accepted drafts per MTP-5 cycle.")] = 3.17,
+    variants: Annotated[
+        str, typer.Option(help="Comma-separated, the headline first: fused (the product path), unfused.")
+    ] = "fused,unfused",
 ) -> None:
     """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
     if not torch.cuda.is_available():
         typer.echo("error: the cycle benchmark needs a CUDA GPU", err=True)
         raise typer.Exit(2)
+    chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    if not chosen or any(v not in VARIANTS for v in chosen):
+        typer.echo(f"error: --variants takes {', '.join(VARIANTS)}, got {variants!r}", err=True)
+        raise typer.Exit(2)
     command = "python -m lumobench.bench.cycle " + " ".join(sys.argv[1:])
-    result = bench([int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted)
+    result = bench([int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted, chosen)
     head = summary(result, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cycle.json").write_text(json.dumps(head | {"detail": result}, indent=2) + "\n")

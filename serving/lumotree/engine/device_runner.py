@@ -4,8 +4,9 @@ fixed shapes, CUDA graphs and one device->host synchronisation per cycle.
 One cycle, for a tree of `rows` rows (1 for AR, 1 + k for a chain, 32 for the paper tree):
 
     tables.load_(tree)        one host->device copy of every descriptor table (static buffers)
-    verify                    [graph] int32 casts, the tree forward (tree conv, GDN tree WY per
-                              layer, tree attention), logits of every row
+    verify                    [graph] int32 casts, the tree forward (fused projections and dense
+                              kernels, tree conv, GDN tree WY per layer, tree attention), logits
+                              of every row
     accept                    the request's logits processing and the device walk (eager: a few
                               launches; sampling settings vary per request)
     publish                   [graph] replay of all GDN layers in one launch, conv state, KV remap
@@ -29,6 +30,7 @@ from torch import Tensor
 
 from lumotree.drafting.device_mtp import DeviceMTP
 from lumotree.drafting.mtp import MTPProposal
+from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState
 from lumotree.model.tree_mode import TreeForward, check_capacity, publish_path_, tree_forward
@@ -77,6 +79,7 @@ class DeviceRunner:
             # cuDNN attention builds a plan per new shape (~19 ms each on the H200): every prefill
             # chunk has a new one. The memory-efficient backend takes masks without that cost.
             torch.backends.cuda.enable_cudnn_sdp(False)
+            fuse_projections_(model)  # one GEMM per block's input projections (model/fused/)
         self.kernels = triton_kernels()
         self.state, self.capacity = model.new_state(capacity), capacity
         self.rows, self.max_depth = rows, max_depth

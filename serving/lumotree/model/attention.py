@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lumotree.model.config import HybridConfig
+from lumotree.model.fused import ops
+from lumotree.model.fused.weights import FusedProjection
 from lumotree.model.norms import RMSNorm
-from lumotree.model.rope import apply_rotary
 
 
 class GatedAttention(nn.Module):
@@ -30,6 +31,7 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(heads * dim, hidden, bias=False)
         self.q_norm = RMSNorm(dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(dim, eps=config.rms_norm_eps)
+        self.fused: FusedProjection | None = None  # [q_proj | k_proj | v_proj], set by fuse_projections_
 
     def project(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -37,17 +39,18 @@ class GatedAttention(nn.Module):
         """h: [B, T, hidden]; cos/sin: [B or 1, T, rotary_dim] for each row's position.
 
         Returns q [B, T, Hq, D] (normed, rotated), k [B, T, Hkv, D] (normed, rotated), v [B, T, Hkv, D],
-        gate [B, T, Hq*D] (pre-sigmoid).
+        gate [B, T, Hq, D] (pre-sigmoid; may be a strided view).
         """
         bsz, seq, _ = h.shape
-        q_gate = self.q_proj(h).view(bsz, seq, self.num_heads, 2 * self.head_dim)
-        q, gate = q_gate.chunk(2, dim=-1)
-        q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(
-            self.k_norm(self.k_proj(h).view(bsz, seq, self.num_kv_heads, self.head_dim)), cos, sin
-        )
-        v = self.v_proj(h).view(bsz, seq, self.num_kv_heads, self.head_dim)
-        return q, k, v, gate.reshape(bsz, seq, -1)
+        if self.fused is not None and ops.kernels_for(h) and self.fused.current():
+            q_gate, k, v = self.fused(h)
+        else:
+            q_gate, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q, gate = q_gate.view(bsz, seq, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = ops.norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
+        k = k.view(bsz, seq, self.num_kv_heads, self.head_dim)
+        k = ops.norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
+        return q, k, v.view(bsz, seq, self.num_kv_heads, self.head_dim), gate
 
     def mix(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -70,9 +73,9 @@ class GatedAttention(nn.Module):
         return out.transpose(1, 2)
 
     def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """attn: [B, T, Hq, D], gate: [B, T, Hq*D] -> [B, T, hidden]."""
+        """attn, gate: [B, T, Hq, D] -> [B, T, hidden]."""
         bsz, seq = attn.shape[:2]
-        return self.o_proj(attn.reshape(bsz, seq, -1) * torch.sigmoid(gate))
+        return self.o_proj(ops.sigmoid_mul(attn, gate).reshape(bsz, seq, -1))
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:

@@ -15,6 +15,8 @@ from torch import nn
 
 from lumotree.model import gdn_ops
 from lumotree.model.config import HybridConfig
+from lumotree.model.fused import ops
+from lumotree.model.fused.weights import FusedProjection
 from lumotree.model.norms import GatedRMSNorm
 
 
@@ -46,12 +48,16 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, eps=config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.fused: FusedProjection | None = None  # [qkv | z | b | a], set by fuse_projections_
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h: [B, T, hidden] -> (conv inputs [B, T, C], z [B, T, HV, V], a [B, T, HV], b [B, T, HV])."""
         bsz, seq, _ = h.shape
-        z = self.in_proj_z(h).view(bsz, seq, self.num_v_heads, self.head_v_dim)
-        return self.in_proj_qkv(h), z, self.in_proj_a(h), self.in_proj_b(h)
+        if self.fused is not None and ops.kernels_for(h) and self.fused.current():
+            qkv, z, b, a = self.fused(h)  # column slices of one GEMM
+        else:
+            qkv, z, b, a = self.in_proj_qkv(h), self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)
+        return qkv, z.view(bsz, seq, self.num_v_heads, self.head_v_dim), a, b
 
     def conv(
         self, mixed_qkv: torch.Tensor, conv_state: torch.Tensor | None

@@ -9,6 +9,7 @@ from torch import nn
 
 from lumotree.model.attention import GatedAttention
 from lumotree.model.config import LINEAR, HybridConfig
+from lumotree.model.fused import ops
 from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.mlp import MLP, SparseMoE
 from lumotree.model.norms import RMSNorm
@@ -78,11 +79,15 @@ class DecoderLayer(nn.Module):
                 state.value[start:end] = v[0]
                 attn = self.self_attn.mix(q, state.key[None, :end], state.value[None, :end])
             mixed = self.self_attn.output(attn, gate)
-        h = h + mixed
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return self._residual_mlp(h, mixed)
 
     def with_mixer(self, h: torch.Tensor, mixer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """`forward`'s structure with the token mixer swapped (tree verification, MTP drafting):
         pre-norm mixer, pre-norm MLP, both residual."""
-        h = h + mixer(self.input_layernorm(h))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return self._residual_mlp(h, mixer(self.input_layernorm(h)))
+
+    def _residual_mlp(self, h: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """h + mixed, then the pre-norm MLP on that sum, residual (the add and the norm fused)."""
+        norm = self.post_attention_layernorm
+        h, x = ops.add_rms_norm(h, mixed, norm.weight, norm.eps)
+        return h + self.mlp(x)

@@ -1,10 +1,11 @@
-"""RMS norms as Qwen3.5 / Qwen3-Next checkpoints define them."""
+"""RMS norms as Qwen3.5 / Qwen3-Next checkpoints define them (formulas: `fused/reference.py`)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from lumotree.model.fused import ops
 
 
 class RMSNorm(nn.Module):
@@ -20,9 +21,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim], same dtype."""
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).type_as(x)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -35,8 +34,4 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x, gate: [..., dim] -> [..., dim] in x's dtype (fp32 norm, checkpoint cast points)."""
-        dtype = x.dtype
-        xf = x.float()
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
-        y = self.weight * y
-        return (y * F.silu(gate.float())).to(dtype)
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)

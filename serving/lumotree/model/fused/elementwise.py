@@ -1,0 +1,242 @@
+"""The model's dense elementwise ops as Triton kernels, beside `reference.py`.
+
+One program per row (or per (row, head)) holds the whole normalised vector in registers, so a
+row's reduction is the same whatever the number of rows: a 1-row decode step and a 32-row tree
+forward normalise a row identically (batch invariance). Every kernel keeps the reference's cast
+points (fp32 arithmetic, a rounding to the activation dtype wherever the reference rounds), and
+reads its inputs through their strides, so the column slices of a fused projection need no copy.
+Outputs are new contiguous tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+ELEMENTS_PER_PROGRAM = 2048  # silu_mul's column block
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 512))
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    sx_r,
+    sx_h,
+    d_ptr,
+    sd_r,
+    sd_h,
+    sum_ptr,
+    w_ptr,
+    y_ptr,
+    D,
+    eps,
+    ADD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    out = (r * tl.num_programs(1) + h) * D
+    offs = tl.arange(0, BLOCK_D)
+    m = offs < D
+    x = tl.load(x_ptr + r * sx_r + h * sx_h + offs, mask=m, other=0.0)
+    if ADD:
+        delta = tl.load(d_ptr + r * sd_r + h * sd_h + offs, mask=m, other=0.0)
+        x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(sum_ptr + out + offs, x, mask=m)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + out + offs, (xf * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(
+    x_ptr,
+    z_ptr,
+    sz_r,
+    sz_h,
+    w_ptr,
+    y_ptr,
+    D,
+    eps,
+    ROUND_WEIGHTED: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    row = (r * tl.num_programs(1) + h) * D
+    offs = tl.arange(0, BLOCK_D)
+    m = offs < D
+    xf = tl.load(x_ptr + row + offs, mask=m, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    dtype = y_ptr.dtype.element_ty
+    y = (xf * rstd).to(dtype).to(tl.float32)
+    y = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32) * y
+    if ROUND_WEIGHTED:  # the weight times the normed row rounds when both are in the low dtype
+        y = y.to(dtype).to(tl.float32)
+    z = tl.load(z_ptr + r * sz_r + h * sz_h + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row + offs, (y * (z * tl.sigmoid(z))).to(dtype), mask=m)
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x_ptr,
+    sx_r,
+    sx_h,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    y_ptr,
+    D,
+    eps,
+    ROT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    src = x_ptr + r * sx_r + h * sx_h
+    offs = tl.arange(0, BLOCK_D)
+    m = offs < D
+    dtype = y_ptr.dtype.element_ty
+    xf = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = (xf * rstd * (1.0 + w)).to(dtype)
+    # rotate-half on the first ROT dims: each element's partner is ROT/2 away, normed the same way
+    half: tl.constexpr = ROT // 2
+    rot = offs < ROT
+    partner = tl.where(offs < half, offs + half, offs - half)
+    xp = tl.load(src + partner, mask=m & rot, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=m & rot, other=0.0).to(tl.float32)
+    yp = (xp * rstd * (1.0 + wp)).to(dtype).to(tl.float32)
+    rotated = tl.where(offs < half, -yp, yp)
+    c = tl.load(cos_ptr + r * ROT + offs, mask=rot, other=0.0).to(dtype).to(tl.float32)
+    s = tl.load(sin_ptr + r * ROT + offs, mask=rot, other=0.0).to(dtype).to(tl.float32)
+    turned = ((y.to(tl.float32) * c).to(dtype).to(tl.float32) + (rotated * s).to(dtype).to(tl.float32)).to(
+        dtype
+    )
+    tl.store(y_ptr + (r * tl.num_programs(1) + h) * D + offs, tl.where(rot, turned, y), mask=m)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    dtype = y_ptr.dtype.element_ty
+    g = tl.load(gu_ptr + r * s_row + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r * s_row + N + offs, mask=m, other=0.0).to(tl.float32)
+    act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+    tl.store(y_ptr + r * N + offs, (act * u).to(dtype), mask=m)
+
+
+@triton.jit
+def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    row = (r * tl.num_programs(1) + h) * D
+    offs = tl.arange(0, BLOCK_D)
+    m = offs < D
+    dtype = y_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row + offs, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + r * sg_r + h * sg_h + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row + offs, (x * tl.sigmoid(g).to(dtype).to(tl.float32)).to(dtype), mask=m)
+
+
+def _rows_heads(x: Tensor) -> Tensor:
+    """x [..., H, D] as a [rows, H, D] view (a copy only where the leading dims cannot merge)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def _block(d: int) -> int:
+    return triton.next_power_of_2(d)
+
+
+def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """Every output's allocation (tests poison it here)."""
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """reference.rms_norm: x [..., D] -> [..., D] in x's dtype."""
+    xs = _rows_heads(x[..., None, :])
+    y = _empty(x.shape, x)
+    d = x.shape[-1]
+    block = _block(d)
+    _rms_norm_kernel[(xs.shape[0], 1)](
+        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps, ADD=False, BLOCK_D=block, num_warps=_warps(block)
+    )
+    return y
+
+
+def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """reference.add_rms_norm: (h + delta, rms_norm(h + delta)), both [..., D] in h's dtype."""
+    if delta.shape != h.shape or delta.dtype != h.dtype:
+        raise ValueError(f"residual {tuple(h.shape)} {h.dtype} != delta {tuple(delta.shape)} {delta.dtype}")
+    hs, ds = _rows_heads(h[..., None, :]), _rows_heads(delta[..., None, :])
+    total, y = _empty(h.shape, h), _empty(h.shape, h)
+    d = h.shape[-1]
+    block = _block(d)
+    _rms_norm_kernel[(hs.shape[0], 1)](
+        hs, hs.stride(0), 0, ds, ds.stride(0), 0, total, weight, y, d, eps,
+        ADD=True, BLOCK_D=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return total, y
+
+
+def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """reference.gated_rms_norm per head: x, gate [..., H, D] -> [..., H, D] in x's dtype."""
+    xs, zs = _rows_heads(x.contiguous()), _rows_heads(gate)
+    y = _empty(x.shape, x)
+    d = x.shape[-1]
+    round_weighted = torch.promote_types(weight.dtype, x.dtype) != torch.float32
+    block = _block(d)
+    _gated_rms_norm_kernel[(xs.shape[0], xs.shape[1])](
+        xs, zs, zs.stride(0), zs.stride(1), weight, y, d, eps,
+        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return y
+
+
+def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    """reference.norm_rope: x [B, T, H, D], cos/sin [B or 1, T, rot] fp32 -> [B, T, H, D]."""
+    bsz, seq, heads, d = x.shape
+    rot = cos.shape[-1]
+    cos, sin = (t.expand(bsz, seq, rot).reshape(bsz * seq, rot).float().contiguous() for t in (cos, sin))
+    xs = _rows_heads(x)
+    y = _empty(x.shape, x)
+    block = _block(d)
+    _norm_rope_kernel[(xs.shape[0], heads)](
+        xs, xs.stride(0), xs.stride(1), weight, cos, sin, y, d, eps,
+        ROT=rot, BLOCK_D=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return y
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """reference.silu_mul: [..., 2I] -> [..., I]."""
+    n = gate_up.shape[-1] // 2
+    gu = _rows_heads(gate_up[..., None, :])
+    y = _empty((*gate_up.shape[:-1], n), gate_up)
+    block = min(ELEMENTS_PER_PROGRAM, _block(n))
+    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](gu, gu.stride(0), y, n, BLOCK=block, num_warps=4)
+    return y
+
+
+def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
+    """reference.sigmoid_mul per head: x, gate [..., H, D] -> [..., H, D] in x's dtype."""
+    xs, gs = _rows_heads(x.contiguous()), _rows_heads(gate)
+    y = _empty(x.shape, x)
+    d = x.shape[-1]
+    block = _block(d)
+    _sigmoid_mul_kernel[(xs.shape[0], xs.shape[1])](
+        xs, gs, gs.stride(0), gs.stride(1), y, d, BLOCK_D=block, num_warps=_warps(block)
+    )
+    return y

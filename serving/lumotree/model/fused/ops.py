@@ -1,0 +1,78 @@
+"""Where the model's dense elementwise ops run: the Triton kernels of `elementwise.py` on CUDA
+tensors that need no gradient, the PyTorch references everywhere else.
+
+`kernel_mode` chooses: "auto" (the default: kernels on CUDA), "off" (references everywhere: the
+unfused path, for side-by-side benchmarks) or "always" (kernels on any device: CPU tests under
+TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Literal
+
+from torch import Tensor
+
+from lumotree.model.fused import reference
+
+KernelMode = Literal["auto", "off", "always"]
+_mode: KernelMode = "auto"
+
+
+@contextmanager
+def kernel_mode(mode: KernelMode) -> Iterator[None]:
+    """Run the enclosed code with the dense kernels in `mode` (restored afterwards)."""
+    global _mode
+    if mode not in ("auto", "off", "always"):
+        raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
+    previous, _mode = _mode, mode
+    try:
+        yield
+    finally:
+        _mode = previous
+
+
+def kernels_for(x: Tensor) -> bool:
+    """Whether ops on `x` take the fused path (kernels and fused projections)."""
+    if _mode == "off" or x.requires_grad:
+        return False
+    return _mode == "always" or x.is_cuda
+
+
+def _kernels() -> ModuleType:
+    """The Triton module, imported on demand (CPU-only installs may lack Triton)."""
+    from lumotree.model.fused import elementwise
+
+    return elementwise
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Zero-centred RMSNorm (reference.rms_norm)."""
+    return (_kernels() if kernels_for(x) else reference).rms_norm(x, weight, eps)
+
+
+def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Residual add and pre-norm (reference.add_rms_norm)."""
+    return (_kernels() if kernels_for(h) else reference).add_rms_norm(h, delta, weight, eps)
+
+
+def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """GDN output norm (reference.gated_rms_norm)."""
+    return (_kernels() if kernels_for(x) else reference).gated_rms_norm(x, gate, weight, eps)
+
+
+def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    """q/k norm + partial RoPE (reference.norm_rope)."""
+    return (_kernels() if kernels_for(x) else reference).norm_rope(x, weight, eps, cos, sin)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """SwiGLU activation of a fused [gate | up] projection (reference.silu_mul)."""
+    return (_kernels() if kernels_for(gate_up) else reference).silu_mul(gate_up)
+
+
+def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
+    """Attention output gate (reference.sigmoid_mul)."""
+    return (_kernels() if kernels_for(x) else reference).sigmoid_mul(x, gate)

@@ -1,0 +1,69 @@
+"""Fused projections: the linears that read the same input (GDN's in_proj_qkv/z/b/a, attention's
+q/k/v, the MLP's gate/up) concatenated into one weight, so a decode step streams each layer's
+input projections in one GEMM instead of two to four.
+
+The original `nn.Linear` weights become views of the fused tensor (no extra memory; checkpoint
+names, `state_dict` and `load_state_dict` keep working and write through to it). A module uses
+its `FusedProjection` only while the views still point into it (a later `.to()` breaks that and
+silently brings back the separate GEMMs) and only on the fused path (`ops.kernels_for`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class FusedProjection:
+    """One weight [sum of outs, in] standing for `parts`, whose weights are views of it."""
+
+    def __init__(self, parts: Sequence[nn.Linear]) -> None:
+        if any(p.bias is not None for p in parts):
+            raise ValueError("fused projections take bias-free linears only")
+        self.parts = tuple(parts)
+        self.sizes = [p.out_features for p in parts]
+        with torch.no_grad():
+            self.weight = torch.cat([p.weight for p in parts])
+            for part, view in zip(parts, self.weight.split(self.sizes), strict=True):
+                part.weight.data = view
+
+    def current(self) -> bool:
+        """Whether every part's weight is still the view into `weight` this fusion made."""
+        offset, row = 0, self.weight.stride(0) * self.weight.element_size()
+        base = self.weight.data_ptr()
+        for part, size in zip(self.parts, self.sizes, strict=True):
+            w = part.weight
+            moved = w.dtype != self.weight.dtype or w.device != self.weight.device
+            if moved or w.data_ptr() != base + offset:
+                return False
+            offset += size * row
+        return True
+
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        """x [..., in] -> each part's output [..., out_i] (column slices of one GEMM)."""
+        return list(F.linear(x, self.weight).split(self.sizes, dim=-1))
+
+
+def fuse_projections_(model: nn.Module) -> int:
+    """Fuse the input projections of every GDN block, attention block and MLP of `model` (its MTP
+    module included) in place; modules already fused are left alone. Returns how many were fused."""
+    from lumotree.model.attention import GatedAttention
+    from lumotree.model.gdn import GatedDeltaNet
+    from lumotree.model.mlp import MLP
+
+    names = {
+        GatedDeltaNet: ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+        GatedAttention: ("q_proj", "k_proj", "v_proj"),
+        MLP: ("gate_proj", "up_proj"),
+    }
+    fused = 0
+    for module in model.modules():
+        parts = names.get(type(module))
+        if parts is None or (module.fused is not None and module.fused.current()):
+            continue
+        module.fused = FusedProjection([getattr(module, n) for n in parts])
+        fused += 1
+    return fused

@@ -1,0 +1,131 @@
+"""The model's dense elementwise Triton kernels (model/fused/elementwise.py) vs their PyTorch
+references (interpreter, fp32 and fp16): strided inputs as fused projections give them, outputs
+poisoned, and batch invariance (a row's result does not depend on the other rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from lumotree.model.fused import elementwise as kernels
+from lumotree.model.fused import reference as ref
+from lumotree.model.rope import RotaryEmbedding
+
+from .helpers import assert_written, poisoned
+
+EPS = 1e-6
+DTYPES = [torch.float32, torch.float16]
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> list[Tensor]:
+    """Every output the kernels allocate starts as NaN; the list collects them for assert_written."""
+    made: list[Tensor] = []
+
+    def empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
+        made.append(poisoned(tuple(shape), like.dtype, like.device))
+        return made[-1]
+
+    monkeypatch.setattr(kernels, "_empty", empty)
+    return made
+
+
+def _columns(gen: torch.Generator, rows: int, width: int, offset: int, dtype: torch.dtype) -> Tensor:
+    """[1, rows, width] as a column slice of a wider projection output (row stride > width)."""
+    wide = torch.randn(1, rows, offset + width + 5, generator=gen).to(dtype)
+    return wide[..., offset : offset + width]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_and_add_rms_norm_match_reference(
+    dtype: torch.dtype, poisoned_outputs: list[Tensor]
+) -> None:
+    gen = torch.Generator().manual_seed(1)
+    h = _columns(gen, 5, 48, 7, dtype)
+    delta = _columns(gen, 5, 48, 3, dtype)
+    w = torch.randn(48, generator=gen).to(dtype)
+    torch.testing.assert_close(kernels.rms_norm(h, w, EPS), ref.rms_norm(h, w, EPS), **TOL[dtype])
+    total, y = kernels.add_rms_norm(h, delta, w, EPS)
+    want_total, want_y = ref.add_rms_norm(h, delta, w, EPS)
+    assert torch.equal(total, want_total)  # the add rounds once, as the reference's
+    torch.testing.assert_close(y, want_y, **TOL[dtype])
+    for out in poisoned_outputs:
+        assert_written(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", ["same", "fp32"])
+def test_gated_rms_norm_matches_reference(
+    dtype: torch.dtype, weight_dtype: str, poisoned_outputs: list[Tensor]
+) -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 3, 4, 16, generator=gen).to(dtype)
+    z = _columns(gen, 3, 64, 10, dtype).view(1, 3, 4, 16)
+    w = torch.randn(16, generator=gen).to(dtype if weight_dtype == "same" else torch.float32)
+    torch.testing.assert_close(
+        kernels.gated_rms_norm(x, z, w, EPS), ref.gated_rms_norm(x, z, w, EPS), **TOL[dtype]
+    )
+    assert_written(poisoned_outputs[-1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_rope_matches_reference_on_a_strided_query(
+    dtype: torch.dtype, poisoned_outputs: list[Tensor]
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    heads, dim, rows = 3, 32, 4
+    q_gate = _columns(gen, rows, heads * 2 * dim, 6, dtype).reshape(1, rows, heads, 2 * dim)
+    q = q_gate[..., :dim]  # the query half of a [query | gate] head: strided heads and rows
+    w = torch.randn(dim, generator=gen).to(dtype)
+    cos, sin = RotaryEmbedding(8, 10000.0)(torch.tensor([[3, 9, 4, 100]]))
+    got = kernels.norm_rope(q, w, EPS, cos, sin)
+    torch.testing.assert_close(got, ref.norm_rope(q, w, EPS, cos, sin), **TOL[dtype])
+    assert_written(poisoned_outputs[-1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_and_sigmoid_mul_match_reference(dtype: torch.dtype, poisoned_outputs: list[Tensor]) -> None:
+    gen = torch.Generator().manual_seed(4)
+    gate_up = _columns(gen, 3, 2 * 40, 2, dtype)
+    torch.testing.assert_close(kernels.silu_mul(gate_up), ref.silu_mul(gate_up), **TOL[dtype])
+    attn = torch.randn(1, 3, 2, 16, generator=gen).to(dtype)
+    gate = _columns(gen, 3, 2 * 32, 0, dtype).view(1, 3, 2, 32)[..., 16:]
+    torch.testing.assert_close(kernels.sigmoid_mul(attn, gate), ref.sigmoid_mul(attn, gate), **TOL[dtype])
+    for out in poisoned_outputs:
+        assert_written(out)
+
+
+def _row_by_row(op: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    return torch.cat([op(x[:, i : i + 1]) for i in range(x.shape[1])], dim=1)
+
+
+def test_every_row_normalises_the_same_whatever_the_rows_beside_it() -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 6, 200, generator=gen) * 3
+    w = torch.randn(200, generator=gen)
+    cos, sin = RotaryEmbedding(8, 10000.0)(torch.arange(6)[None])
+    heads = x[..., :192].reshape(1, 6, 6, 32)
+    ops: list[Callable[[Tensor], Tensor]] = [
+        lambda t: kernels.rms_norm(t, w, EPS),
+        lambda t: kernels.silu_mul(t),
+    ]
+    for op in ops:
+        assert torch.equal(op(x), _row_by_row(op, x))
+    per_row = torch.cat(
+        [
+            kernels.norm_rope(heads[:, i : i + 1], w[:32], EPS, cos[:, i : i + 1], sin[:, i : i + 1])
+            for i in range(6)
+        ],
+        dim=1,
+    )
+    assert torch.equal(kernels.norm_rope(heads, w[:32], EPS, cos, sin), per_row)
+
+
+def test_add_rms_norm_refuses_mismatched_operands() -> None:
+    h = torch.randn(1, 2, 8)
+    with pytest.raises(ValueError, match="residual"):
+        kernels.add_rms_norm(h, torch.randn(1, 2, 8, dtype=torch.float64), torch.zeros(8), EPS)

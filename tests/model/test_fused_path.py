@@ -1,0 +1,67 @@
+"""The fused dense path (model/fused/): projections fused into one weight per block, the
+elementwise ops as Triton kernels (interpreter here). The model computes the same function with
+it as without it, and fusing keeps the checkpoint view of the model intact."""
+
+from __future__ import annotations
+
+import torch
+
+from lumotree.model import HybridLM
+from lumotree.model.fused.ops import kernel_mode
+from lumotree.model.fused.weights import fuse_projections_
+from lumotree.model.tree_mode import verify_tree
+from lumotree.tree import chain_tree
+
+
+def _prefill_and_decode(model: HybridLM, tokens: torch.Tensor) -> torch.Tensor:
+    state = model.new_state(32)
+    hidden = model.prefill(tokens[:-1], state)
+    return torch.cat([hidden, model.decode(tokens[-1], state)])
+
+
+def test_fusing_keeps_every_checkpoint_tensor_and_the_parameter_count(tiny_model: HybridLM) -> None:
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    count = tiny_model.num_parameters()
+    fused = fuse_projections_(tiny_model)
+    assert fused == 3 + 1 + 4 + 2  # 3 GDN blocks, 1 attention block, 4 MLPs, the MTP layer's two
+    after = tiny_model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert tiny_model.num_parameters() == count
+    assert fuse_projections_(tiny_model) == 0  # idempotent
+
+
+def test_loading_a_checkpoint_after_fusing_writes_through_to_the_fused_weight(tiny_model: HybridLM) -> None:
+    fuse_projections_(tiny_model)
+    mlp = tiny_model.model.layers[0].mlp
+    state = {k: torch.randn_like(v) for k, v in tiny_model.state_dict().items()}
+    tiny_model.load_state_dict(state)
+    assert mlp.fused is not None and mlp.fused.current()
+    assert torch.equal(
+        mlp.fused.weight[: mlp.gate_proj.out_features], state["model.layers.0.mlp.gate_proj.weight"]
+    )
+
+
+def test_the_fused_path_computes_the_same_hidden_rows(tiny_model: HybridLM) -> None:
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (9,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode(), kernel_mode("off"):
+        want = _prefill_and_decode(tiny_model, tokens)
+    fuse_projections_(tiny_model)
+    with torch.inference_mode(), kernel_mode("always"):
+        got = _prefill_and_decode(tiny_model, tokens)
+        state = tiny_model.new_state(32)
+        tiny_model.prefill(tokens[:4], state)
+        tree = verify_tree(tiny_model, state, chain_tree(tokens[4:7].tolist(), prefix_len=4))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tree.hidden, want[4:7], rtol=1e-4, atol=1e-4)
+
+
+def test_a_moved_model_leaves_the_stale_fusion_unused(tiny_model: HybridLM) -> None:
+    fuse_projections_(tiny_model)
+    tokens = torch.arange(6)
+    with torch.inference_mode(), kernel_mode("off"):
+        want = _prefill_and_decode(tiny_model.double(), tokens)
+    assert not tiny_model.model.layers[0].linear_attn.fused.current()
+    with torch.inference_mode(), kernel_mode("auto"):  # CPU: references, separate GEMMs
+        got = _prefill_and_decode(tiny_model, tokens)
+    assert torch.equal(got, want)
