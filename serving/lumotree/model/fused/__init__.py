@@ -1,0 +1,1 @@
+"""Fused Triton kernels of the model's dense path, each beside its PyTorch reference."""
