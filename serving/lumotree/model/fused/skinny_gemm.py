@@ -28,6 +28,7 @@ MAX_ROWS = 32
 ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
 HOPPER_SMS = 132
 TILE_BYTES = 16 * 1024  # bytes of weights per loaded tile
+MAX_BLOCK_K = 256  # larger: the pipelined x tiles ([BLOCK_K, 16] per row tile, stage) crowd shared memory
 BLOCK_N_CHOICES = (128, 64, 32, 16)
 DTYPES = (torch.bfloat16, torch.float32)
 
@@ -49,11 +50,11 @@ class SkinnyConfig:
         n: int, k: int, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
     ) -> SkinnyConfig:
         """The largest BLOCK_N that still gives >= 2 waves of programs over the SMs (else the
-        smallest), and the BLOCK_K that makes a weight tile TILE_BYTES."""
+        smallest), and the BLOCK_K that makes a weight tile TILE_BYTES (at most MAX_BLOCK_K)."""
         sms = _sm_count(torch.device(device))
         block_n = next((b for b in BLOCK_N_CHOICES if triton.cdiv(n, b) >= 2 * sms), BLOCK_N_CHOICES[-1])
         block_k = TILE_BYTES // (block_n * torch.finfo(dtype).bits // 8)
-        block_k = max(16, min(block_k, triton.next_power_of_2(k)))
+        block_k = max(16, min(block_k, MAX_BLOCK_K, triton.next_power_of_2(k)))
         return SkinnyConfig(block_n=block_n, block_k=block_k)
 
 
