@@ -1,18 +1,25 @@
 """Compile Triton kernels for Hopper (sm_90) ahead of time, without a GPU; run as a script.
 
 Run with TRITON_INTERPRET unset (the interpreter replaces @triton.jit functions). Prints one JSON
-object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX)}.
+object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX), "registers": int,
+"spill_bytes": int (spill stores, from Triton's ptxas run again with -v)}.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
+from lumotree.model.fused import skinny_gemm
 from lumotree.verify.gdn import tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -20,6 +27,11 @@ QWEN = dict(H=16, HV=48, K=128)
 TYPES = {"R": "i32", "anc_ptr": "*i32", "nactive_ptr": "*i32"}
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
+TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr")}
+TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym")}
+# Arguments the launcher specializes as divisible by 16 at Qwen shapes (16-byte aligned pointers, K and
+# strides multiples of 16): without that the compiler cannot vectorize the weight loads nor pipeline them.
+SKINNY_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
 TV = tree_value_major
 KERNELS = {
     "value-major prepare": (
@@ -38,18 +50,47 @@ KERNELS = {
         dict(num_warps=8),
     ),
 }
+# The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
+for block_n, block_k, tiles in ((128, 64, 1), (128, 64, 2), (32, 256, 2), (16, 256, 1), (16, 256, 2)):
+    KERNELS[f"skinny n{block_n} k{block_k} t{tiles}"] = (
+        skinny_gemm.skinny_gemm_kernel,
+        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32"),
+        dict(num_warps=4, num_stages=4),
+        SKINNY_DIVISIBLE,
+    )
 
 
-def compile_for_hopper(kernel: triton.JITFunction, constexprs: dict, options: dict) -> dict:
-    """{"ok", "error", "wgmma"} for one kernel at the given constexprs and compile options."""
+def compile_for_hopper(
+    kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
+) -> dict:
+    """{"ok", "error", "wgmma", "registers", "spill_bytes"} for one kernel at the given constexprs and
+    compile options, the `divisible` arguments marked as multiples of 16."""
     params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "*fp32") for p in params}
-    source = ASTSource(kernel, signature, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}
+    constants = {(params.index(k),): v for k, v in constexprs.items()}
+    source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
     try:
         compiled = triton.compile(source, target=HOPPER, options=options)
     except Exception as exc:  # the test reports the compiler's message
-        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False}
-    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in compiled.asm["ptx"]}
+        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1}
+    ptx = compiled.asm["ptx"]
+    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in ptx, **resource_usage(ptx)}
+
+
+def resource_usage(ptx: str) -> dict:
+    """{"registers", "spill_bytes"} that Triton's ptxas reports (-v) for the PTX on sm_90a."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        command = [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(source), "-o", str(Path(tmp) / "k.o")]
+        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+    registers = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return {
+        "registers": int(registers.group(1)) if registers else -1,
+        "spill_bytes": int(spills.group(1)) if spills else 0,
+    }
 
 
 if __name__ == "__main__":

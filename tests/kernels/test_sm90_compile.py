@@ -2,7 +2,8 @@
 
 The interpreter runs the kernels' arithmetic but not the compiler, so code that only the compiler
 rejects (a loop-carried variable changing type, a layout it cannot lower) would otherwise first fail
-on the GPU. Also checks the value-major design's claim that its state products run on wgmma.
+on the GPU. Also checks the value-major design's claim that its state products run on wgmma, and that
+the skinny GEMM's configs compile without register spills (their weight tiles on wgmma from 64 rows).
 """
 
 from __future__ import annotations
@@ -38,3 +39,30 @@ def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:
 
 def test_value_major_state_products_run_on_wgmma(compiled: dict) -> None:
     assert compiled["value-major apply"]["wgmma"]
+
+
+SPILLS_4_BYTES = pytest.mark.xfail(
+    strict=True, reason="ptxas: 4 bytes of spill stores at 40 registers; not understood"
+)
+SKINNY = [
+    "skinny n128 k64 t1",
+    "skinny n128 k64 t2",
+    "skinny n32 k256 t2",
+    pytest.param("skinny n16 k256 t1", marks=SPILLS_4_BYTES),
+    "skinny n16 k256 t2",
+]
+
+
+@pytest.mark.parametrize("kernel", SKINNY)
+def test_skinny_gemm_configs_compile_without_spills(compiled: dict, kernel: str) -> None:
+    result = compiled[kernel]
+    assert result["ok"], result["error"]
+    assert result["spill_bytes"] == 0, (
+        f"{result['spill_bytes']} bytes of spills, {result['registers']} registers"
+    )
+    assert 0 < result["registers"] <= 255
+
+
+@pytest.mark.parametrize("kernel", ["skinny n128 k64 t1", "skinny n128 k64 t2"])
+def test_skinny_gemm_wide_tiles_run_on_wgmma(compiled: dict, kernel: str) -> None:
+    assert compiled[kernel]["wgmma"]

@@ -1,0 +1,121 @@
+"""Skinny GEMM vs cuBLAS (F.linear) at the Qwen3.5-27B projection shapes on a CUDA GPU.
+
+Each timed call is one CUDA graph that runs the GEMM over several weight copies (together > 3x the
+L2 where one copy is smaller), so weights stream from HBM as in a decode step; median of CUDA-event
+timings (lumobench.bench.timing.Timer), GB/s of weights streamed and the fraction of the device copy
+bandwidth measured in the same process. Usage: python -m lumobench.bench.skinny_gemm --out DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import torch.nn.functional as F
+import typer
+
+from lumobench.bench.timing import Timer, copy_bandwidth
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
+from lumotree.verify.graphs import CapturedStage
+
+SHAPES = [(16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 6144), (5120, 17408)]
+L2_BYTES = 50 * 2**20
+MIN_STREAMED = 3 * L2_BYTES
+
+
+def candidate_configs(n: int, k: int, device: torch.device) -> list[tuple[str, SkinnyConfig]]:
+    """The for_shape choice, half / double its BLOCK_N at the same tile bytes, and 3 stages."""
+    chosen = SkinnyConfig.for_shape(n, k, device)
+    configs = [("for_shape", chosen), ("3 stages", SkinnyConfig(chosen.block_n, chosen.block_k, 4, 3))]
+    if chosen.block_n > 16:
+        configs.append(("half BLOCK_N", SkinnyConfig(chosen.block_n // 2, min(256, chosen.block_k * 2))))
+    if chosen.block_n < 128:
+        configs.append(("double BLOCK_N", SkinnyConfig(chosen.block_n * 2, max(64, chosen.block_k // 2))))
+    return configs
+
+
+def _graph_over_copies(gemm: Callable[[torch.Tensor, torch.Tensor], object], x, weights) -> CapturedStage:
+    return CapturedStage(lambda: [gemm(x, w) for w in weights])
+
+
+def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10) -> list[dict]:
+    """One dict per (shape, rows, method): median ms per GEMM, weight GB/s, fraction of copy bandwidth
+    and the ratio to cuBLAS."""
+    device = torch.device("cuda")
+    timer = Timer(device, iters, warmup)
+    bandwidth = copy_bandwidth(device) / 2  # read bandwidth: the copy counts bytes read plus written
+    results = []
+    for n, k in SHAPES:
+        nbytes = n * k * 2
+        copies = max(1, -(-MIN_STREAMED // nbytes))
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        for m in rows:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+            methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
+            for label, cfg in candidate_configs(n, k, device):
+                methods.append(
+                    (f"skinny {label} {cfg.label()}", lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c))
+                )
+            base_ms = None
+            for name, gemm in methods:
+                graph = _graph_over_copies(gemm, x, weights)
+                ms = timer(graph).median_ms / copies
+                base_ms = ms if base_ms is None else base_ms
+                gbs = nbytes / (ms * 1e-3) / 1e9
+                results.append(
+                    dict(
+                        n=n,
+                        k=k,
+                        rows=m,
+                        method=name,
+                        copies=copies,
+                        median_ms=ms,
+                        weight_gbs=gbs,
+                        fraction_of_read_bw=gbs * 1e9 / bandwidth,
+                        speedup_vs_cublas=base_ms / ms,
+                    )
+                )
+                del graph
+        del weights
+        torch.cuda.empty_cache()
+    return results
+
+
+def render_table(results: list[dict]) -> str:
+    lines = [
+        "| N | K | rows | method | ms | weight GB/s | of read BW | vs cuBLAS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['n']} | {r['k']} | {r['rows']} | {r['method']} | {r['median_ms']:.4f} | "
+            f"{r['weight_gbs']:.0f} | {r['fraction_of_read_bw']:.1%} | {r['speedup_vs_cublas']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    out: Annotated[Path, typer.Option(help="directory for skinny_gemm.json and skinny_gemm.md")],
+    iters: int = 50,
+    warmup: int = 10,
+) -> None:
+    """Time the skinny GEMM against cuBLAS at the Qwen3.5-27B projection shapes."""
+    if not torch.cuda.is_available():
+        typer.echo("error: the skinny GEMM benchmark needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    results = bench_skinny_gemm(iters=iters, warmup=warmup)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
+    (out / "skinny_gemm.json").write_text(json.dumps(dict(meta, results=results), indent=2))
+    table = render_table(results)
+    (out / "skinny_gemm.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    typer.run(main)

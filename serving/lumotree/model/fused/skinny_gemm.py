@@ -1,0 +1,172 @@
+"""Skinny GEMM in Triton: y[M, N] = x[M, K] @ w[N, K]^T for 1..32 rows, beside `skinny_gemm_reference.py`.
+
+Memory-bound streaming of nn.Linear weights: each program owns BLOCK_N output columns and walks all
+of K (no split-K, no atomics), loading [BLOCK_N, BLOCK_K] weight tiles along w's contiguous rows and
+multiplying them with tl.dot against the rows of x, padded to 16-row tiles by masks (1..16 rows: one
+tile, 17..32: two). Accumulation is fp32; the output is in x's dtype.
+
+Batch invariance: a row's arithmetic is one fixed-shape dot per K step, [BLOCK_N, BLOCK_K] x
+[BLOCK_K, 16], in the same K order for every M, and a row tile's dot never reads another tile's rows.
+So the result of a row depends on M only through its position inside its 16-row tile (padding rows
+are zeros). Under the interpreter (numpy matmul of one fixed shape) this is bitwise invariant, as the
+tests check. On the GPU it holds if the MMA instruction computes each output element the same way
+in every column of its tile, which NVIDIA does not document (tests/kernels/test_gpu_skinny_gemm.py
+checks it). Not guaranteed: the same result across configs, or against F.linear for M > 32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+MAX_ROWS = 32
+ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
+HOPPER_SMS = 132
+TILE_BYTES = 16 * 1024  # bytes of weights per loaded tile
+MAX_BLOCK_K = 256  # larger: the pipelined x tiles ([BLOCK_K, 16] per row tile, stage) crowd shared memory
+BLOCK_N_CHOICES = (128, 64, 32, 16)
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Tile sizes and launch options of one skinny-GEMM launch (the same for every M)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def label(self) -> str:
+        return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages}"
+
+    @staticmethod
+    def for_shape(
+        n: int, k: int, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
+    ) -> SkinnyConfig:
+        """The largest BLOCK_N that still gives >= 2 waves of programs over the SMs (else the
+        smallest), and the BLOCK_K that makes a weight tile TILE_BYTES (at most MAX_BLOCK_K)."""
+        sms = _sm_count(torch.device(device))
+        block_n = next((b for b in BLOCK_N_CHOICES if triton.cdiv(n, b) >= 2 * sms), BLOCK_N_CHOICES[-1])
+        block_k = TILE_BYTES // (block_n * torch.finfo(dtype).bits // 8)
+        block_k = max(16, min(block_k, MAX_BLOCK_K, triton.next_power_of_2(k)))
+        return SkinnyConfig(block_n=block_n, block_k=block_k)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return HOPPER_SMS
+
+
+@triton.jit
+def _row_tile_dot(
+    acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr, PRECISION: tl.constexpr
+):
+    """acc[BLOCK_N, 16] += w[BLOCK_N, BLOCK_K] @ x[rows, offs_k]^T, padding rows >= M with zeros."""
+    mask = rows[None, :] < M
+    if not EVEN_K:
+        mask = mask & (offs_k[:, None] < K)
+    xt = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None], mask=mask, other=0.0)
+    return tl.dot(w, xt, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def skinny_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_ym,
+    TILES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, 16)
+    mask_n = offs_n < N
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    acc0 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
+        acc0 = _row_tile_dot(acc0, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
+        if TILES == 2:
+            acc1 = _row_tile_dot(acc1, w, x_ptr, rows + 16, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
+    out = y_ptr + rows[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
+    tl.store(out, acc0.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & (rows[None, :] < M))
+    if TILES == 2:
+        rows1 = rows + 16
+        out1 = y_ptr + rows1[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
+        tl.store(out1, acc1.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & (rows1[None, :] < M))
+
+
+def check_skinny_operands(x: Tensor, w: Tensor, out: Tensor | None) -> None:
+    """ValueError unless x [M, K] and w [N, K] match in dtype (bf16 / fp32) and device, w is
+    contiguous, x's rows are contiguous and `out` (if given) is a contiguous [M, N] of x's dtype."""
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x and w must be 2-D, got x {tuple(x.shape)} and w {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has K={x.shape[1]} but w [N, K] has K={w.shape[1]}")
+    if x.dtype not in DTYPES or w.dtype != x.dtype:
+        raise ValueError(f"x and w must both be bfloat16 or float32, got {x.dtype} and {w.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device} but w is on {w.device}")
+    if not w.is_contiguous():
+        raise ValueError("w must be contiguous (row-major [N, K])")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"x's rows must be contiguous (stride(1) == 1), got strides {x.stride()}")
+    if out is not None:
+        if out.shape != (x.shape[0], w.shape[0]) or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(
+                f"out must be [{x.shape[0]}, {w.shape[0]}] {x.dtype} on {x.device}, "
+                f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+            )
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+
+
+def skinny_linear(
+    x: Tensor, w: Tensor, out: Tensor | None = None, config: SkinnyConfig | None = None
+) -> Tensor:
+    """x[M, K] @ w[N, K]^T into `out` (or a new tensor); the Triton kernel for 1..32 rows, F.linear
+    (cuBLAS) above that or for no rows."""
+    check_skinny_operands(x, w, out)
+    (m, k), n = x.shape, w.shape[0]
+    if m == 0 or m > MAX_ROWS:
+        y = F.linear(x, w)
+        return y if out is None else out.copy_(y)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
+    skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x,
+        w,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        y.stride(0),
+        TILES=triton.cdiv(m, ROW_TILE),
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=k % cfg.block_k == 0,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return y

@@ -1,0 +1,64 @@
+"""Skinny GEMM at Qwen3.5-27B projection shapes on a CUDA GPU (bf16, compiled kernel, float64 reference).
+
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_skinny_gemm.py
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from lumotree.model.fused.skinny_gemm import skinny_linear
+
+from .helpers import assert_written, poisoned
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
+    ),
+]
+CUDA = torch.device("cuda")
+# (N, K): QKV + gate of full attention and GDN, the MLP's gate-up, the lm_head; the two down projections.
+SHAPES = [(16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 6144), (5120, 17408)]
+ROWS = [1, 6, 32]
+
+
+@functools.lru_cache(maxsize=1)
+def _weights(n: int, k: int) -> torch.Tensor:
+    gen = torch.Generator(device=CUDA).manual_seed(n + k)
+    return (0.02 * torch.randn(n, k, generator=gen, device=CUDA)).to(torch.bfloat16)
+
+
+def _rows(m: int, k: int) -> torch.Tensor:
+    gen = torch.Generator(device=CUDA).manual_seed(m)
+    return torch.randn(m, k, generator=gen, device=CUDA).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_skinny_linear_matches_float64_at_qwen_shapes(n: int, k: int, m: int) -> None:
+    w, x = _weights(n, k), _rows(m, k)
+    y = poisoned((m, n), torch.bfloat16, CUDA)
+    skinny_linear(x, w, out=y)
+    assert_written(y)
+    expected = x.double() @ w.double().t()
+    error = torch.linalg.norm(y.double() - expected) / torch.linalg.norm(expected)
+    assert error < 1e-2, f"relative Frobenius error {float(error):.2e}"
+
+
+# Expected to hold on the GPU: every row tile is the same [BLOCK_N, BLOCK_K] x [BLOCK_K, 16] dot in the
+# same K order for every M, and an MMA computes each output element from its own row and column only.
+# What is not documented is that the tensor core's per-element sum order is the same in every column
+# of the tile, hence row 31 (column 15 of the second tile) against the 1-row call (column 0).
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("row", [0, 31])
+def test_a_row_of_32_equals_the_one_row_call_bitwise(n: int, k: int, row: int) -> None:
+    w, x = _weights(n, k), _rows(32, k)
+    batch = skinny_linear(x, w)
+    single = skinny_linear(x[row : row + 1].clone(), w)
+    assert torch.equal(batch[row : row + 1], single)

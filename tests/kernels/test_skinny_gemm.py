@@ -1,0 +1,90 @@
+"""Triton skinny GEMM vs the PyTorch reference, batch invariance and operand checks (interpreter, fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
+from lumotree.model.fused.skinny_gemm_reference import skinny_linear_reference
+
+from .helpers import assert_written, poisoned
+
+K = 160  # not a multiple of BLOCK_K: the last K step is masked
+CONFIG = SkinnyConfig(block_n=64, block_k=64, num_warps=4, num_stages=2)  # tiny: few interpreted steps
+
+
+def _case(m: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(m, K, generator=gen), torch.randn(n, K, generator=gen)
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 96), (5, 200), (16, 130), (32, 150)])
+def test_skinny_linear_matches_reference(m: int, n: int) -> None:
+    x, w = _case(m, n, seed=m * 1000 + n)
+    y = poisoned((m, n), torch.float32)
+    got = skinny_linear(x, w, out=y, config=CONFIG)
+    assert got is y
+    assert_written(y)
+    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_skinny_linear_reads_strided_rows_of_x_and_allocates_its_output() -> None:
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(7, 2 * K + 8, generator=gen)
+    x = wide[:, 8 : 8 + K]  # row stride 2K + 8, columns contiguous
+    w = torch.randn(100, K, generator=gen)
+    y = skinny_linear(x, w, config=CONFIG)
+    assert y.shape == (7, 100) and y.dtype == torch.float32
+    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_default_config_covers_a_shape_that_is_not_a_tile_multiple() -> None:
+    x, w = _case(3, 90, seed=11)
+    y = poisoned((3, 90), torch.float32)
+    skinny_linear(x, w, out=y)
+    assert_written(y)
+    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [5, 17, 32])
+def test_each_row_equals_the_one_row_call_bitwise(m: int) -> None:
+    x, w = _case(m, 130, seed=50 + m)
+    batch = skinny_linear(x, w, config=CONFIG)
+    for i in range(m):
+        assert torch.equal(batch[i : i + 1], skinny_linear(x[i : i + 1], w, config=CONFIG)), f"row {i}"
+
+
+def test_more_than_32_rows_fall_back_to_f_linear() -> None:
+    x, w = _case(33, 40, seed=9)
+    y = poisoned((33, 40), torch.float32)
+    skinny_linear(x, w, out=y)
+    assert_written(y)
+    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "out", "message"),
+    [
+        (torch.zeros(2, K), torch.zeros(8, K + 1), None, "K=160"),
+        (torch.zeros(2, K), torch.zeros(K, 8).t(), None, "contiguous"),
+        (torch.zeros(K, 2).t(), torch.zeros(8, K), None, "stride"),
+        (torch.zeros(2, K), torch.zeros(8, K, dtype=torch.float64), None, "bfloat16 or float32"),
+        (torch.zeros(2, K, dtype=torch.float16), torch.zeros(8, K, dtype=torch.float16), None, "bfloat16"),
+        (torch.zeros(2, K), torch.zeros(8, K), torch.zeros(2, 9), r"out must be \[2, 8\]"),
+        (torch.zeros(K), torch.zeros(8, K), None, "2-D"),
+    ],
+)
+def test_bad_operands_raise_value_error(
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        skinny_linear(x, w, out=out, config=CONFIG)
+
+
+def test_for_shape_fills_the_sms_with_two_waves_when_it_can() -> None:
+    sms = 132
+    for n in (5120, 16480, 14336, 34816, 248320):
+        cfg = SkinnyConfig.for_shape(n, 5120, "cpu")
+        assert -(-n // cfg.block_n) >= 2 * sms or cfg.block_n == 16, (n, cfg)
+        assert cfg.block_n * cfg.block_k * 2 == 16 * 1024 or cfg.block_k == 256
