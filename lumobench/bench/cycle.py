@@ -13,9 +13,11 @@ nothing; the paper's mean 4.05 accepted drafts per tree event and 3.17 per MTP-5
 layer, captured, 32 rows), tree attention at each context against its KV-read floor, and memory.
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
-the dense Triton kernels of `lumotree/model/fused/`), "unfused" the same engine with them off
-(separate cuBLAS projections, PyTorch elementwise ops). Each variant's AR verify step is also
-profiled once eagerly (kernel count, GEMM time against the rest).
+the dense Triton kernels of `lumotree/model/fused/`, cuBLAS GEMMs), "fused-skinny" the same with
+the skinny Triton GEMM for the projections, "unfused" the engine with all of them off (separate
+cuBLAS projections, PyTorch elementwise ops). The first variant named is timed at every context,
+the others at the first; each variant's AR verify step is also profiled once eagerly (kernel
+count, GEMM time against the rest).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.random_trees import paper_tree
 from lumotree.engine.device_runner import DeviceRunner
-from lumotree.model.fused.ops import KernelMode, kernel_mode
+from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
@@ -46,7 +48,11 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
-VARIANTS: dict[str, KernelMode] = {"fused": "auto", "unfused": "off"}
+VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
+    "fused": ("auto", "cublas"),
+    "fused-skinny": ("auto", "skinny"),
+    "unfused": ("off", "cublas"),
+}
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
 
@@ -269,7 +275,7 @@ def bench(
         "profile": {},
     }
     for variant in variants:
-        with kernel_mode(VARIANTS[variant]):
+        with kernel_mode(*VARIANTS[variant]):
             runner = DeviceRunner(model, 4096 + 64, 1, MAX_DEPTH, None, graphs=False)
             fill_state_(runner, 4096)
             runner.tables.load_(arm_tree(arms[0], 4096, model.config.vocab_size))
@@ -277,9 +283,9 @@ def bench(
             del runner
     for ctx in contexts:
         row: dict = {}
-        for variant in variants:
+        for variant in variants if ctx == contexts[0] else variants[:1]:
             for arm in arms:
-                with kernel_mode(VARIANTS[variant]):
+                with kernel_mode(*VARIANTS[variant]):
                     runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, graphs=True)
                 fill_state_(runner, ctx)
                 tree = arm_tree(arm, ctx, model.config.vocab_size)
@@ -389,8 +395,11 @@ def main(
     tree_accepted: Annotated[float, typer.Option(help="Forced mean accepted drafts per tree cycle.")] = 4.05,
     mtp_accepted: Annotated[float, typer.Option(help="Forced mean accepted drafts per MTP-5 cycle.")] = 3.17,
     variants: Annotated[
-        str, typer.Option(help="Comma-separated, the headline first: fused (the product path), unfused.")
-    ] = "fused,unfused",
+        str,
+        typer.Option(
+            help="Comma-separated, the headline first: fused (the product path), fused-skinny, unfused."
+        ),
+    ] = "fused,fused-skinny,unfused",
 ) -> None:
     """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
     if not torch.cuda.is_available():

@@ -4,10 +4,11 @@ it as without it, and fusing keeps the checkpoint view of the model intact."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lumotree.model import HybridLM
-from lumotree.model.fused.ops import kernel_mode
+from lumotree.model.fused.ops import GemmBackend, kernel_mode
 from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.tree_mode import verify_tree
 from lumotree.tree import chain_tree
@@ -42,12 +43,13 @@ def test_loading_a_checkpoint_after_fusing_writes_through_to_the_fused_weight(ti
     )
 
 
-def test_the_fused_path_computes_the_same_hidden_rows(tiny_model: HybridLM) -> None:
+@pytest.mark.parametrize("gemm", ["cublas", "skinny"])
+def test_the_fused_path_computes_the_same_hidden_rows(tiny_model: HybridLM, gemm: GemmBackend) -> None:
     tokens = torch.randint(0, tiny_model.config.vocab_size, (9,), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode(), kernel_mode("off"):
         want = _prefill_and_decode(tiny_model, tokens)
     fuse_projections_(tiny_model)
-    with torch.inference_mode(), kernel_mode("always"):
+    with torch.inference_mode(), kernel_mode("always", gemm):
         got = _prefill_and_decode(tiny_model, tokens)
         state = tiny_model.new_state(32)
         tiny_model.prefill(tokens[:4], state)

@@ -25,10 +25,10 @@ class GatedAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         hidden, heads, kv_heads, dim = config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
-        self.q_proj = nn.Linear(hidden, heads * dim * 2, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * dim, bias=False)
-        self.o_proj = nn.Linear(heads * dim, hidden, bias=False)
+        self.q_proj = ops.Linear(hidden, heads * dim * 2)
+        self.k_proj = ops.Linear(hidden, kv_heads * dim)
+        self.v_proj = ops.Linear(hidden, kv_heads * dim)
+        self.o_proj = ops.Linear(heads * dim, hidden)
         self.q_norm = RMSNorm(dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(dim, eps=config.rms_norm_eps)
         self.fused: FusedProjection | None = None  # [q_proj | k_proj | v_proj], set by fuse_projections_

@@ -32,10 +32,10 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = config.key_dim
         self.value_dim = config.value_dim
         hidden = config.hidden_size
-        self.in_proj_qkv = nn.Linear(hidden, config.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden, self.num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden, self.num_v_heads, bias=False)
+        self.in_proj_qkv = ops.Linear(hidden, config.conv_dim)
+        self.in_proj_z = ops.Linear(hidden, self.value_dim)
+        self.in_proj_b = ops.Linear(hidden, self.num_v_heads)
+        self.in_proj_a = ops.Linear(hidden, self.num_v_heads)
         # Only conv1d.weight [C, 1, W] is used (functionally); the module keeps the checkpoint name.
         self.conv1d = nn.Conv1d(
             config.conv_dim,
@@ -47,7 +47,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, eps=config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.out_proj = ops.Linear(self.value_dim, hidden)
         self.fused: FusedProjection | None = None  # [qkv | z | b | a], set by fuse_projections_
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

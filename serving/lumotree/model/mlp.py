@@ -15,15 +15,15 @@ class MLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = ops.Linear(hidden_size, intermediate_size)
+        self.up_proj = ops.Linear(hidden_size, intermediate_size)
+        self.down_proj = ops.Linear(intermediate_size, hidden_size)
         self.fused: FusedProjection | None = None  # [gate | up], set by fuse_projections_
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden]."""
         if self.fused is not None and ops.kernels_for(x) and self.fused.current():
-            return self.down_proj(ops.silu_mul(F.linear(x, self.fused.weight)))
+            return self.down_proj(ops.silu_mul(ops.linear(x, self.fused.weight)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -47,10 +47,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.gate = ops.Linear(hidden_size, num_experts)
         self.experts = nn.ModuleList(MLP(hidden_size, expert_size) for _ in range(num_experts))
         self.shared_expert = MLP(hidden_size, shared_size)
-        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+        self.shared_expert_gate = ops.Linear(hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden]."""

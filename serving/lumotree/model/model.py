@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from lumotree.model.config import HybridConfig
+from lumotree.model.fused import ops
 from lumotree.model.layers import DecoderLayer
 from lumotree.model.mtp import MTP
 from lumotree.model.norms import RMSNorm
@@ -57,7 +58,7 @@ class HybridLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = HybridBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ops.Linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTP(config) if config.mtp_num_hidden_layers > 0 else None

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from lumotree.model.attention import GatedAttention, causal_mask
 from lumotree.model.config import FULL, HybridConfig
+from lumotree.model.fused import ops
 from lumotree.model.layers import DecoderLayer
 from lumotree.model.norms import RMSNorm
 from lumotree.model.state import KVCache, ModelState
@@ -34,7 +35,7 @@ class MTP(nn.Module):
     def __init__(self, config: HybridConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.fc = ops.Linear(2 * hidden, hidden)
         self.pre_fc_norm_embedding = RMSNorm(hidden, eps=config.rms_norm_eps)
         self.pre_fc_norm_hidden = RMSNorm(hidden, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(

@@ -3,7 +3,9 @@ tensors that need no gradient, the PyTorch references everywhere else.
 
 `kernel_mode` chooses: "auto" (the default: kernels on CUDA), "off" (references everywhere: the
 unfused path, for side-by-side benchmarks) or "always" (kernels on any device: CPU tests under
-TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`).
+TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`). Its `gemm` picks
+the projections' GEMM on the fused path: "cublas" (F.linear) or "skinny" (`skinny_gemm.py`, for
+up to 32 rows; more rows take F.linear).
 """
 
 from __future__ import annotations
@@ -13,25 +15,32 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Literal
 
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from lumotree.model.fused import reference
 
 KernelMode = Literal["auto", "off", "always"]
+GemmBackend = Literal["cublas", "skinny"]
 _mode: KernelMode = "auto"
+_gemm: GemmBackend = "cublas"
 
 
 @contextmanager
-def kernel_mode(mode: KernelMode) -> Iterator[None]:
-    """Run the enclosed code with the dense kernels in `mode` (restored afterwards)."""
-    global _mode
+def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[None]:
+    """Run the enclosed code with the dense kernels in `mode` and the projections' GEMM `gemm`
+    (None: unchanged); both restored afterwards."""
+    global _mode, _gemm
     if mode not in ("auto", "off", "always"):
         raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
-    previous, _mode = _mode, mode
+    if gemm not in (None, "cublas", "skinny"):
+        raise ValueError(f"gemm must be cublas or skinny, got {gemm!r}")
+    previous = _mode, _gemm
+    _mode, _gemm = mode, gemm or _gemm
     try:
         yield
     finally:
-        _mode = previous
+        _mode, _gemm = previous
 
 
 def kernels_for(x: Tensor) -> bool:
@@ -46,6 +55,28 @@ def _kernels() -> ModuleType:
     from lumotree.model.fused import elementwise
 
     return elementwise
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [..., in] @ weight [out, in]^T: the skinny Triton GEMM on the fused path when chosen and
+    the rows fit it, F.linear otherwise."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if _gemm == "skinny" and kernels_for(x) and 0 < rows <= 32 and weight.dtype == x.dtype:
+        from lumotree.model.fused.skinny_gemm import skinny_linear
+
+        flat = x.reshape(rows, x.shape[-1])
+        return skinny_linear(flat, weight.contiguous()).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
+
+
+class Linear(nn.Linear):
+    """A bias-free nn.Linear (same parameters and checkpoint names) whose product is `linear`."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

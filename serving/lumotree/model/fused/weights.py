@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lumotree.model.fused import ops
 
 
 class FusedProjection:
@@ -44,7 +45,7 @@ class FusedProjection:
 
     def __call__(self, x: Tensor) -> list[Tensor]:
         """x [..., in] -> each part's output [..., out_i] (column slices of one GEMM)."""
-        return list(F.linear(x, self.weight).split(self.sizes, dim=-1))
+        return list(ops.linear(x, self.weight).split(self.sizes, dim=-1))
 
 
 def fuse_projections_(model: nn.Module) -> int:

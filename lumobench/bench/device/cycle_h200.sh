@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device-machine run of the 27B decode-cycle work (issue 12; H200, no network there): install
+# the carried wheels, record the card's state, then, each step inside its own time limit and
+# writing to $OUT,
+#   1. the dense-path GPU tests (tests/kernels/test_gpu_dense.py, test_gpu_skinny_gemm.py),
+#   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-skinny and
+#      unfused variants side by side, random-weight Qwen3.5-27B),
+#   3. the skinny-GEMM benchmark (`python3 -m lumobench.bench.skinny_gemm`),
+#   4. the engine's GPU tests (tests/engine/test_device_path_gpu.py, the tiny model end to end),
+# and print the tables. From the repository root:
+#   OUT=/path/to/out LUMOBENCH_COMMIT=$(git rev-parse HEAD) bash lumobench/bench/device/cycle_h200.sh
+# Settings (environment):
+#   OUT        output folder (required)
+#   WHL        folder of the carried wheels (pydantic, fastapi and their needs)   default .whl
+#   CONTEXTS   committed contexts of the cycle benchmark                         default 4096,32768
+#   VARIANTS   cycle variants, the headline first                 default fused,fused-skinny,unfused
+#   ITERS      timed cycles per median                                           default 50
+#   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S   time limits in seconds (0 skips)   default 90, 300, 90, 110
+set -uo pipefail
+: "${OUT:?set OUT to the output folder}"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+WHL=${WHL:-.whl}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    "$WHL"/pydantic-2.14.4-*.whl "$WHL"/pydantic_core-2.50.5-*.whl "$WHL"/annotated_types-0.8.0-*.whl \
+    "$WHL"/typing_inspection-0.4.5-*.whl "$WHL"/typing_extensions-4.16.0-*.whl \
+    "$WHL"/fastapi-0.165.0-*.whl "$WHL"/starlette-1.10.0-*.whl "$WHL"/uvicorn-0.54.0-*.whl \
+    "$WHL"/opentelemetry_api-1.45.2-*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/serving:${PYTHONPATH:-}
+mkdir -p "$OUT"
+# the card's state heads the first log (at most 8 files come back from a device call)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/dense-tests.log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    >> "$OUT/dense-tests.log"
+
+step() {  # step LIMIT LOG command...: run a step inside its limit, its output appended to $OUT/LOG
+    local limit=$1 log=$2; shift 2
+    (( limit > 0 )) && timeout "$limit" "$@" >> "$OUT/$log" 2>&1
+}
+step "${DENSE_S:-90}" dense-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py
+step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
+    --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-skinny,unfused}" \
+    --iters "${ITERS:-50}" --warmup 10
+step "${GEMM_S:-90}" cycle.log python3 -m lumobench.bench.skinny_gemm --out "$OUT"
+step "${ENGINE_S:-110}" engine-gpu-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/engine/test_device_path_gpu.py
+
+for log in dense-tests engine-gpu-tests; do [[ -f "$OUT/$log.log" ]] && echo "$log: $(tail -1 "$OUT/$log.log")"; done
+[[ -f "$OUT/cycle.md" ]] && grep -E "^\| [0-9]|^\| (fused|unfused)" "$OUT/cycle.md" || tail -20 "$OUT/cycle.log"
+[[ -f "$OUT/skinny_gemm.md" ]] && cat "$OUT/skinny_gemm.md" || tail -5 "$OUT/cycle.log"
+exit 0
