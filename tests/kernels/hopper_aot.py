@@ -28,10 +28,10 @@ TYPES = {"R": "i32", "anc_ptr": "*i32", "nactive_ptr": "*i32"}
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
 TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr")}
-TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym")}
+TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym", "k_per_split")}
 # Arguments the launcher specializes as divisible by 16 at Qwen shapes (16-byte aligned pointers, K and
 # strides multiples of 16): without that the compiler cannot vectorize the weight loads nor pipeline them.
-SKINNY_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
+SKINNY_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym", "k_per_split")
 TV = tree_value_major
 KERNELS = {
     "value-major prepare": (
@@ -51,10 +51,17 @@ KERNELS = {
     ),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
-for block_n, block_k, tiles in ((128, 64, 1), (128, 64, 2), (32, 256, 2), (16, 256, 1), (16, 256, 2)):
-    KERNELS[f"skinny n{block_n} k{block_k} t{tiles}"] = (
+for block_n, block_k, tiles, split in (
+    (128, 64, 1, False),
+    (128, 64, 2, False),
+    (64, 128, 1, False),
+    (64, 128, 2, False),
+    (32, 128, 1, True),
+    (32, 128, 2, True),
+):
+    KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if split else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
-        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32"),
+        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLIT=split),
         dict(num_warps=4, num_stages=4),
         SKINNY_DIVISIBLE,
     )

@@ -91,7 +91,8 @@ def test_dense_kernels_match_their_references_at_27b_shapes(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_27b_shaped_model_gives_the_same_hidden_rows_with_the_fused_path(dtype: torch.dtype) -> None:
-    config = preset_config("qwen3.5-27b").replace(num_hidden_layers=4, vocab_size=1024)
+    full = preset_config("qwen3.5-27b")
+    config = full.replace(num_hidden_layers=4, layer_types=full.layer_types[:4], vocab_size=1024)
     model = random_model(config, CUDA, dtype, seed=3)
     tokens = torch.randint(0, 1024, (40,), device=CUDA, generator=torch.Generator(device=CUDA).manual_seed(0))
 

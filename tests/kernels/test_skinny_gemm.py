@@ -82,9 +82,25 @@ def test_bad_operands_raise_value_error(
         skinny_linear(x, w, out=out, config=CONFIG)
 
 
-def test_for_shape_fills_the_sms_with_two_waves_when_it_can() -> None:
+def test_for_shape_fills_the_sms_with_wide_blocks_or_k_splits() -> None:
     sms = 132
-    for n in (5120, 16480, 14336, 34816, 248320):
-        cfg = SkinnyConfig.for_shape(n, 5120, "cpu")
-        assert -(-n // cfg.block_n) >= 2 * sms or cfg.block_n == 16, (n, cfg)
-        assert cfg.block_n * cfg.block_k * 2 == 16 * 1024 or cfg.block_k == 256
+    for n, k in ((16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 6144), (5120, 17408)):
+        cfg = SkinnyConfig.for_shape(n, k, "cpu")
+        programs = -(-n // cfg.block_n) * cfg.splits
+        assert programs >= 1.6 * sms, (n, k, cfg)
+        assert cfg.block_n * cfg.block_k * 2 <= 16 * 1024, (n, k, cfg)
+        assert (cfg.splits > 1) == (n == 5120), (n, k, cfg)
+
+
+SPLIT = SkinnyConfig(block_n=64, block_k=32, num_warps=4, num_stages=2, splits=3)  # K ranges 64, 64, 32
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 70), (20, 130)])
+def test_split_k_sums_its_partials_to_the_reference(m: int, n: int) -> None:
+    x, w = _case(m, n, seed=7 * m + n)
+    y = poisoned((m, n), torch.float32)
+    skinny_linear(x, w, out=y, config=SPLIT)
+    assert_written(y)
+    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    for i in (0, m - 1):
+        assert torch.equal(y[i : i + 1], skinny_linear(x[i : i + 1], w, config=SPLIT)), f"row {i}"

@@ -41,15 +41,13 @@ def test_value_major_state_products_run_on_wgmma(compiled: dict) -> None:
     assert compiled["value-major apply"]["wgmma"]
 
 
-SPILLS_4_BYTES = pytest.mark.xfail(
-    strict=True, reason="ptxas: 4 bytes of spill stores at 40 registers; not understood"
-)
 SKINNY = [
     "skinny n128 k64 t1",
     "skinny n128 k64 t2",
-    "skinny n32 k256 t2",
-    pytest.param("skinny n16 k256 t1", marks=SPILLS_4_BYTES),
-    "skinny n16 k256 t2",
+    "skinny n64 k128 t1",
+    "skinny n64 k128 t2",
+    "skinny n32 k128 t1 split",
+    "skinny n32 k128 t2 split",
 ]
 
 
@@ -63,6 +61,6 @@ def test_skinny_gemm_configs_compile_without_spills(compiled: dict, kernel: str)
     assert 0 < result["registers"] <= 255
 
 
-@pytest.mark.parametrize("kernel", ["skinny n128 k64 t1", "skinny n128 k64 t2"])
+@pytest.mark.parametrize("kernel", ["skinny n128 k64 t1", "skinny n128 k64 t2", "skinny n64 k128 t1"])
 def test_skinny_gemm_wide_tiles_run_on_wgmma(compiled: dict, kernel: str) -> None:
     assert compiled[kernel]["wgmma"]

@@ -1,12 +1,14 @@
 """Skinny GEMM in Triton: y[M, N] = x[M, K] @ w[N, K]^T for 1..32 rows, beside `skinny_gemm_reference.py`.
 
-Memory-bound streaming of nn.Linear weights: each program owns BLOCK_N output columns and walks all
-of K (no split-K, no atomics), loading [BLOCK_N, BLOCK_K] weight tiles along w's contiguous rows and
-multiplying them with tl.dot against the rows of x, padded to 16-row tiles by masks (1..16 rows: one
-tile, 17..32: two). Accumulation is fp32; the output is in x's dtype.
+Memory-bound streaming of nn.Linear weights: each program owns BLOCK_N output columns and walks its
+share of K (all of it, or one of `splits` equal ranges for narrow outputs, whose fp32 partials a
+second launch sums in split order: no atomics), loading [BLOCK_N, BLOCK_K] weight tiles along w's
+contiguous rows and multiplying them with tl.dot against the rows of x, padded to 16-row tiles by
+masks (1..16 rows: one tile, 17..32: two). Accumulation is fp32; the output is in x's dtype.
 
 Batch invariance: a row's arithmetic is one fixed-shape dot per K step, [BLOCK_N, BLOCK_K] x
-[BLOCK_K, 16], in the same K order for every M, and a row tile's dot never reads another tile's rows.
+[BLOCK_K, 16], in the same K order (and the same splits, summed in order) for every M, and a row
+tile's dot never reads another tile's rows.
 So the result of a row depends on M only through its position inside its 16-row tile (padding rows
 are zeros). Under the interpreter (numpy matmul of one fixed shape) this is bitwise invariant, as the
 tests check. On the GPU it holds if the MMA instruction computes each output element the same way
@@ -30,6 +32,9 @@ HOPPER_SMS = 132
 TILE_BYTES = 16 * 1024  # bytes of weights per loaded tile
 MAX_BLOCK_K = 256  # larger: the pipelined x tiles ([BLOCK_K, 16] per row tile, stage) crowd shared memory
 BLOCK_N_CHOICES = (128, 64, 32, 16)
+WIDE_WAVES = 1.6  # programs per SM a wide output's blocks must reach
+SPLIT_WAVES = 4  # programs per SM a split narrow output reaches
+MIN_SPLIT_STEPS = 8  # weight tiles per split, at least
 DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -41,21 +46,34 @@ class SkinnyConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
+    splits: int = 1  # K ranges per output block (fp32 partials, summed in order by a second launch)
 
     def label(self) -> str:
-        return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages}"
+        return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages} x{self.splits}"
 
     @staticmethod
     def for_shape(
         n: int, k: int, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
     ) -> SkinnyConfig:
-        """The largest BLOCK_N that still gives >= 2 waves of programs over the SMs (else the
-        smallest), and the BLOCK_K that makes a weight tile TILE_BYTES (at most MAX_BLOCK_K)."""
+        """The widest BLOCK_N (128 or 64) whose programs fill WIDE_WAVES waves of the SMs, with the
+        BLOCK_K that makes a weight tile TILE_BYTES; narrower outputs (e.g. the 5120-wide output
+        projections) take 32-wide blocks and split K until the programs fill SPLIT_WAVES waves,
+        keeping at least MIN_SPLIT_STEPS tiles per split (measured on the H200: skinny_gemm.md)."""
         sms = _sm_count(torch.device(device))
-        block_n = next((b for b in BLOCK_N_CHOICES if triton.cdiv(n, b) >= 2 * sms), BLOCK_N_CHOICES[-1])
-        block_k = TILE_BYTES // (block_n * torch.finfo(dtype).bits // 8)
-        block_k = max(16, min(block_k, MAX_BLOCK_K, triton.next_power_of_2(k)))
-        return SkinnyConfig(block_n=block_n, block_k=block_k)
+        item = torch.finfo(dtype).bits // 8
+        for block_n in (128, 64):
+            if triton.cdiv(n, block_n) >= WIDE_WAVES * sms:
+                block_k = max(16, min(TILE_BYTES // (block_n * item), MAX_BLOCK_K, triton.next_power_of_2(k)))
+                return SkinnyConfig(block_n=block_n, block_k=block_k)
+        block_n = 32
+        block_k = max(16, min(TILE_BYTES // (block_n * item), 128, triton.next_power_of_2(k)))
+        splits = 1
+        while (
+            triton.cdiv(n, block_n) * splits < SPLIT_WAVES * sms
+            and triton.cdiv(k, block_k * splits * 2) >= MIN_SPLIT_STEPS
+        ):
+            splits *= 2
+        return SkinnyConfig(block_n=block_n, block_k=block_k, splits=splits)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -86,19 +104,25 @@ def skinny_gemm_kernel(
     K,
     stride_xm,
     stride_ym,
+    k_per_split,
     TILES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
+    """y [M, N] (or, with SPLIT, fp32 partials [splits, M, N] at y_ptr) of one output block and
+    one K range (program_id(1))."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
     rows = tl.arange(0, 16)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     acc0 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
@@ -107,12 +131,26 @@ def skinny_gemm_kernel(
         acc0 = _row_tile_dot(acc0, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
         if TILES == 2:
             acc1 = _row_tile_dot(acc1, w, x_ptr, rows + 16, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
+    if SPLIT:  # this split's partial sums, fp32, [M, N] contiguous
+        y_ptr += tl.program_id(1).to(tl.int64) * M * N
     out = y_ptr + rows[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
     tl.store(out, acc0.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & (rows[None, :] < M))
     if TILES == 2:
         rows1 = rows + 16
         out1 = y_ptr + rows1[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
         tl.store(out1, acc1.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & (rows1[None, :] < M))
+
+
+@triton.jit
+def sum_splits_kernel(part_ptr, y_ptr, M, N, stride_ym, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """y[m, :] = sum over s = 0..SPLITS-1, in order, of the fp32 partials [SPLITS, M, N]."""
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.load(part_ptr + m * N + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + m * stride_ym + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def check_skinny_operands(x: Tensor, w: Tensor, out: Tensor | None) -> None:
@@ -152,21 +190,31 @@ def skinny_linear(
         return y if out is None else out.copy_(y)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
-    skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
+    split = cfg.splits > 1
+    target = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
+    skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n), cfg.splits)](
         x,
         w,
-        y,
+        target,
         m,
         n,
         k,
         x.stride(0),
-        y.stride(0),
+        n if split else y.stride(0),
+        k_per_split,
         TILES=triton.cdiv(m, ROW_TILE),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        SPLIT=split,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if split:
+        block = min(1024, triton.next_power_of_2(n))
+        sum_splits_kernel[(m, triton.cdiv(n, block))](
+            target, y, m, n, y.stride(0), SPLITS=cfg.splits, BLOCK=block, num_warps=4
+        )
     return y
