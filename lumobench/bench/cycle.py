@@ -13,9 +13,9 @@ nothing; the paper's mean 4.05 accepted drafts per tree event and 3.17 per MTP-5
 layer, captured, 32 rows), tree attention at each context against its KV-read floor, and memory.
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
-the dense Triton kernels of `lumotree/model/fused/`, cuBLAS GEMMs), "fused-skinny" the same with
-the skinny Triton GEMM for the projections, "unfused" the engine with all of them off (separate
-cuBLAS projections, PyTorch elementwise ops). The first variant named is timed at every context,
+the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up to 16 rows),
+"fused-cublas" the same with cuBLAS for every projection, "unfused" the engine with all of them
+off (separate cuBLAS projections, PyTorch elementwise ops). The first variant named is timed at every context,
 the others at the first; each variant's AR verify step is also profiled once eagerly (kernel
 count, GEMM time against the rest).
 """
@@ -49,8 +49,8 @@ from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
-    "fused": ("auto", "cublas"),
-    "fused-skinny": ("auto", "skinny"),
+    "fused": ("auto", "skinny"),
+    "fused-cublas": ("auto", "cublas"),
     "unfused": ("off", "cublas"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
@@ -398,9 +398,9 @@ def main(
     variants: Annotated[
         str,
         typer.Option(
-            help="Comma-separated, the headline first: fused (the product path), fused-skinny, unfused."
+            help="Comma-separated, the headline first: fused (the product path), fused-cublas, unfused."
         ),
-    ] = "fused,fused-skinny,unfused",
+    ] = "fused,fused-cublas,unfused",
 ) -> None:
     """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
     if not torch.cuda.is_available():

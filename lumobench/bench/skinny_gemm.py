@@ -31,10 +31,10 @@ MIN_STREAMED = 3 * L2_BYTES
 
 
 def candidate_configs(n: int, k: int, device: torch.device) -> list[tuple[str, SkinnyConfig]]:
-    """The for_shape choice, 3 stages, and its neighbours: half / double the splits of a split
+    """The for_shape choice, 4 stages, and its neighbours: half / double the splits of a split
     shape, the other BLOCK_N (128 <-> 64, same tile bytes) of a wide one."""
     chosen = SkinnyConfig.for_shape(n, k, device)
-    configs = [("for_shape", chosen), ("3 stages", replace(chosen, num_stages=3))]
+    configs = [("for_shape", chosen), ("4 stages", replace(chosen, num_stages=4))]
     if chosen.splits > 1:
         configs.append(("half splits", replace(chosen, splits=max(1, chosen.splits // 2))))
         configs.append(("double splits", replace(chosen, splits=chosen.splits * 2)))

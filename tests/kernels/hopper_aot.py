@@ -62,7 +62,7 @@ for block_n, block_k, tiles, split in (
     KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if split else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
         dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLIT=split),
-        dict(num_warps=4, num_stages=4),
+        dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
 

@@ -3,7 +3,7 @@
 # the carried wheels, record the card's state, then, each step inside its own time limit and
 # writing to $OUT,
 #   1. the dense-path GPU tests (tests/kernels/test_gpu_dense.py, test_gpu_skinny_gemm.py),
-#   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-skinny and
+#   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-cublas and
 #      unfused variants side by side, random-weight Qwen3.5-27B),
 #   3. the skinny-GEMM benchmark (`python3 -m lumobench.bench.skinny_gemm`),
 #   4. the engine's GPU tests (tests/engine/test_device_path_gpu.py, the tiny model end to end),
@@ -13,7 +13,7 @@
 #   OUT        output folder (required)
 #   WHL        folder of the carried wheels (pydantic, fastapi and their needs)   default .whl
 #   CONTEXTS   committed contexts of the cycle benchmark                         default 4096,32768
-#   VARIANTS   cycle variants, the headline first                 default fused,fused-skinny,unfused
+#   VARIANTS   cycle variants, the headline first                 default fused,fused-cublas,unfused
 #   ITERS      timed cycles per median                                           default 50
 #   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S   time limits in seconds (0 skips)   default 90, 300, 90, 110
 set -uo pipefail
@@ -39,7 +39,7 @@ step() {  # step LIMIT LOG command...: run a step inside its limit, its output a
 step "${DENSE_S:-90}" dense-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py
 step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
-    --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-skinny,unfused}" \
+    --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-cublas,unfused}" \
     --iters "${ITERS:-50}" --warmup 10
 step "${GEMM_S:-90}" cycle.log python3 -m lumobench.bench.skinny_gemm --out "$OUT"
 step "${ENGINE_S:-110}" engine-gpu-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \

@@ -4,8 +4,10 @@ tensors that need no gradient, the PyTorch references everywhere else.
 `kernel_mode` chooses: "auto" (the default: kernels on CUDA), "off" (references everywhere: the
 unfused path, for side-by-side benchmarks) or "always" (kernels on any device: CPU tests under
 TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`). Its `gemm` picks
-the projections' GEMM on the fused path: "cublas" (F.linear) or "skinny" (`skinny_gemm.py`, for
-up to 32 rows; more rows take F.linear).
+the projections' GEMM on the fused path: "skinny" (the default: `skinny_gemm.py` for up to
+SKINNY_ROWS rows, F.linear above) or "cublas" (F.linear always). On the H200 the skinny kernel
+beat cuBLAS at one row tile (AR, chain and MTP passes) and lost at two (the 32-row tree):
+results/h200/skinny_gemm.md.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from lumotree.model.fused import reference
 
 KernelMode = Literal["auto", "off", "always"]
 GemmBackend = Literal["cublas", "skinny"]
+SKINNY_ROWS = 16
 _mode: KernelMode = "auto"
-_gemm: GemmBackend = "cublas"
+_gemm: GemmBackend = "skinny"
 
 
 @contextmanager
@@ -61,7 +64,7 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., in] @ weight [out, in]^T: the skinny Triton GEMM on the fused path when chosen and
     the rows fit it, F.linear otherwise."""
     rows = x.numel() // max(1, x.shape[-1])
-    if _gemm == "skinny" and kernels_for(x) and 0 < rows <= 32 and weight.dtype == x.dtype:
+    if _gemm == "skinny" and kernels_for(x) and 0 < rows <= SKINNY_ROWS and weight.dtype == x.dtype:
         from lumotree.model.fused.skinny_gemm import skinny_linear
 
         flat = x.reshape(rows, x.shape[-1])

@@ -45,7 +45,7 @@ class SkinnyConfig:
     block_n: int
     block_k: int
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 3
     splits: int = 1  # K ranges per output block (fp32 partials, summed in order by a second launch)
 
     def label(self) -> str:
@@ -55,14 +55,16 @@ class SkinnyConfig:
     def for_shape(
         n: int, k: int, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
     ) -> SkinnyConfig:
-        """The widest BLOCK_N (128 or 64) whose programs fill WIDE_WAVES waves of the SMs, with the
-        BLOCK_K that makes a weight tile TILE_BYTES; narrower outputs (e.g. the 5120-wide output
-        projections) take 32-wide blocks and split K until the programs fill SPLIT_WAVES waves,
-        keeping at least MIN_SPLIT_STEPS tiles per split (measured on the H200: skinny_gemm.md)."""
+        """128-wide blocks where they make 2 to 8 waves of programs over the SMs, else 64-wide ones
+        where those fill WIDE_WAVES waves, with the BLOCK_K that makes a weight tile TILE_BYTES;
+        narrower outputs (the 5120-wide output projections) take 32-wide blocks and split K until
+        the programs fill SPLIT_WAVES waves, at least MIN_SPLIT_STEPS tiles per split. Chosen from
+        the H200 sweep of results/h200/skinny_gemm.md (each choice the fastest measured there)."""
         sms = _sm_count(torch.device(device))
         item = torch.finfo(dtype).bits // 8
+        waves_128 = triton.cdiv(n, 128) / sms
         for block_n in (128, 64):
-            if triton.cdiv(n, block_n) >= WIDE_WAVES * sms:
+            if (block_n == 128 and 2 <= waves_128 < 8) or (block_n == 64 and waves_128 * 2 >= WIDE_WAVES):
                 block_k = max(16, min(TILE_BYTES // (block_n * item), MAX_BLOCK_K, triton.next_power_of_2(k)))
                 return SkinnyConfig(block_n=block_n, block_k=block_k)
         block_n = 32
