@@ -3,6 +3,9 @@ GDN case for the tree-parallel solves."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 from torch import Tensor
 
@@ -10,6 +13,14 @@ from lumobench.verify import gdn_checks
 from lumotree.tree import TreeDescriptor
 
 INT_POISON = -777
+# The marks of every test that needs a CUDA GPU and compiled (not interpreted) Triton kernels.
+GPU_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
+    ),
+]
 
 
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:

@@ -14,24 +14,12 @@ from lumotree.model.fused import elementwise as kernels
 from lumotree.model.fused import reference as ref
 from lumotree.model.rope import RotaryEmbedding
 
-from .helpers import assert_written, poisoned
+from .helpers import assert_written
 
 EPS = 1e-6
 DTYPES = [torch.float32, torch.float16]
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")  # every kernel output starts as NaN
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3)}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> list[Tensor]:
-    """Every output the kernels allocate starts as NaN; the list collects them for assert_written."""
-    made: list[Tensor] = []
-
-    def empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
-        made.append(poisoned(tuple(shape), like.dtype, like.device))
-        return made[-1]
-
-    monkeypatch.setattr(kernels, "_empty", empty)
-    return made
 
 
 def _columns(gen: torch.Generator, rows: int, width: int, offset: int, dtype: torch.dtype) -> Tensor:

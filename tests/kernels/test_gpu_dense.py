@@ -7,8 +7,6 @@ Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch import Tensor
@@ -20,30 +18,12 @@ from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.rope import RotaryEmbedding
 
-from .helpers import assert_written, poisoned
+from .helpers import GPU_ONLY, assert_written
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
-    ),
-]
+pytestmark = [*GPU_ONLY, pytest.mark.usefixtures("poisoned_outputs")]
 CUDA = torch.device("cuda")
 EPS = 1e-6
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> list[Tensor]:
-    made: list[Tensor] = []
-
-    def empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
-        made.append(poisoned(tuple(shape), like.dtype, like.device))
-        return made[-1]
-
-    monkeypatch.setattr(kernels, "_empty", empty)
-    return made
 
 
 def _close(got: Tensor, want: Tensor, dtype: torch.dtype) -> None:

@@ -6,7 +6,6 @@ Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/t
 from __future__ import annotations
 
 import math
-import os
 import random
 
 import pytest
@@ -37,15 +36,9 @@ from lumotree.verify.gdn.tree_value_major import (
 from lumotree.verify.graphs import CapturedStage
 from lumotree.verify.paired import paired_check
 
-from .helpers import assert_written, deep_walk_scores, parallel_keys_case, poisoned
+from .helpers import GPU_ONLY, assert_written, deep_walk_scores, parallel_keys_case, poisoned
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
-    ),
-]
+pytestmark = GPU_ONLY
 CUDA = torch.device("cuda")
 QWEN = gdn_checks.GdnDims(H=16, HV=48, K=128, V=128)
 DTYPES = [torch.float32, torch.bfloat16]

@@ -6,22 +6,15 @@ Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/t
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch
 
 from lumotree.model.fused.skinny_gemm import skinny_linear
 
-from .helpers import assert_written, poisoned
+from .helpers import GPU_ONLY, assert_written, poisoned
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
-    ),
-]
+pytestmark = GPU_ONLY
 CUDA = torch.device("cuda")
 # (N, K): QKV + gate of full attention and GDN, the MLP's gate-up, the lm_head; the two down projections.
 SHAPES = [(16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 6144), (5120, 17408)]

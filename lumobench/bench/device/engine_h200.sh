@@ -21,13 +21,7 @@
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-WHL=${WHL:-.whl}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    "$WHL"/pydantic-2.14.4-*.whl "$WHL"/pydantic_core-2.50.5-*.whl "$WHL"/annotated_types-0.8.0-*.whl \
-    "$WHL"/typing_inspection-0.4.5-*.whl "$WHL"/typing_extensions-4.16.0-*.whl \
-    "$WHL"/fastapi-0.165.0-*.whl "$WHL"/starlette-1.10.0-*.whl "$WHL"/uvicorn-0.54.0-*.whl \
-    "$WHL"/opentelemetry_api-1.45.2-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/serving:${PYTHONPATH:-}
+source lumobench/bench/device/carried_wheels.sh
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"

@@ -23,6 +23,12 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
+def _inv_rms(xf, D, eps):
+    """1 / sqrt(mean(x^2) + eps) of one fp32 row (masked lanes hold zeros)."""
+    return 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,
     sx_r,
@@ -49,7 +55,7 @@ def _rms_norm_kernel(
         x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(sum_ptr + out + offs, x, mask=m)
     xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    rstd = _inv_rms(xf, D, eps)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + out + offs, (xf * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
 
@@ -73,7 +79,7 @@ def _gated_rms_norm_kernel(
     offs = tl.arange(0, BLOCK_D)
     m = offs < D
     xf = tl.load(x_ptr + row + offs, mask=m, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    rstd = _inv_rms(xf, D, eps)
     dtype = y_ptr.dtype.element_ty
     y = (xf * rstd).to(dtype).to(tl.float32)
     y = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32) * y
@@ -104,7 +110,7 @@ def _norm_rope_kernel(
     m = offs < D
     dtype = y_ptr.dtype.element_ty
     xf = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    rstd = _inv_rms(xf, D, eps)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     y = (xf * rstd * (1.0 + w)).to(dtype)
     # rotate-half on the first ROT dims: each element's partner is ROT/2 away, normed the same way
