@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumotree.verify.attention import decode
 from lumotree.verify.attention import reference as ref
 from lumotree.verify.attention.decode import (
     AttentionConfig,
@@ -61,6 +62,21 @@ def test_tree_attention_matches_reference(shape: str, prefix_len: int, splits: i
     k_cache, v_cache = (torch.randn(t_max, HKV, DIM, generator=gen) for _ in range(2))
     q = torch.randn(tree.rows, HQ, DIM, generator=gen)
     o, lse = _run(tree, q, k_cache, v_cache, splits)
+    assert_written(o)
+    assert_written(lse)
+    o_ref, lse_ref = ref.tree_attention(q, k_cache, v_cache, tree)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_merge_split_over_head_dim_blocks_writes_every_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8-column merge blocks: two per head (the H200 runs four 64-column blocks of a 256-dim head).
+    monkeypatch.setattr(decode, "MERGE_BLOCK_D", 8)
+    tree = random_tree("paper", random.Random(5), prefix_len=41)
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache = (torch.randn(tree.prefix_len + tree.rows, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(tree.rows, HQ, DIM, generator=gen)
+    o, lse = _run(tree, q, k_cache, v_cache, splits=3)
     assert_written(o)
     assert_written(lse)
     o_ref, lse_ref = ref.tree_attention(q, k_cache, v_cache, tree)

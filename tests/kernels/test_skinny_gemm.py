@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, beats_cublas, skinny_linear
 from lumotree.model.fused.skinny_gemm_reference import skinny_linear_reference
 
 from .helpers import assert_written, poisoned
@@ -104,3 +104,10 @@ def test_split_k_sums_its_partials_to_the_reference(m: int, n: int) -> None:
     torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
     for i in (0, m - 1):
         assert torch.equal(y[i : i + 1], skinny_linear(x[i : i + 1], w, config=SPLIT)), f"row {i}"
+
+
+def test_the_skinny_kernel_is_chosen_only_where_it_beat_cublas() -> None:
+    cpu = torch.device("cpu")
+    for n, k in ((16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 17408)):
+        assert beats_cublas(n, k, cpu, torch.bfloat16), (n, k)
+    assert not beats_cublas(5120, 6144, cpu, torch.bfloat16)

@@ -2,7 +2,8 @@
 # One device-machine run of the 27B decode-cycle work (issue 12; H200, no network there): install
 # the carried wheels, record the card's state, then, each step inside its own time limit and
 # writing to $OUT,
-#   1. the dense-path GPU tests (tests/kernels/test_gpu_dense.py, test_gpu_skinny_gemm.py),
+#   1. the dense-path and tree-attention GPU tests (tests/kernels/test_gpu_dense.py,
+#      test_gpu_skinny_gemm.py, the attention tests of test_gpu_parity.py),
 #   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-cublas and
 #      unfused variants side by side, random-weight Qwen3.5-27B),
 #   3. the skinny-GEMM benchmark (`python3 -m lumobench.bench.skinny_gemm`),
@@ -15,7 +16,7 @@
 #   CONTEXTS   committed contexts of the cycle benchmark                         default 4096,32768
 #   VARIANTS   cycle variants, the headline first                 default fused,fused-cublas,unfused
 #   ITERS      timed cycles per median                                           default 50
-#   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S   time limits in seconds (0 skips)   default 90, 300, 90, 110
+#   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S   time limits in seconds (0 skips)   default 120, 300, 90, 110
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -30,8 +31,9 @@ step() {  # step LIMIT LOG command...: run a step inside its limit, its output a
     local limit=$1 log=$2; shift 2
     (( limit > 0 )) && timeout "$limit" "$@" >> "$OUT/$log" 2>&1
 }
-step "${DENSE_S:-90}" dense-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py
+step "${DENSE_S:-120}" dense-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py tests/kernels/test_gpu_parity.py \
+    -k "dense or skinny or fused or attention"
 step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
     --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-cublas,unfused}" \
     --iters "${ITERS:-50}" --warmup 10

@@ -37,7 +37,11 @@ from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResul
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
-KEYS_PER_SPLIT = 2048  # cache rows per prefix partition of the tree attention, at least
+# Tree attention's prefix partitions: enough for ATTENTION_WAVES waves of programs, but none
+# shorter than MIN_KEYS_PER_SPLIT cache rows (the merge reads every partition). At 2048 keys a
+# split, a 1-row step at 4K context ran 16 programs and took ~77 us a layer on the H200 (cycle.md).
+ATTENTION_WAVES = 2
+MIN_KEYS_PER_SPLIT = 256
 
 
 @dataclass(frozen=True)
@@ -109,9 +113,9 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     hkv = k_cache.shape[1]
     config = attention_config(rows, hq, hkv)
     programs = triton.cdiv(rows * (hq // hkv), config.block_m) * hkv
-    # enough prefix partitions to fill the device, but no more than the cache needs: the merge
-    # reads every partition (at 67 partitions it alone took 14 us on the H200)
-    splits = min(default_splits(q.device, programs), triton.cdiv(k_cache.shape[0], KEYS_PER_SPLIT))
+    splits = min(
+        default_splits(q.device, programs, ATTENTION_WAVES), triton.cdiv(k_cache.shape[0], MIN_KEYS_PER_SPLIT)
+    )
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)

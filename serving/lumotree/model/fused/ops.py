@@ -5,7 +5,8 @@ tensors that need no gradient, the PyTorch references everywhere else.
 unfused path, for side-by-side benchmarks) or "always" (kernels on any device: CPU tests under
 TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`). Its `gemm` picks
 the projections' GEMM on the fused path: "skinny" (the default: `skinny_gemm.py` for up to
-SKINNY_ROWS rows, F.linear above) or "cublas" (F.linear always). On the H200 the skinny kernel
+SKINNY_ROWS rows on the shapes where it beat cuBLAS, F.linear otherwise) or "cublas" (F.linear
+always). On the H200 the skinny kernel
 beat cuBLAS at one row tile (AR, chain and MTP passes) and lost at two (the 32-row tree):
 results/h200/skinny_gemm.md.
 """
@@ -65,10 +66,12 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     the rows fit it, F.linear otherwise."""
     rows = x.numel() // max(1, x.shape[-1])
     if _gemm == "skinny" and kernels_for(x) and 0 < rows <= SKINNY_ROWS and weight.dtype == x.dtype:
-        from lumotree.model.fused.skinny_gemm import skinny_linear
+        from lumotree.model.fused.skinny_gemm import beats_cublas, skinny_linear
 
-        flat = x.reshape(rows, x.shape[-1])
-        return skinny_linear(flat, weight.contiguous()).view(*x.shape[:-1], weight.shape[0])
+        n, k = weight.shape
+        if beats_cublas(n, k, x.device, x.dtype):
+            flat = x.reshape(rows, k)
+            return skinny_linear(flat, weight.contiguous()).view(*x.shape[:-1], n)
     return F.linear(x, weight)
 
 

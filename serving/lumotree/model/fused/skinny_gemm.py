@@ -18,6 +18,7 @@ checks it). Not guaranteed: the same result across configs, or against F.linear 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ BLOCK_N_CHOICES = (128, 64, 32, 16)
 WIDE_WAVES = 1.6  # programs per SM a wide output's blocks must reach
 SPLIT_WAVES = 4  # programs per SM a split narrow output reaches
 MIN_SPLIT_STEPS = 8  # weight tiles per split, at least
+WINNING_SPLIT_STEPS = 32  # weight tiles per split from which the split kernel beat cuBLAS
 DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -76,6 +78,16 @@ class SkinnyConfig:
         ):
             splits *= 2
         return SkinnyConfig(block_n=block_n, block_k=block_k, splits=splits)
+
+
+@functools.cache
+def beats_cublas(n: int, k: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the for_shape kernel was measured faster than cuBLAS at 1-16 rows for a shape like
+    this (results/h200/skinny_gemm.md): every unsplit shape was, and split shapes whose splits keep
+    at least WINNING_SPLIT_STEPS weight tiles (5120 x 17408: 34 tiles, 1.08x); 5120 x 6144 (12
+    tiles a split) ran 0.94x."""
+    cfg = SkinnyConfig.for_shape(n, k, device, dtype)
+    return cfg.splits == 1 or k // (cfg.block_k * cfg.splits) >= WINNING_SPLIT_STEPS
 
 
 def _sm_count(device: torch.device) -> int:

@@ -26,6 +26,7 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.attention.reference import _check_cache
 
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
+MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
 
 
 @triton.jit
@@ -117,15 +118,18 @@ def tree_attention_merge_kernel(
     stride_oh,
     G: tl.constexpr,
     D: tl.constexpr,
+    BD: tl.constexpr,
     BM: tl.constexpr,
     NSPLIT: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
 ):
+    """Program (query block, KV head, head-dim block): the partials' BD columns, merged by lse."""
     mb = tl.program_id(0)
     h = tl.program_id(1)
+    db = tl.program_id(2)
     m = mb * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
+    offs_d = db * BD + tl.arange(0, BD)
     row = m // G
     head = h * G + m % G
     valid_m = row < R
@@ -134,7 +138,7 @@ def tree_attention_merge_kernel(
         top = tl.maximum(top, tl.load(lse_part_ptr + (s * HKV + h) * MPAD + m))
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     weight_sum = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, D], dtype=tl.float32)
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
     for s in range(NSPLIT):
         base = (s * HKV + h) * MPAD + m
         w = tl.exp2(tl.load(lse_part_ptr + base) - top_safe)
@@ -148,7 +152,8 @@ def tree_attention_merge_kernel(
         out.to(o_ptr.dtype.element_ty),
         mask=valid_m[:, None],
     )
-    tl.store(lse_ptr + row * (HKV * G) + head, lse, mask=valid_m)
+    first = (tl.zeros([BM], dtype=tl.int32) + db) == 0  # one head-dim block writes the lse
+    tl.store(lse_ptr + row * (HKV * G) + head, lse, mask=valid_m & first)
 
 
 @triton.jit
@@ -209,12 +214,12 @@ def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
     return (physical.to(torch.int64) << torch.arange(tree.rows, dtype=torch.int64)).sum(-1)
 
 
-def default_splits(device: torch.device, programs_per_split: int) -> int:
-    """Prefix partitions so that all splits together fill every multiprocessor about once."""
+def default_splits(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
+    """Prefix partitions so that all splits together fill every multiprocessor `waves` times."""
     if device.type != "cuda":
         return 2
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, sms // programs_per_split)
+    return max(1, waves * sms // programs_per_split)
 
 
 def partial_buffers(
@@ -277,8 +282,8 @@ def tree_attention_(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    merge_bm = 16
-    tree_attention_merge_kernel[(mpad // merge_bm, hkv)](
+    merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
+    tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
         o_part,
         lse_part,
         o,
@@ -288,6 +293,7 @@ def tree_attention_(
         o.stride(1),
         G=group,
         D=dim,
+        BD=merge_bd,
         BM=merge_bm,
         NSPLIT=splits + 1,
         MPAD=mpad,
