@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumotree.tree import chain_tree
 from lumotree.verify.attention import decode
 from lumotree.verify.attention import reference as ref
 from lumotree.verify.attention.decode import (
@@ -82,6 +83,21 @@ def test_the_merge_split_over_head_dim_blocks_writes_every_column(monkeypatch: p
     o_ref, lse_ref = ref.tree_attention(q, k_cache, v_cache, tree)
     torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("prefix_len", [5, 29, 40])
+def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(prefix_len: int) -> None:
+    # AR at position p and a chain verified from an earlier prefix see the same keys in the same
+    # splits (fixed cache rows, not relative to the prefix): their outputs agree bit for bit.
+    gen = torch.Generator().manual_seed(prefix_len)
+    chain = chain_tree(list(range(6)), prefix_len=prefix_len)
+    k_cache, v_cache = (torch.randn(prefix_len + 8, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(chain.rows, HQ, DIM, generator=gen)
+    o_chain, lse_chain = _run(chain, q, k_cache, v_cache, splits=3)
+    for depth in range(chain.rows):
+        step = chain_tree([depth], prefix_len=prefix_len + depth)
+        o, lse = _run(step, q[depth : depth + 1], k_cache, v_cache, splits=3)
+        assert torch.equal(o[0], o_chain[depth]) and torch.equal(lse[0], lse_chain[depth]), depth
 
 
 def test_tree_rows_ignore_keys_outside_their_ancestry() -> None:

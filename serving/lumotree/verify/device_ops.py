@@ -37,9 +37,10 @@ from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResul
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
-# Tree attention's prefix partitions: enough for ATTENTION_WAVES waves of programs, but none
-# shorter than MIN_KEYS_PER_SPLIT cache rows (the merge reads every partition). At 2048 keys a
-# split, a 1-row step at 4K context ran 16 programs and took ~77 us a layer on the H200 (cycle.md).
+# Tree attention's cache partitions (fixed rows, see attention/decode.py): enough for
+# ATTENTION_WAVES waves of programs, but none shorter than MIN_KEYS_PER_SPLIT cache rows (the merge
+# reads every partition). At 2048 rows a split, a 1-row step at 4K context ran 16 programs and took
+# ~77 us a layer on the H200 (cycle.md).
 ATTENTION_WAVES = 2
 MIN_KEYS_PER_SPLIT = 256
 

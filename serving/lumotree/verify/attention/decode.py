@@ -1,12 +1,17 @@
 """Tree attention decode and KV-remap publication in Triton, beside `reference.py`.
 
-Split-K over the committed prefix: program (query block, KV head, split) stages each K/V tile once
-for all query heads of its group (M = tree rows x group heads), runs an online softmax over its
-slice of the prefix with no mask, and writes a normalised partial output and its log-sum-exp. One
-extra split covers the tree slots (physical, spine first) under the ancestry bitset: bit j of
-`bits[r]` says row r sees tree slot j. A merge kernel combines the partials by log-sum-exp. The
-prefix length is read on the device, so one captured graph serves every cycle; splits past the
-prefix are empty (lse = -inf, weight 0).
+Split-K over the cache: program (query block, KV head, split) stages each K/V tile once for all
+query heads of its group (M = tree rows x group heads) and runs an online softmax over its split,
+a fixed range of physical cache rows (`chunk` rows from split * chunk; the committed prefix and,
+past it, the tree slots, physical and spine first, seen under the ancestry bitset: bit j of
+`bits[r]` says row r sees tree slot j). Splits past prefix + rows are empty (lse = -inf, weight 0);
+a merge kernel combines the partials by log-sum-exp, in split order. The prefix length is read on
+the device, so one captured graph serves every cycle.
+
+The splits do not move with the prefix: a key lands in the same split, at the same place in its
+tiles, whether it is committed or a tree slot. So a query of a chain (or of a tree's spine) at
+position p computes exactly what the 1-row step at p computes: AR, chain MTP and the tree's spine
+agree bit for bit in any dtype (with the prefix-relative splits of before they did not in bf16).
 
 `tree_attention` and `publish_kv_` have the reference's signatures; `tree_attention_` and
 `publish_kv_device_` take device metadata and caller-owned buffers (the forms graphs capture).
@@ -44,11 +49,11 @@ def tree_attention_partial_kernel(
     stride_qh,
     stride_kt,
     stride_kh,
+    chunk,
     G: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
-    SPLITS: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -68,10 +73,8 @@ def tree_attention_partial_kernel(
     )
 
     prefix = tl.load(prefix_ptr)
-    is_tree = s == SPLITS
-    chunk = tl.cdiv(tl.cdiv(prefix, SPLITS), BN) * BN
-    lo = tl.where(is_tree, prefix, s * chunk)
-    hi = tl.where(is_tree, prefix + R, tl.minimum(s * chunk + chunk, prefix))
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, prefix + R)
     bits = tl.load(bits_ptr + row, mask=valid_m, other=0)
 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -84,9 +87,10 @@ def tree_attention_partial_kernel(
         in_range = keys < hi
         k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
-        if is_tree:
+        if start + BN > prefix:  # the tile reaches the tree slots: their ancestry bits decide
             rel = keys - prefix
-            visible = (((bits[:, None] >> rel.to(tl.int64)[None, :]) & 1) != 0) & in_range[None, :]
+            seen = ((bits[:, None] >> tl.maximum(rel, 0).to(tl.int64)[None, :]) & 1) != 0
+            visible = (seen | (rel < 0)[None, :]) & in_range[None, :]
         else:
             visible = (tl.zeros([BM, BN], dtype=tl.int32) + keys[None, :]) < hi
         scores = tl.where(visible, scores, float("-inf"))
@@ -195,7 +199,7 @@ class AttentionConfig:
 
     block_m: int = 64
     block_n: int = 32
-    splits: int | None = None  # prefix partitions; None: enough programs to fill the device
+    splits: int | None = None  # cache partitions; None: enough programs to fill the device
     num_warps: int = 8
     num_stages: int = 2
 
@@ -215,7 +219,7 @@ def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
 
 
 def default_splits(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
-    """Prefix partitions so that all splits together fill every multiprocessor `waves` times."""
+    """Cache partitions so that all splits together fill every multiprocessor `waves` times."""
     if device.type != "cuda":
         return 2
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -225,9 +229,9 @@ def default_splits(device: torch.device, programs_per_split: int, waves: int = 1
 def partial_buffers(
     rows: int, hq: int, hkv: int, dim: int, splits: int, block_m: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """Split-K scratch: o_part [(splits+1) * Hkv * MPAD, D] and lse_part fp32."""
+    """Split-K scratch: o_part [splits * Hkv * MPAD, D] and lse_part fp32."""
     mpad = triton.cdiv(rows * (hq // hkv), block_m) * block_m
-    n = (splits + 1) * hkv * mpad
+    n = splits * hkv * mpad
     return (
         torch.empty((n, dim), dtype=torch.float32, device=device),
         torch.empty((n,), dtype=torch.float32, device=device),
@@ -257,7 +261,9 @@ def tree_attention_(
     bm = config.block_m
     mpad = triton.cdiv(rows * group, bm) * bm
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    tree_attention_partial_kernel[(mpad // bm, hkv, splits + 1)](
+    # fixed splits over the whole cache: chunk rows each, a whole number of key tiles
+    chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
+    tree_attention_partial_kernel[(mpad // bm, hkv, splits)](
         q,
         k_cache,
         v_cache,
@@ -271,11 +277,11 @@ def tree_attention_(
         q.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
+        chunk,
         G=group,
         D=dim,
         BM=bm,
         BN=config.block_n,
-        SPLITS=splits,
         MPAD=mpad,
         HKV=hkv,
         PRECISION=precision,
@@ -295,7 +301,7 @@ def tree_attention_(
         D=dim,
         BD=merge_bd,
         BM=merge_bm,
-        NSPLIT=splits + 1,
+        NSPLIT=splits,
         MPAD=mpad,
         HKV=hkv,
         num_warps=4,
