@@ -10,8 +10,9 @@ the device, so one captured graph serves every cycle.
 
 The splits do not move with the prefix: a key lands in the same split, at the same place in its
 tiles, whether it is committed or a tree slot. So a query of a chain (or of a tree's spine) at
-position p computes exactly what the 1-row step at p computes: AR, chain MTP and the tree's spine
-agree bit for bit in any dtype (with the prefix-relative splits of before they did not in bf16).
+position p sums over the same keys in the same order as the 1-row step at p (bit for bit under the
+interpreter, tested; on the GPU the dot's instruction tile still follows the query block's height).
+With the prefix-relative splits of before, bf16 MTP-5 and AR parted on a sampled demo request.
 
 `tree_attention` and `publish_kv_` have the reference's signatures; `tree_attention_` and
 `publish_kv_device_` take device metadata and caller-owned buffers (the forms graphs capture).
