@@ -18,6 +18,11 @@ the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up t
 off (separate cuBLAS projections, PyTorch elementwise ops). The first variant named is timed at every context,
 the others at the first; each variant's AR verify step is also profiled once eagerly (kernel
 count, GEMM time against the rest).
+
+With `--draft-vocab N` (default 32768) the first variant also times MTP-5 and the tree with a draft
+vocabulary of N token ids (`lumotree/drafting/draft_vocab.py`: each MTP pass reads N rows of the
+vocabulary projection instead of all of them), under the same forced acceptance: the acceptance a
+smaller draft vocabulary costs is measured on the shipped model (results/cpu/draft-vocab.md).
 """
 
 from __future__ import annotations
@@ -58,12 +63,80 @@ GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
 @dataclass(frozen=True)
 class Arm:
-    """A drafter shape: verification rows, MTP passes x candidates (None: AR), accepted drafts."""
+    """A drafter shape: verification rows, MTP passes x candidates (None: AR), accepted drafts,
+    and the size of the MTP passes' draft vocabulary (0: the whole vocabulary)."""
 
     name: str
     rows: int
     mtp: tuple[int, int] | None
     accepted: float
+    draft_vocab: int = 0
+
+
+def _tensors(obj: object, depth: int = 3) -> list[torch.Tensor]:
+    """Tensors reachable through the attributes, lists, tuples and dicts of `obj` (a few levels)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth == 0 or isinstance(obj, torch.nn.Module | str | int | float | bool | type(None)):
+        return []
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, list | tuple):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+    return [t for item in items for t in _tensors(item, depth - 1)]
+
+
+def persistent_buffers(runner: DeviceRunner) -> list[dict]:
+    """The runner's device memory by name (paper Table XV): the weights by part, the request state
+    by kind, the MTP drafter, the tree tables, the walk, and the graphs' pool; each storage counted
+    once, under the first name that reaches it."""
+    model, seen = runner.model, set()
+
+    def size(tensors: list[torch.Tensor]) -> int:
+        total = 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    layers = model.model.layers
+    gdn = [s for s in runner.state.layers if isinstance(s, GDNState)]
+    kv = [s for s in runner.state.layers if isinstance(s, KVCache)]
+    mtp = runner.mtp
+    linear = [p for layer in layers if layer.is_linear for p in layer.parameters()]
+    attention = [p for layer in layers if not layer.is_linear for p in layer.parameters()]
+    parts = [
+        ("weights: embedding", list(model.model.embed_tokens.parameters())),
+        ("weights: vocabulary projection (none of its own when tied)", [model.lm_head.weight]),
+        ("weights: GDN layers (projections, conv, norms, MLPs)", linear),
+        ("weights: attention layers (with their MLPs)", attention),
+        ("weights: final norm", list(model.model.norm.parameters())),
+        ("weights: MTP module", list((model.mtp or torch.nn.Module()).parameters())),
+        ("state: GDN recurrent bank (fp32)", [runner.state.gdn_bank, *(s.recurrent for s in gdn)]),
+        ("state: conv states", [s.conv for s in gdn]),
+        ("state: KV caches", [t for s in kv for t in (s.key, s.value)]),
+        ("MTP drafter: KV cache", [] if mtp is None else [mtp.cache.key, mtp.cache.value]),
+        ("MTP drafter: draft-vocabulary rows and buffers", [] if mtp is None else _tensors(mtp)),
+        ("tree tables (DeviceTree)", _tensors(runner.tables)),
+        ("device walk", _tensors(runner.walk)),
+        ("cycle result buffer", [runner._out]),
+    ]  # fmt: skip
+    rows = [{"buffer": name, "mib": size([t for t in ts if t is not None]) / 2**20} for name, ts in parts]
+    rows.append({"buffer": "CUDA graph pool (verify, publish, draft)", "mib": runner.graph_bytes / 2**20})
+    return rows
+
+
+def draft_ids(size: int, vocab: int, device: torch.device) -> torch.Tensor | None:
+    """`size` sorted token ids drawn at random (a random-weight model has no frequent tokens: any
+    subset streams the same bytes), None for 0."""
+    if not size:
+        return None
+    generator = torch.Generator().manual_seed(size)
+    return torch.randperm(vocab, generator=generator)[:size].sort().values.to(device)
 
 
 def weight_bytes(model: HybridLM) -> int:
@@ -256,6 +329,7 @@ def bench(
     tree_accepted: float,
     mtp_accepted: float,
     variants: list[str],
+    draft_vocab: int,
 ) -> dict:
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)
@@ -267,11 +341,18 @@ def bench(
         Arm("mtp5", 6, (5, 1), mtp_accepted),
         Arm("tree", 32, (5, 3), tree_accepted),
     ]
+    if draft_vocab:  # the same accepted schedules: what the smaller vocabulary costs in acceptance is
+        # measured on the shipped model (results/cpu/draft-vocab.md), not here
+        arms += [
+            Arm(f"mtp5-dv{draft_vocab}", 6, (5, 1), mtp_accepted, draft_vocab),
+            Arm(f"tree-dv{draft_vocab}", 32, (5, 3), tree_accepted, draft_vocab),
+        ]
     result: dict = {
         "floor_ms": floor_ms,
         "copy_bandwidth_tbps": bandwidth / 1e12,
         "weight_gb": weight_bytes(model) / 1e9,
         "variants": variants,
+        "draft_vocab": draft_vocab,
         "contexts": {},
         "profile": {},
     }
@@ -285,9 +366,10 @@ def bench(
     for ctx in contexts:
         row: dict = {}
         for variant in variants if ctx == contexts[0] else variants[:1]:
-            for arm in arms:
+            for arm in arms if variant == variants[0] else arms[:3]:
+                ids = draft_ids(arm.draft_vocab, model.config.vocab_size, device)
                 with kernel_mode(*VARIANTS[variant]):
-                    runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, graphs=True)
+                    runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, True, ids)
                 fill_state_(runner, ctx)
                 tree = arm_tree(arm, ctx, model.config.vocab_size)
                 name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"
@@ -295,6 +377,8 @@ def bench(
                     "graph_mib": runner.graph_bytes / 2**20,
                     "variant": variant,
                 }
+                if variant == variants[0] and arm.name.startswith("tree"):
+                    row.setdefault("buffers", {})[arm.name] = persistent_buffers(runner)
                 del runner
                 torch.cuda.empty_cache()
         tree = arm_tree(arms[2], ctx, model.config.vocab_size)
@@ -335,9 +419,25 @@ def summary(result: dict, command: str) -> dict:
         "attention_32k_over_floor": result["contexts"].get("32768", row)["attention_over_floor"],
         "projected_tree_over_ar": rates["tree"] / rates["ar"],
         "projected_tree_over_mtp5": rates["tree"] / rates["mtp5"],
+        **_draft_vocab_summary(result, row, rates),
         "context": int(ctx),
         "command": command,
         "commit": commit or None,
+    }
+
+
+def _draft_vocab_summary(result: dict, row: dict, rates: dict) -> dict:
+    """The draft-vocabulary arms' headline fields (none without them)."""
+    size = result.get("draft_vocab")
+    if not size:
+        return {}
+    mtp, tree = f"mtp5-dv{size}", f"tree-dv{size}"
+    return {
+        "draft_vocab": size,
+        "mtp5_cycle_ms_draft_vocab": row[mtp]["cycle_ms"],
+        "tree_cycle_ms_draft_vocab": row[tree]["cycle_ms"],
+        "projected_tree_over_ar_draft_vocab": rates[tree] / rates["ar"],
+        "projected_tree_over_mtp5_draft_vocab": rates[tree] / rates[mtp],
     }
 
 
@@ -385,7 +485,29 @@ def markdown(result: dict, head: dict) -> str:
             f"| {variant} | {prof['kernels']} | {prof['gemm_kernels']} | {prof['gemm_ms']:.2f} "
             f"| {prof['other_ms']:.2f} | {top} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + buffer_table(result)) + "\n"
+
+
+def buffer_table(result: dict) -> list[str]:
+    """Table XV: the tree runners' device buffers by name, per context (MiB)."""
+    columns = [
+        (ctx, name, bufs)
+        for ctx, row in result["contexts"].items()
+        for name, bufs in row.get("buffers", {}).items()
+    ]
+    if not columns:
+        return []
+    lines = [
+        "",
+        "Device memory of the tree cycle's runner by buffer (MiB; Table XV), per context and arm:",
+        "",
+        "| buffer | " + " | ".join(f"{ctx} {name}" for ctx, name, _ in columns) + " |",
+        "| --- |" + " ---: |" * len(columns),
+    ]
+    for i, entry in enumerate(columns[0][2]):
+        values = " | ".join(f"{bufs[i]['mib']:.1f}" for *_, bufs in columns)
+        lines.append(f"| {entry['buffer']} | {values} |")
+    return lines
 
 
 def main(
@@ -401,6 +523,14 @@ def main(
             help="Comma-separated, the headline first: fused (the product path), fused-cublas, unfused."
         ),
     ] = "fused,fused-cublas,unfused",
+    draft_vocab: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Also time MTP-5 and the tree with a draft vocabulary of this many token ids (the "
+            "first variant, same forced acceptance); 0: none.",
+        ),
+    ] = 32768,
 ) -> None:
     """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
     if not torch.cuda.is_available():
@@ -411,7 +541,9 @@ def main(
         typer.echo(f"error: --variants takes {', '.join(VARIANTS)}, got {variants!r}", err=True)
         raise typer.Exit(2)
     command = "python -m lumobench.bench.cycle " + " ".join(sys.argv[1:])
-    result = bench([int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted, chosen)
+    result = bench(
+        [int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted, chosen, draft_vocab
+    )
     head = summary(result, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cycle.json").write_text(json.dumps(head | {"detail": result}, indent=2) + "\n")

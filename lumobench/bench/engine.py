@@ -16,6 +16,8 @@ With several --kernels every arm runs under each kernel set, all interleaved per
 then over the first set's AR arm, and each set reports whether its arms gave the same tokens.
 
     lumobench bench engine --tree-shape compact --tree-shape paper     (one tree arm per shape)
+    lumobench bench engine --kernels cpu-fast --draft-vocab none --draft-vocab dv.json
+                                        (MTP and tree arms per draft vocabulary, side by side)
 """
 
 from __future__ import annotations
@@ -216,6 +218,13 @@ def engine_command(
             "per shape (default: auto, the engine's choice for the kernels)."
         ),
     ] = None,
+    draft_vocab: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Draft vocabulary file of the MTP and tree arms (python -m lumotree.drafting.draft_vocab) "
+            "or none; repeat it for those arms once per vocabulary (the native CPU forward takes none)."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark AR, chain MTP-5 and LumoTree on CPU in one process (see the module docstring)."""
     if not corpus.is_file():
@@ -230,25 +239,40 @@ def engine_command(
     if any(s not in TREE_SHAPES for s in shapes) or len(set(shapes)) != len(shapes):
         console.print(f"[red]error:[/] --tree-shape takes distinct values of {', '.join(TREE_SHAPES)}")
         raise typer.Exit(2)
+    vocabs = draft_vocab or ["none"]
+    missing = [v for v in vocabs if v != "none" and not Path(v).is_file()]
+    if missing or len(set(vocabs)) != len(vocabs):
+        console.print(f"[red]error:[/] --draft-vocab takes distinct files or none; not a file: {missing}")
+        raise typer.Exit(2)
     torch.set_num_threads(1)
     folder = model or default_model_path()
     requests = load_requests(corpus, folder, max_tokens, greedy)
     bandwidth = read_bandwidth_gbs()
     load_before = os.getloadavg()
-    # (kernel set, drafter, tree shape)
+    # (kernel set, drafter, tree shape, draft vocabulary)
     keys = [
-        (k, kind, shape) for k in sets for kind in ARMS for shape in (shapes if kind == "tree" else ["auto"])
+        (k, kind, shape, vocab)
+        for k in sets
+        for kind in ARMS
+        for shape in (shapes if kind == "tree" else ["auto"])
+        for vocab in (vocabs if kind != "ar" else ["none"])
     ]
-    totals: dict[tuple[str, str, str], list[ArmRun]] = {key: [] for key in keys}
-    outputs: dict[tuple[str, str, str], dict[str, list[int]]] = {key: {} for key in keys}
+    totals: dict[tuple[str, str, str, str], list[ArmRun]] = {key: [] for key in keys}
+    outputs: dict[tuple[str, str, str, str], dict[str, list[int]]] = {key: {} for key in keys}
     with Progress(console=console) as progress:
         task = progress.add_task("requests", total=runs * len(requests))
         for _ in range(runs):
             engines = {
-                (k, kind, shape): LLMEngine(
-                    EngineConfig(model=folder, drafter=kind, kernels=k, tree_shape=shape)  # type: ignore[arg-type]
+                (k, kind, shape, vocab): LLMEngine(
+                    EngineConfig(
+                        model=folder,
+                        drafter=kind,
+                        kernels=k,
+                        tree_shape=shape,  # type: ignore[arg-type]
+                        draft_vocab=None if vocab == "none" else vocab,
+                    )
                 )
-                for k, kind, shape in keys
+                for k, kind, shape, vocab in keys
             }
             current = {key: ArmRun() for key in keys}
             for req in requests:
@@ -263,15 +287,18 @@ def engine_command(
             for key, engine in engines.items():
                 current[key].metrics = _metrics_json(engine, len(requests))
                 totals[key].append(current[key])
-    probe = engines[(sets[0], "tree", shapes[0])]
+    probe = engines[(sets[0], "tree", shapes[0], vocabs[0])]
     bytes_ = weight_bytes(probe.model)
     arms = []
     for key in keys:
-        k, kind, _ = key
+        k, kind, _, vocab = key
         engine = engines[key]
         arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp)
         if kind == "tree" and len(shapes) > 1:
             arm["arm"] += f"[{engine.config.tree_shape}]"
+        if kind != "ar" and len(vocabs) > 1:
+            arm["arm"] += f"[dv {Path(vocab).stem}]" if vocab != "none" else "[full vocab]"
+        arm["draft_vocab"] = None if vocab == "none" else vocab
         if len(sets) > 1:
             arm["arm"] += f"[{k}]"
         arm["kernels"] = engine.config.kernels  # what "auto" became on this machine

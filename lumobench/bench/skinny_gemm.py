@@ -6,6 +6,8 @@ timings (lumobench.bench.timing.Timer), GB/s of weights streamed and the fractio
 bandwidth measured in the same process (bytes read plus written per second: the bandwidth the
 weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed it).
 Usage: python -m lumobench.bench.skinny_gemm --out DIR
+       python -m lumobench.bench.skinny_gemm --out DIR --sweep    (a grid of configs at 1 row on
+       the shapes below 90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
 """
 
 from __future__ import annotations
@@ -47,6 +49,67 @@ def candidate_configs(n: int, k: int, device: torch.device) -> list[tuple[str, S
             )
         )
     return configs
+
+
+SWEEP_SHAPES = [(5120, 6144), (5120, 17408), (16480, 5120), (14336, 5120)]
+
+
+def sweep_configs(n: int, k: int) -> list[SkinnyConfig]:
+    """A grid around the for_shape rules. Narrow outputs (the 5120-wide output projections): 16-64
+    wide blocks, 128-256 deep tiles, 2-8 K splits, 4 warps (2 for 16-wide blocks too); wide ones:
+    64-128 wide blocks, 64-256 deep tiles (at most 32 KB), 4 or 8 warps, no split. 3 or 4 stages."""
+    if n <= 8192:
+        grid = [
+            SkinnyConfig(block_n, block_k, warps, stages, split)
+            for block_n in (16, 32, 64)
+            for block_k in (128, 256)
+            for warps in ((2, 4) if block_n == 16 else (4,))
+            for stages in (3, 4)
+            for split in (2, 4, 8)
+        ]
+    else:
+        grid = [
+            SkinnyConfig(block_n, block_k, warps, stages)
+            for block_n in (64, 128)
+            for block_k in (64, 128, 256)
+            for warps in (4, 8)
+            for stages in (3, 4)
+        ]
+    return [c for c in grid if c.block_n * c.block_k * 2 <= 32 * 1024 and k // (c.block_k * c.splits) >= 4]
+
+
+def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
+    """Every sweep config at 1 row on SWEEP_SHAPES: median ms and fraction of copy bandwidth, with
+    cuBLAS first in each shape's rows."""
+    device = torch.device("cuda")
+    timer = Timer(device, iters, warmup)
+    bandwidth = copy_bandwidth(device)
+    results = []
+    for n, k in SWEEP_SHAPES:
+        nbytes = n * k * 2
+        copies = max(1, -(-MIN_STREAMED // nbytes))
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+        out = torch.empty(1, n, device=device, dtype=torch.bfloat16)
+        methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
+        methods += [
+            (cfg.label(), lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c)) for cfg in sweep_configs(n, k)
+        ]
+        rows = []
+        for name, gemm in methods:
+            try:
+                graph = _graph_over_copies(gemm, x, weights)
+            except Exception as exc:  # a config the compiler refuses is skipped, and named
+                print(f"{n}x{k} {name}: skipped ({type(exc).__name__})")
+                continue
+            ms = timer(graph).median_ms / copies
+            rows.append(dict(n=n, k=k, rows=1, method=name, median_ms=ms,
+                             fraction_of_copy_bw=nbytes / (ms * 1e-3) / bandwidth))  # fmt: skip
+            del graph
+        results += rows[:1] + sorted(rows[1:], key=lambda r: r["median_ms"])
+        del weights
+        torch.cuda.empty_cache()
+    return results
 
 
 def _graph_over_copies(gemm: Callable[[torch.Tensor, torch.Tensor], object], x, weights) -> CapturedStage:
@@ -114,11 +177,22 @@ def main(
     out: Annotated[Path, typer.Option(help="directory for skinny_gemm.json and skinny_gemm.md")],
     iters: int = 50,
     warmup: int = 10,
+    sweep: Annotated[bool, typer.Option(help="Time a grid of configs at 1 row instead.")] = False,
 ) -> None:
     """Time the skinny GEMM against cuBLAS at the Qwen3.5-27B projection shapes."""
     if not torch.cuda.is_available():
         typer.echo("error: the skinny GEMM benchmark needs a CUDA GPU", err=True)
         raise typer.Exit(2)
+    if sweep:
+        found = sweep_skinny_gemm()
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
+        (out / "skinny_sweep.json").write_text(json.dumps(dict(meta, results=found), indent=2))
+        for shape in SWEEP_SHAPES:
+            top = [r for r in found if (r["n"], r["k"]) == shape][:6]
+            print(f"{shape}: " + "; ".join(f"{r['method']} {r['median_ms'] * 1e3:.1f}us "
+                                           f"{r['fraction_of_copy_bw']:.0%}" for r in top))  # fmt: skip
+        return
     results = bench_skinny_gemm(iters=iters, warmup=warmup)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), command=" ".join(sys.argv))

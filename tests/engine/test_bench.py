@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,3 +50,27 @@ def test_bench_engine_refuses_an_unknown_kernel_set(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--kernels takes" in result.output
     result = CliRunner().invoke(app, ["bench", "engine", str(DEMO), "--tree-shape", "huge"])
     assert result.exit_code == 2 and "--tree-shape takes" in result.output
+
+
+def test_bench_engine_runs_the_drafting_arms_once_per_draft_vocabulary(tmp_path: Path) -> None:
+    corpus = tmp_path / "two.jsonl"
+    corpus.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:2]))
+    vocab, out = tmp_path / "top512.json", tmp_path / "engine.json"
+    build = ["-m", "lumotree.drafting.draft_vocab", str(DEMO), "--out", str(vocab), "--size", "512"]
+    subprocess.run([sys.executable, *build], check=True, capture_output=True, timeout=120)
+    args = ["bench", "engine", str(corpus), "--runs", "1", "--max-tokens", "6", "--out", str(out),
+            "--kernels", "cpu-fast", "--draft-vocab", "none", "--draft-vocab", str(vocab)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text())
+    assert [(a["arm"], a["draft_vocab"]) for a in written["arms"]] == [
+        ("lumotree-ar", None),
+        ("lumotree-mtp5[full vocab]", None),
+        ("lumotree-mtp5[dv top512]", str(vocab)),
+        ("lumotree[full vocab]", None),
+        ("lumotree[dv top512]", str(vocab)),
+    ]
+    assert written["same_output_requests"] == {"cpu-fast": 2}  # the draft vocabulary keeps outputs
+    missing = str(tmp_path / "no.json")
+    bad = CliRunner().invoke(app, ["bench", "engine", str(corpus), "--draft-vocab", missing])
+    assert bad.exit_code == 2 and "--draft-vocab takes" in bad.output

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from lumotree.drafting.draft_vocab import save_draft_vocab
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.model import save_checkpoint
 from lumotree.sampling import SamplingParams
-from lumotree.tree import build_tree
+from lumotree.tree import TreeDescriptor, build_tree
 from lumotree.verify.device_ops import stacked_base
 from lumotree.verify.device_tree import DeviceTree
 from tests.engine.helpers import output_tokens, run_requests
@@ -31,13 +32,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_checkpoint(model, tmp_path_factory.mktemp("tiny"), dtype=torch.float32)
 
 
-def _engine(checkpoint: Path, kernels: str, drafter: str) -> LLMEngine:
+def _engine(checkpoint: Path, kernels: str, drafter: str, **changes: object) -> LLMEngine:
     rows = None if kernels != "triton" or drafter != "tree" else 1 + 2 * 2 + 2 + 3  # no padding rows
     config = EngineConfig(
         model=checkpoint, drafter=drafter, kernels=kernels, device="cpu", prefix_cache=False,
         max_model_len=128, rows=rows, **GEOMETRY,
     )  # fmt: skip
-    return LLMEngine(config)
+    return LLMEngine(replace(config, **changes))
 
 
 def _request(sampling: SamplingParams, max_tokens: int, seed: int | None = None) -> GenerationRequest:
@@ -150,3 +151,32 @@ def test_device_tree_applies_the_logit_bias_like_the_reference_engine(checkpoint
     engine = _engine(checkpoint, "triton", "tree")
     _prime_suffix_cache(engine, ref)
     assert output_tokens(run_requests(engine, [request])["r"]) == ref
+
+
+def test_device_mtp_drafts_from_the_draft_vocabulary_as_the_reference_drafter_does(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """With a draft vocabulary the device MTP passes rank its rows only: every proposal equals the
+    reference drafter's (whole-vocabulary logits, -inf outside the subset), every draft is in the
+    subset, and the output is the one without a draft vocabulary (verification scores every token)."""
+    ids = list(range(1, 256, 3))
+    path = tmp_path / "draft-vocab.json"
+    save_draft_vocab(path, ids, 256, "every third id")
+    request = _request(SamplingParams(temperature=0.0), max_tokens=5)
+    plain = output_tokens(run_requests(_engine(checkpoint, "reference", "mtp"), [request])["r"])
+    drafts: dict[str, list[list[int]]] = {}
+    for kernels in ("reference", "triton"):
+        engine = _engine(checkpoint, kernels, "mtp", draft_vocab=path, draft_head_dtype="float32")
+        proposed: list[list[int]] = []
+        propose = engine.drafter.propose
+
+        def record(root: int, prefix_len: int, propose=propose, proposed=proposed) -> TreeDescriptor:
+            tree = propose(root, prefix_len)
+            proposed.append(tree.tokens[1 : tree.n_active].tolist())
+            return tree
+
+        engine.drafter.propose = record  # type: ignore[method-assign]
+        assert output_tokens(run_requests(engine, [request])["r"]) == plain
+        drafts[kernels] = proposed
+    assert drafts["triton"] == drafts["reference"] and len(drafts["triton"]) >= 2
+    assert {t for spine in drafts["triton"] for t in spine} <= set(ids)

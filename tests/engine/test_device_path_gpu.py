@@ -8,12 +8,18 @@ Run on the GPU machine: TRITON_INTERPRET=0 pytest -m gpu tests/engine/test_devic
 from __future__ import annotations
 
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
+from lumotree.drafting.draft_vocab import corpus_texts, load_draft_vocab, most_frequent, save_draft_vocab
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
+from lumotree.model import default_model_path
 from lumotree.sampling import SamplingParams
+from tests.engine.conftest import DEMO
 from tests.engine.helpers import output_tokens, run_requests
 
 pytestmark = [
@@ -52,6 +58,35 @@ def test_drafters_give_identical_outputs_on_the_gpu(
         differing = [rid for rid in outputs["ar"] if outputs[drafter][rid] != outputs["ar"][rid]]
         assert not differing, f"{drafter} differs from AR ({dtype}) on {differing}"
         assert syncs[drafter] == cycles[drafter]
+
+
+def test_a_draft_vocabulary_keeps_the_outputs_and_drafts_inside_it_on_the_gpu(
+    demo_prompts: list[GenerationRequest], tmp_path: Path
+) -> None:
+    """bf16 tree and MTP-5 with the 256 commonest demo-corpus tokens as the draft vocabulary: the
+    outputs are AR's, and the device MTP passes' last proposals lie inside the vocabulary."""
+    path = tmp_path / "top256.json"
+    save_draft_vocab(path, most_frequent(_corpus_counts(), 256), 8192, "demo.jsonl")
+    ids = set(load_draft_vocab(path, 8192).tolist())
+    requests = _requests(demo_prompts)
+    plain = LLMEngine(EngineConfig(drafter="ar", dtype="bfloat16"))
+    expected = {rid: output_tokens(ev) for rid, ev in run_requests(plain, requests).items()}
+    for drafter in ("mtp", "tree"):
+        engine = LLMEngine(EngineConfig(drafter=drafter, dtype="bfloat16", draft_vocab=path))
+        got = {rid: output_tokens(ev) for rid, ev in run_requests(engine, requests).items()}
+        assert [rid for rid in expected if got[rid] != expected[rid]] == [], drafter
+        assert engine.device_runner is not None and engine.device_runner.mtp is not None
+        mtp = engine.device_runner.mtp
+        assert set(mtp.spine.tolist()) | set(mtp.topk.flatten().tolist()) <= ids
+        assert engine.metrics().spec.num_accepted_tokens > 0
+
+
+def _corpus_counts() -> Counter[int]:
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    counts: Counter[int] = Counter()
+    for text in corpus_texts(DEMO):
+        counts.update(tokenizer.encode(text, add_special_tokens=False).ids)
+    return counts
 
 
 def test_a_decode_cycle_synchronises_only_once(demo_prompts: list[GenerationRequest]) -> None:

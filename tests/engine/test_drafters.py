@@ -10,7 +10,7 @@ from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
 from lumotree.drafting.suffix import SuffixDrafter, SuffixIndex
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
-from lumotree.engine.drafter import bf16_draft_head, rescue_branches
+from lumotree.engine.drafter import draft_head, rescue_branches
 from lumotree.model import HybridLM
 from lumotree.sampling import SamplingParams
 
@@ -110,7 +110,8 @@ def test_bf16_draft_head_keeps_the_mtp_heads_choices(model: HybridLM) -> None:
     and nearly always the same spine token (verification, in fp32, decides what is emitted)."""
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(400, model.config.hidden_size, generator=g)
-    head = bf16_draft_head(model)
+    head = draft_head(model, "bfloat16", None)
+    assert head is not None and draft_head(model, "float32", None) is None
     with torch.inference_mode():
         exact = model.compute_logits(hidden)
         approx = torch.stack([head(h) for h in hidden])

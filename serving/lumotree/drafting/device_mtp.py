@@ -10,6 +10,10 @@ Attention uses the tree-attention kernel: the queued rows form a chain over the 
 prefix, a speculative row sees the prefix and itself. Selection is the fused argmax + ordered
 top-k kernel, so the spine is the lowest-index argmax and the top-k follows the pinned tie rules.
 
+With a draft vocabulary (`draft_ids`, sorted token ids: `draft_vocab.py`) each pass ranks only those
+rows of the vocabulary projection, a gathered copy of them, and maps the ranks back to token ids:
+the proposal the whole-vocabulary ranking would give with every other logit at -inf.
+
 Prompt rows are committed eagerly (`commit_`, variable length) through `mtp_chain_step`; the
 host mirrors the committed length (`length`) for that and for the prefix cache.
 """
@@ -23,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lumotree.drafting.fused_selection import rank_rows_, selection_scratch
+from lumotree.model.fused import ops
 from lumotree.model.model import HybridLM
 from lumotree.model.mtp import mtp_chain_step
 from lumotree.model.state import KVCache
@@ -45,7 +50,7 @@ class DeviceMTP:
 
     spine [depth] and topk [depth, k] int64 hold the last proposal; committed [1] int64 the MTP
     rows whose inputs are true; queue_hidden [Q, H], queue_tokens [Q], queue_len [1] the true rows
-    pass 1 commits.
+    pass 1 commits. draft_ids: the draft vocabulary (None: the whole vocabulary).
     """
 
     def __init__(
@@ -56,6 +61,7 @@ class DeviceMTP:
         capacity: int,
         queue_rows: int,
         attention: TreeAttention,
+        draft_ids: Tensor | None = None,
     ) -> None:
         if model.mtp is None or len(model.mtp.layers) != 1:
             raise ValueError("the device MTP drafter needs a model with exactly one MTP layer")
@@ -76,7 +82,18 @@ class DeviceMTP:
         self._chain_bits = (torch.ones(queue_rows, **i64) << (self._rows + 1)) - 1  # row i sees 0..i
         self._own_bit = torch.ones(1, **i64)
         self._next = torch.zeros(1, **i64)
-        self._scratch = selection_scratch(1, model.config.vocab_size, k, dev)
+        self.draft_ids = None if draft_ids is None else draft_ids.to(dev)
+        if self.draft_ids is not None and self.draft_ids.numel() < k:
+            raise ValueError(f"a draft vocabulary of {self.draft_ids.numel()} ids cannot rank {k} candidates")
+        self._head = (
+            None
+            if self.draft_ids is None
+            else model.lm_head.weight.detach().index_select(0, self.draft_ids).contiguous()
+        )
+        ranked = model.config.vocab_size if self.draft_ids is None else self.draft_ids.numel()
+        self._scratch = selection_scratch(1, ranked, k, dev)
+        self._local_spine = torch.zeros(1, **i64)
+        self._local_topk = torch.zeros((1, k), **i64)
 
     @property
     def cache(self) -> KVCache:
@@ -124,8 +141,14 @@ class DeviceMTP:
         self.committed.copy_(self._next)
 
     def _rank(self, hidden: Tensor, d: int) -> None:
-        logits = self.model.compute_logits(hidden)  # [1, V]
-        rank_rows_(logits, self.spine[d : d + 1], self.topk[d : d + 1], self._scratch)
+        if self._head is None or self.draft_ids is None:
+            logits = self.model.compute_logits(hidden)  # [1, V]
+            rank_rows_(logits, self.spine[d : d + 1], self.topk[d : d + 1], self._scratch)
+            return
+        logits = ops.linear(hidden, self._head)  # [1, N]: the draft vocabulary's rows only
+        rank_rows_(logits, self._local_spine, self._local_topk, self._scratch)
+        self.spine[d : d + 1].copy_(self.draft_ids[self._local_spine])
+        self.topk[d : d + 1].copy_(self.draft_ids[self._local_topk])
 
     def _pass(self, hidden: Tensor, tokens: Tensor, start: Tensor, bits: Tensor) -> Tensor:
         """MTP rows hidden [T, H] with their next tokens [T] at positions start.. (device [1]):

@@ -55,6 +55,10 @@ class EngineConfig:
     the device from `seed` instead of loading `model` (whose tokenizer the server still uses).
     draft_head_dtype: precision of the vocabulary projection in MTP drafting passes (drafts only;
     bfloat16 halves the bytes each pass streams, measured ~10% faster cycles at equal acceptance).
+    draft_vocab: a draft vocabulary file (`python -m lumotree.drafting.draft_vocab`): the token ids
+    MTP drafting passes may propose, so each pass reads only those rows of the vocabulary
+    projection; verification still scores every token (outputs unchanged, acceptance may drop).
+    Used by the device and cpu-fast/reference drafters; "auto" kernels on a CPU then take cpu-fast.
     threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
     """
 
@@ -75,6 +79,7 @@ class EngineConfig:
     eager: bool = False
     random_weights: str | None = None
     draft_head_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    draft_vocab: Path | str | None = None
     prefill_chunk: int = 512
     prefix_cache: bool = True
     cache_block: int = 64

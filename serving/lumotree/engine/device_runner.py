@@ -62,7 +62,7 @@ class DeviceRunner:
 
     rows: the verification rows of every tree; max_depth: the deepest tree; mtp: (depth, k) of the
     MTP drafter or None (AR); capacity: KV rows of the state bank; graphs: capture the stages
-    (CUDA only).
+    (CUDA only); draft_ids: the MTP passes' draft vocabulary (None: the whole vocabulary).
     """
 
     def __init__(
@@ -73,6 +73,7 @@ class DeviceRunner:
         max_depth: int,
         mtp: tuple[int, int] | None,
         graphs: bool,
+        draft_ids: Tensor | None = None,
     ) -> None:
         self.model, self.device = model, model.device
         if self.device.type == "cuda":
@@ -93,7 +94,7 @@ class DeviceRunner:
         self.mtp = (
             None
             if mtp is None
-            else DeviceMTP(model, mtp[0], mtp[1], mtp_capacity, width, self.kernels.tree_attention)
+            else DeviceMTP(model, mtp[0], mtp[1], mtp_capacity, width, self.kernels.tree_attention, draft_ids)
         )
         n_out = 2 * width + 1 + (0 if mtp is None else mtp[0] * (1 + mtp[1]))
         cuda = self.device.type == "cuda"

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lumotree.drafting.draft_vocab import subset_head
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
 from lumotree.drafting.mtp import MTPDrafter, MTPProposal
 from lumotree.drafting.native_mtp import NativeMTPDrafter
@@ -211,15 +212,22 @@ def rescue_branches(
     return out
 
 
-def bf16_draft_head(model: HybridLM) -> Callable[[Tensor], Tensor]:
-    """The vocabulary projection with a bfloat16 copy of its weight, for MTP drafting only.
+def draft_head(model: HybridLM, dtype: str, draft_ids: Tensor | None) -> Callable[[Tensor], Tensor] | None:
+    """The vocabulary projection of MTP drafting passes (None: the model's own): a bfloat16 copy of
+    its weight, and/or its draft-vocabulary rows with -inf logits elsewhere (`subset_head`).
 
     Each MTP pass streams the whole projection (8 MB in fp32 for lumo-tiny-coder); on a CPU that is
     memory-bound, and half the bytes make the pass faster. Drafts only propose: verification uses
     the fp32 target, so outputs keep their distribution (a near-tie may pick another draft).
     """
-    weight = model.lm_head.weight.detach().to(torch.bfloat16)
-    return lambda h: F.linear(h.to(torch.bfloat16), weight).float()
+    weight = model.lm_head.weight.detach()
+    half = torch.bfloat16 if dtype == "bfloat16" else None
+    if draft_ids is not None:
+        return subset_head(weight, draft_ids, half)
+    if half is None:
+        return None
+    copy = weight.to(half)
+    return lambda h: F.linear(h.to(half), copy).float()
 
 
 class DeviceChainDrafter(ARDrafter):
@@ -306,11 +314,13 @@ def make_drafter(
     runner: DeviceRunner | None = None,
     native: NativeModel | None = None,
     outputs: OutputCache | None = None,
+    draft_ids: Tensor | None = None,
 ) -> ARDrafter:
     """The drafter of config.drafter, with the geometry of config.geometry(); on the device path
     (`runner` given) the MTP passes are the runner's, with `native` (the cpu-native kernels) the
     native forward's; a tree drafter's suffix lookups use `outputs` as their cache of earlier
-    outputs (default: its own)."""
+    outputs (default: its own); draft_ids: the CPU MTP passes' draft vocabulary (the device path's
+    is the runner's)."""
     geometry = config.geometry()
     suffix = SuffixDrafter(
         min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=outputs
@@ -321,7 +331,7 @@ def make_drafter(
         if config.drafter == "mtp":
             return DeviceChainDrafter(geometry, runner)
         return DeviceTreeDrafter(geometry, runner, suffix)
-    head = bf16_draft_head(model) if config.draft_head_dtype == "bfloat16" and native is None else None
+    head = draft_head(model, config.draft_head_dtype, draft_ids) if native is None else None
     if config.drafter == "mtp":
         return ChainDrafter(geometry, model, capacity, head, native)
     return TreeDrafter(geometry, model, capacity, suffix, head, native)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from lumotree.drafting.draft_vocab import load_draft_vocab
 from lumotree.engine.acceptance import Acceptance, RowSampler, history_counts, token_logprobs, walk
 from lumotree.engine.config import EngineConfig
 from lumotree.engine.drafter import make_drafter
@@ -75,8 +76,15 @@ class LLMEngine:
         self.device = torch.device(config.device)
         self.model_dir = Path(config.model) if config.model else default_model_path()
         self.model = _build_model(config, self.model_dir, self.device)
+        draft_ids = (
+            None
+            if config.draft_vocab is None or config.drafter == "ar"
+            else load_draft_vocab(config.draft_vocab, self.model.config.vocab_size)
+        )
         if config.kernels == "cpu-native":
-            self.config = config = replace(config, kernels=_native_or_fallback(self.model, asked))
+            self.config = config = replace(
+                config, kernels=_native_or_fallback(self.model, asked, draft_ids is not None)
+            )
         self.config = config = config.shaped()
         mcfg = self.model.config
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
@@ -88,7 +96,7 @@ class LLMEngine:
 
             mtp = None if config.drafter == "ar" else (config.mtp_depth, 1 + self.geometry.siblings_per_depth)
             self.device_runner = DeviceRunner(
-                self.model, capacity, self.geometry.rows, config.max_depth, mtp, graphs=not config.eager
+                self.model, capacity, self.geometry.rows, config.max_depth, mtp, not config.eager, draft_ids
             )
             self.runner: ModelRunner | DeviceRunner = self.device_runner
         else:
@@ -96,7 +104,9 @@ class LLMEngine:
             native = (self.geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None
             self.runner = ModelRunner(self.model, capacity, kernels, native)
         native_model = self.runner.native if isinstance(self.runner, ModelRunner) else None
-        self.drafter = make_drafter(config, self.model, capacity, self.device_runner, native_model)
+        self.drafter = make_drafter(
+            config, self.model, capacity, self.device_runner, native_model, draft_ids=draft_ids
+        )
         self.prefix_cache = (
             PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
         )
@@ -396,11 +406,13 @@ class LLMEngine:
         return seq.event(kept, logprobs)
 
 
-def _native_or_fallback(model: HybridLM, asked: str) -> str:
-    """The kernel set for a resolved "cpu-native": itself when the native forward builds here and
-    supports `model`; else, for an "auto" request, "cpu-fast" with a one-line warning, and for an
+def _native_or_fallback(model: HybridLM, asked: str, draft_vocab: bool = False) -> str:
+    """The kernel set for a resolved "cpu-native": itself when the native forward builds here,
+    supports `model` and no draft vocabulary is asked for (its MTP passes rank the whole
+    vocabulary); else, for an "auto" request, "cpu-fast" with a one-line warning, and for an
     explicit cpu-native a ValueError."""
-    reason = unsupported_reason(model)
+    reason = "a draft vocabulary is asked for (its MTP passes rank every token)" if draft_vocab else None
+    reason = reason or unsupported_reason(model)
     if reason is None:
         try:
             load_library()

@@ -78,6 +78,14 @@ def serve(
             "instead of --model's weights (its tokenizer is still used): for speed work."
         ),
     ] = None,
+    draft_vocab: Annotated[
+        Path | None,
+        typer.Option(
+            help="A draft vocabulary file (python -m lumotree.drafting.draft_vocab): MTP drafts come "
+            "from its token ids only, each drafting pass reading those rows of the vocabulary "
+            "projection; outputs are unchanged (verification scores every token)."
+        ),
+    ] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch threads of the engine.")] = 1,
     seed: Annotated[
         int | None, typer.Option(help="Seed for the seeds of requests that bring none (default: random).")
@@ -107,6 +115,7 @@ def serve(
             model=folder, drafter=drafter, mtp_depth=mtp_depth, max_model_len=max_model_len,  # type: ignore[arg-type]
             dtype=dtype, threads=threads, seed=seed, device=device, kernels=kernels,  # type: ignore[arg-type]
             eager=eager, random_weights=random_weights, tree_shape=tree_shape,  # type: ignore[arg-type]
+            draft_vocab=draft_vocab,
         )  # fmt: skip
         engine = AsyncEngine.from_config(config)
     except (FileNotFoundError, ValueError) as exc:
