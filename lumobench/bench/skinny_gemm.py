@@ -51,7 +51,7 @@ def candidate_configs(n: int, k: int, device: torch.device) -> list[tuple[str, S
     return configs
 
 
-SWEEP_SHAPES = [(5120, 6144), (5120, 17408), (16480, 5120), (14336, 5120)]
+SWEEP_SHAPES = [(5120, 17408), (5120, 6144), (16480, 5120), (14336, 5120)]
 
 
 def sweep_configs(n: int, k: int) -> list[SkinnyConfig]:
@@ -106,7 +106,12 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
             rows.append(dict(n=n, k=k, rows=1, method=name, median_ms=ms,
                              fraction_of_copy_bw=nbytes / (ms * 1e-3) / bandwidth))  # fmt: skip
             del graph
-        results += rows[:1] + sorted(rows[1:], key=lambda r: r["median_ms"])
+        ranked = rows[:1] + sorted(rows[1:], key=lambda r: r["median_ms"])
+        best = "; ".join(
+            f"{r['method']} {r['median_ms'] * 1e3:.1f}us {r['fraction_of_copy_bw']:.0%}" for r in ranked[:8]
+        )
+        print(f"{n}x{k}: {best}", flush=True)
+        results += ranked
         del weights
         torch.cuda.empty_cache()
     return results
@@ -188,10 +193,6 @@ def main(
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
         (out / "skinny_sweep.json").write_text(json.dumps(dict(meta, results=found), indent=2))
-        for shape in SWEEP_SHAPES:
-            top = [r for r in found if (r["n"], r["k"]) == shape][:6]
-            print(f"{shape}: " + "; ".join(f"{r['method']} {r['median_ms'] * 1e3:.1f}us "
-                                           f"{r['fraction_of_copy_bw']:.0%}" for r in top))  # fmt: skip
         return
     results = bench_skinny_gemm(iters=iters, warmup=warmup)
     out.mkdir(parents=True, exist_ok=True)
