@@ -13,8 +13,7 @@ nothing; the paper's mean 4.05 accepted drafts per tree event and 3.17 per MTP-5
 layer, captured, 32 rows), tree attention at each context against its KV-read floor, and memory.
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
-the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up to 16 rows, all
-launched with programmatic dependent launch where supported), "fused-nopdl" the same without PDL,
+the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up to 16 rows),
 "fused-cublas" the same with cuBLAS for every projection, "unfused" the engine with all of them
 off (separate cuBLAS projections, PyTorch elementwise ops). The first variant named is timed at every context,
 the others at the first; each variant's AR verify step is also profiled once eagerly (kernel
@@ -54,11 +53,10 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
-VARIANTS: dict[str, tuple[KernelMode, GemmBackend, bool]] = {
-    "fused": ("auto", "skinny", True),
-    "fused-nopdl": ("auto", "skinny", False),
-    "fused-cublas": ("auto", "cublas", True),
-    "unfused": ("off", "cublas", False),
+VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
+    "fused": ("auto", "skinny"),
+    "fused-cublas": ("auto", "cublas"),
+    "unfused": ("off", "cublas"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
@@ -522,10 +520,9 @@ def main(
     variants: Annotated[
         str,
         typer.Option(
-            help="Comma-separated, the headline first: fused (the product path), fused-nopdl, fused-cublas, "
-            "unfused."
+            help="Comma-separated, the headline first: fused (the product path), fused-cublas, unfused."
         ),
-    ] = "fused,fused-nopdl,fused-cublas,unfused",
+    ] = "fused,fused-cublas,unfused",
     draft_vocab: Annotated[
         int,
         typer.Option(

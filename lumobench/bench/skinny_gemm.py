@@ -4,9 +4,7 @@ Each timed call is one CUDA graph that runs the GEMM over several weight copies 
 L2 where one copy is smaller), so weights stream from HBM as in a decode step; median of CUDA-event
 timings (lumobench.bench.timing.Timer), GB/s of weights streamed and the fraction of the device copy
 bandwidth measured in the same process (bytes read plus written per second: the bandwidth the
-weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed it). Every method
-launches without programmatic dependent launch except "skinny for_shape + PDL", the product's
-launch, where each GEMM may start while the one before it drains (lumotree/model/fused/launch.py).
+weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed it).
 Usage: python -m lumobench.bench.skinny_gemm --out DIR
        python -m lumobench.bench.skinny_gemm --out DIR --sweep    (a grid of configs at 1 row on
        the shapes below 90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
@@ -26,7 +24,6 @@ import torch.nn.functional as F
 import typer
 
 from lumobench.bench.timing import Timer, copy_bandwidth
-from lumotree.model.fused.launch import pdl_mode
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 from lumotree.verify.graphs import CapturedStage
 
@@ -95,14 +92,13 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
         x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
         out = torch.empty(1, n, device=device, dtype=torch.bfloat16)
         methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
-        methods += [  # without PDL: each GEMM's own launch, as in call 1 of the issue-12 sweep
+        methods += [
             (cfg.label(), lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c)) for cfg in sweep_configs(n, k)
         ]
         rows = []
         for name, gemm in methods:
             try:
-                with pdl_mode(False):
-                    graph = _graph_over_copies(gemm, x, weights)
+                graph = _graph_over_copies(gemm, x, weights)
             except Exception as exc:  # a config the compiler refuses is skipped, and named
                 print(f"{n}x{k} {name}: skipped ({type(exc).__name__})")
                 continue
@@ -139,18 +135,14 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
         for m in rows:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-            methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w), False)]
+            methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
             for label, cfg in candidate_configs(n, k, device):
-                gemm = lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c)  # noqa: E731
-                methods.append((f"skinny {label} {cfg.label()}", gemm, False))
-            chosen = SkinnyConfig.for_shape(n, k, device)  # the product's launch: PDL where supported
-            methods.append(
-                ("skinny for_shape + PDL", lambda x, w, c=chosen, o=out: skinny_linear(x, w, o, c), True)
-            )
+                methods.append(
+                    (f"skinny {label} {cfg.label()}", lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c))
+                )
             base_ms = None
-            for name, gemm, pdl in methods:
-                with pdl_mode(pdl):
-                    graph = _graph_over_copies(gemm, x, weights)
+            for name, gemm in methods:
+                graph = _graph_over_copies(gemm, x, weights)
                 ms = timer(graph).median_ms / copies
                 base_ms = ms if base_ms is None else base_ms
                 gbs = nbytes / (ms * 1e-3) / 1e9

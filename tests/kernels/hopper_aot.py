@@ -2,9 +2,7 @@
 
 Run with TRITON_INTERPRET unset (the interpreter replaces @triton.jit functions). Prints one JSON
 object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX), "registers": int,
-"spill_bytes": int (spill stores, from Triton's ptxas run again with -v), "pdl": bool (griddepcontrol
-wait and launch_dependents in its PTX)}. The skinny GEMM compiles as the product launches it on
-Hopper: with programmatic dependent launch.
+"spill_bytes": int (spill stores, from Triton's ptxas run again with -v)}.
 """
 
 from __future__ import annotations
@@ -63,15 +61,7 @@ for block_n, block_k, tiles, split in (
 ):
     KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if split else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
-        dict(
-            TILES=tiles,
-            BLOCK_N=block_n,
-            BLOCK_K=block_k,
-            EVEN_K=True,
-            PRECISION="tf32",
-            SPLIT=split,
-            PDL=True,
-        ),
+        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLIT=split),
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
@@ -90,11 +80,9 @@ def compile_for_hopper(
     try:
         compiled = triton.compile(source, target=HOPPER, options=options)
     except Exception as exc:  # the test reports the compiler's message
-        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1,
-                "pdl": False}  # fmt: skip
+        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1}
     ptx = compiled.asm["ptx"]
-    pdl = "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
-    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in ptx, "pdl": pdl, **resource_usage(ptx)}
+    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in ptx, **resource_usage(ptx)}
 
 
 def resource_usage(ptx: str) -> dict:

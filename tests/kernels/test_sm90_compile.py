@@ -61,11 +61,6 @@ def test_skinny_gemm_configs_compile_without_spills(compiled: dict, kernel: str)
     assert 0 < result["registers"] <= 255
 
 
-@pytest.mark.parametrize("kernel", SKINNY)
-def test_skinny_gemm_waits_for_its_predecessor_under_pdl(compiled: dict, kernel: str) -> None:
-    assert compiled[kernel]["pdl"]
-
-
 @pytest.mark.parametrize("kernel", ["skinny n128 k64 t1", "skinny n128 k64 t2", "skinny n64 k128 t1"])
 def test_skinny_gemm_wide_tiles_run_on_wgmma(compiled: dict, kernel: str) -> None:
     assert compiled[kernel]["wgmma"]

@@ -2,10 +2,10 @@
 # One device-machine run of the 27B decode-cycle work (issue 12; H200, no network there): install
 # the carried wheels, record the card's state, then, each step inside its own time limit and
 # writing to $OUT,
-#   1. the dense-path, PDL and tree-attention GPU tests (tests/kernels/test_gpu_dense.py,
-#      test_gpu_skinny_gemm.py, test_gpu_pdl.py, the attention tests of test_gpu_parity.py),
-#   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-nopdl,
-#      fused-cublas and unfused variants side by side, random-weight Qwen3.5-27B),
+#   1. the dense-path and tree-attention GPU tests (tests/kernels/test_gpu_dense.py,
+#      test_gpu_skinny_gemm.py, the attention tests of test_gpu_parity.py),
+#   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-cublas and
+#      unfused variants side by side, random-weight Qwen3.5-27B),
 #   3. the skinny-GEMM benchmark (`python3 -m lumobench.bench.skinny_gemm`),
 #   4. the engine's GPU tests (tests/engine/test_device_path_gpu.py, the tiny model end to end),
 # and print the tables. From the repository root:
@@ -14,7 +14,7 @@
 #   OUT        output folder (required)
 #   WHL        folder of the carried wheels (pydantic, fastapi and their needs)   default .whl
 #   CONTEXTS   committed contexts of the cycle benchmark                         default 4096,32768
-#   VARIANTS   cycle variants, the headline first                 default fused,fused-nopdl,fused-cublas,unfused
+#   VARIANTS   cycle variants, the headline first                 default fused,fused-cublas,unfused
 #   ITERS      timed cycles per median                                           default 50
 #   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S   time limits in seconds (0 skips)   default 120, 300, 90, 110
 set -uo pipefail
@@ -32,10 +32,10 @@ step() {  # step LIMIT LOG command...: run a step inside its limit, its output a
     (( limit > 0 )) && timeout "$limit" "$@" >> "$OUT/$log" 2>&1
 }
 step "${DENSE_S:-120}" dense-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py tests/kernels/test_gpu_pdl.py \
-    tests/kernels/test_gpu_parity.py -k "dense or skinny or fused or attention or pdl"
+    tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py tests/kernels/test_gpu_parity.py \
+    -k "dense or skinny or fused or attention"
 step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
-    --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-nopdl,fused-cublas,unfused}" \
+    --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-cublas,unfused}" \
     --iters "${ITERS:-50}" --warmup 10
 step "${GEMM_S:-90}" cycle.log python3 -m lumobench.bench.skinny_gemm --out "$OUT"
 step "${ENGINE_S:-110}" engine-gpu-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \

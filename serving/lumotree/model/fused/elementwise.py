@@ -15,9 +15,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.model.fused.gdc import enter
-from lumotree.model.fused.launch import launch_options
-
 ELEMENTS_PER_PROGRAM = 2048  # silu_mul's column block
 
 
@@ -46,9 +43,7 @@ def _rms_norm_kernel(
     eps,
     ADD: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     out = (r * tl.num_programs(1) + h) * D
@@ -77,9 +72,7 @@ def _gated_rms_norm_kernel(
     eps,
     ROUND_WEIGHTED: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     row = (r * tl.num_programs(1) + h) * D
@@ -109,9 +102,7 @@ def _norm_rope_kernel(
     eps,
     ROT: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     src = x_ptr + r * sx_r + h * sx_h
@@ -139,8 +130,7 @@ def _norm_rope_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    enter(PDL)
+def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -152,8 +142,7 @@ def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr, PDL: tl.const
 
 
 @triton.jit
-def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    enter(PDL)
+def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     row = (r * tl.num_programs(1) + h) * D
@@ -188,9 +177,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     d = x.shape[-1]
     block = _block(d)
     _rms_norm_kernel[(xs.shape[0], 1)](
-        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps,
-        ADD=False, BLOCK_D=block, num_warps=_warps(block), **launch_options(x),
-    )  # fmt: skip
+        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps, ADD=False, BLOCK_D=block, num_warps=_warps(block)
+    )
     return y
 
 
@@ -204,7 +192,7 @@ def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     block = _block(d)
     _rms_norm_kernel[(hs.shape[0], 1)](
         hs, hs.stride(0), 0, ds, ds.stride(0), 0, total, weight, y, d, eps,
-        ADD=True, BLOCK_D=block, num_warps=_warps(block), **launch_options(h),
+        ADD=True, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return total, y
 
@@ -218,7 +206,7 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     block = _block(d)
     _gated_rms_norm_kernel[(xs.shape[0], xs.shape[1])](
         xs, zs, zs.stride(0), zs.stride(1), weight, y, d, eps,
-        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, num_warps=_warps(block), **launch_options(x),
+        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y
 
@@ -233,7 +221,7 @@ def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -
     block = _block(d)
     _norm_rope_kernel[(xs.shape[0], heads)](
         xs, xs.stride(0), xs.stride(1), weight, cos, sin, y, d, eps,
-        ROT=rot, BLOCK_D=block, num_warps=_warps(block), **launch_options(x),
+        ROT=rot, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y
 
@@ -244,9 +232,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     gu = _rows_heads(gate_up[..., None, :])
     y = _empty((*gate_up.shape[:-1], n), gate_up)
     block = min(ELEMENTS_PER_PROGRAM, _block(n))
-    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](
-        gu, gu.stride(0), y, n, BLOCK=block, num_warps=4, **launch_options(gate_up)
-    )
+    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](gu, gu.stride(0), y, n, BLOCK=block, num_warps=4)
     return y
 
 
@@ -257,6 +243,6 @@ def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
     d = x.shape[-1]
     block = _block(d)
     _sigmoid_mul_kernel[(xs.shape[0], xs.shape[1])](
-        xs, gs, gs.stride(0), gs.stride(1), y, d, BLOCK_D=block, num_warps=_warps(block), **launch_options(x)
+        xs, gs, gs.stride(0), gs.stride(1), y, d, BLOCK_D=block, num_warps=_warps(block)
     )
     return y

@@ -6,8 +6,7 @@ unfused path, for side-by-side benchmarks) or "always" (kernels on any device: C
 TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`). Its `gemm` picks
 the projections' GEMM on the fused path: "skinny" (the default: `skinny_gemm.py` for up to
 SKINNY_ROWS rows on the shapes where it beat cuBLAS, F.linear otherwise) or "cublas" (F.linear
-always). Its `pdl` turns programmatic dependent launch of the fused kernels on or off
-(`launch.py`; on by default where supported, LUMOTREE_PDL=0 turns it off). On the H200 the skinny kernel
+always). On the H200 the skinny kernel
 beat cuBLAS at one row tile (AR, chain and MTP passes) and lost at two (the 32-row tree):
 results/h200/skinny_gemm.md.
 """
@@ -22,8 +21,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lumotree.model.fused import launch, reference
-from lumotree.model.fused.launch import pdl_mode
+from lumotree.model.fused import reference
 
 KernelMode = Literal["auto", "off", "always"]
 GemmBackend = Literal["cublas", "skinny"]
@@ -33,9 +31,9 @@ _gemm: GemmBackend = "skinny"
 
 
 @contextmanager
-def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None, pdl: bool | None = None) -> Iterator[None]:
-    """Run the enclosed code with the dense kernels in `mode`, the projections' GEMM `gemm` and
-    programmatic dependent launch on or off (`launch.py`; None: unchanged); restored afterwards."""
+def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[None]:
+    """Run the enclosed code with the dense kernels in `mode` and the projections' GEMM `gemm`
+    (None: unchanged); both restored afterwards."""
     global _mode, _gemm
     if mode not in ("auto", "off", "always"):
         raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
@@ -44,8 +42,7 @@ def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None, pdl: bool | N
     previous = _mode, _gemm
     _mode, _gemm = mode, gemm or _gemm
     try:
-        with pdl_mode(launch.enabled() if pdl is None else pdl):
-            yield
+        yield
     finally:
         _mode, _gemm = previous
 

@@ -27,9 +27,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.model.fused.gdc import allow_successor, await_predecessor, enter
-from lumotree.model.fused.launch import launch_options
-
 MAX_ROWS = 32
 ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
 HOPPER_SMS = 132
@@ -128,12 +125,9 @@ def skinny_gemm_kernel(
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SPLIT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """y [M, N] (or, with SPLIT, fp32 partials [splits, M, N] at y_ptr) of one output block and
-    one K range (program_id(1)). The first weight tile is loaded before the wait for the previous
-    kernel (weights are never written during a forward: launch.py)."""
-    allow_successor(PDL)
+    one K range (program_id(1))."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
@@ -142,14 +136,7 @@ def skinny_gemm_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     acc0 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-    offs_k = k_lo + tl.arange(0, BLOCK_K)
-    w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k[None, :] < k_hi), other=0.0)
-    await_predecessor(PDL)
-    if k_lo < k_hi:  # the first K step, then the rest in order: the same sums as one loop
-        acc0 = _row_tile_dot(acc0, w, x_ptr, rows, offs_k, stride_xm, M, K, False, PRECISION)
-        if TILES == 2:
-            acc1 = _row_tile_dot(acc1, w, x_ptr, rows + 16, offs_k, stride_xm, M, K, False, PRECISION)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
@@ -169,11 +156,8 @@ def skinny_gemm_kernel(
 
 
 @triton.jit
-def sum_splits_kernel(
-    part_ptr, y_ptr, M, N, stride_ym, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
-):
+def sum_splits_kernel(part_ptr, y_ptr, M, N, stride_ym, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     """y[m, :] = sum over s = 0..SPLITS-1, in order, of the fp32 partials [SPLITS, M, N]."""
-    enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -241,11 +225,10 @@ def skinny_linear(
         SPLIT=split,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **launch_options(x),
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))
         sum_splits_kernel[(m, triton.cdiv(n, block))](
-            target, y, m, n, y.stride(0), SPLITS=cfg.splits, BLOCK=block, num_warps=4, **launch_options(x)
+            target, y, m, n, y.stride(0), SPLITS=cfg.splits, BLOCK=block, num_warps=4
         )
     return y
