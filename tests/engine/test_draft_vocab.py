@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from lumotree.drafting.draft_vocab import (
     DraftVocabError,
+    corpus_texts,
     load_draft_vocab,
     most_frequent,
     save_draft_vocab,
@@ -90,6 +91,19 @@ def test_the_builder_counts_the_corpus_tokens_and_keeps_eos(tmp_path: Path) -> N
     ids = load_draft_vocab(out, 8192).tolist()
     assert len(ids) == 300 and 2 in ids  # the shipped model's EOS
     assert "300 of 8192 token ids" in run.stdout
+
+
+def test_corpus_texts_skip_bookkeeping_fields(tmp_path: Path) -> None:
+    """A replay's requests.jsonl row: its output text counts, its id, status and times do not."""
+    rows = tmp_path / "requests.jsonl"
+    row = {"request_id": "wal-t01", "status": "completed", "started_at": "2026-12-01T10:00:00",
+           "text": "def f():", "tool_calls": [{"function": {"name": "edit", "arguments": "{}"}}]}  # fmt: skip
+    rows.write_text(json.dumps(row) + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    assert list(corpus_texts(rows)) == ["def f():", "edit", "{}", "hi"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "ok"}\n{not json\n')
+    with pytest.raises(DraftVocabError, match=r"broken\.jsonl:2"):
+        list(corpus_texts(broken))
 
 
 def test_the_builder_refuses_a_missing_corpus_without_a_traceback(tmp_path: Path) -> None:

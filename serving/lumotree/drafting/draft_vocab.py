@@ -12,10 +12,12 @@ A draft vocabulary file is JSON, `{"format": "lumotree-draft-vocab/1", "vocab_si
 
     python -m lumotree.drafting.draft_vocab --model DIR --size N --out ids.json CORPUS...
 
-which counts the model tokenizer's tokens over text files or JSONL corpora (every string value of
-every record: message contents, tool arguments) and keeps the N most frequent ids plus the model's
-EOS ids. The ids are kept sorted, so a ranking over the subset breaks ties towards the lower token
-id exactly as the ranking over the whole vocabulary does.
+which counts the model tokenizer's tokens over text files or JSONL files (every string value of
+every record but its bookkeeping fields, METADATA_KEYS: message contents, tool arguments, and in a
+lumobench replay's requests.jsonl the outputs the served model wrote, which are what its MTP head
+should propose) and keeps the N most frequent ids plus the model's EOS ids. The ids are kept
+sorted, so a ranking over the subset breaks ties towards the lower token id exactly as the ranking
+over the whole vocabulary does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import typer
 from torch import Tensor
 
 FORMAT = "lumotree-draft-vocab/1"
+# record fields that name or time things rather than hold text a model reads or writes
+METADATA_KEYS = frozenset(
+    {"id", "request_id", "status", "error", "started_at", "finish_reason", "role", "source", "tool_call_id"}
+)
 
 
 class DraftVocabError(ValueError):
@@ -112,8 +118,9 @@ def _strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
+        for k, v in value.items():
+            if k not in METADATA_KEYS:
+                yield from _strings(v)
     elif isinstance(value, list):
         for v in value:
             yield from _strings(v)
