@@ -14,10 +14,11 @@ layer, captured, 32 rows), tree attention at each context against its KV-read fl
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up to 16 rows),
-"fused-cublas" the same with cuBLAS for every projection, "unfused" the engine with all of them
-off (separate cuBLAS projections, PyTorch elementwise ops). The first variant named is timed at every context,
-the others at the first; each variant's AR verify step is also profiled once eagerly (kernel
-count, GEMM time against the rest).
+"fused-cublas" the same with cuBLAS for every projection, "fused-skinny-all" with the skinny GEMM
+for every projection up to 16 rows (also where it lost to cuBLAS before), "unfused" the engine
+with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
+named is timed at every context, the others at the first; each variant's AR verify step is also
+profiled once eagerly (kernel count, GEMM time against the rest).
 
 With `--draft-vocab N` (default 32768) the first variant also times MTP-5 and the tree with a draft
 vocabulary of N token ids (`lumotree/drafting/draft_vocab.py`: each MTP pass reads N rows of the
@@ -56,6 +57,7 @@ MAX_DEPTH = 11
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
     "fused": ("auto", "skinny"),
     "fused-cublas": ("auto", "cublas"),
+    "fused-skinny-all": ("auto", "skinny-all"),
     "unfused": ("off", "cublas"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
@@ -520,7 +522,8 @@ def main(
     variants: Annotated[
         str,
         typer.Option(
-            help="Comma-separated, the headline first: fused (the product path), fused-cublas, unfused."
+            help="Comma-separated, the headline first: fused (the product path), fused-cublas, "
+            "fused-skinny-all, unfused."
         ),
     ] = "fused,fused-cublas,unfused",
     draft_vocab: Annotated[

@@ -24,7 +24,7 @@ from lumotree.verify.gdn import tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
 QWEN = dict(H=16, HV=48, K=128)
-TYPES = {"R": "i32", "anc_ptr": "*i32", "nactive_ptr": "*i32"}
+TYPES = {"R": "i32", "anc_ptr": "*i32", "nactive_ptr": "*i32", "count_ptr": "*i32"}
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
 TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr")}
@@ -51,17 +51,17 @@ KERNELS = {
     ),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
-for block_n, block_k, tiles, split in (
-    (128, 64, 1, False),
-    (128, 64, 2, False),
-    (64, 128, 1, False),
-    (64, 128, 2, False),
-    (32, 128, 1, True),
-    (32, 128, 2, True),
+for block_n, block_k, tiles, splits in (
+    (128, 64, 1, 1),
+    (128, 64, 2, 1),
+    (64, 128, 1, 1),
+    (64, 128, 2, 1),
+    (32, 128, 1, 4),
+    (32, 128, 2, 4),
 ):
-    KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if split else ''}"] = (
+    KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if splits > 1 else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
-        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLIT=split),
+        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLITS=splits),
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )

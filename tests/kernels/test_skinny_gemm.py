@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from lumotree.model.fused.skinny_gemm import SkinnyConfig, beats_cublas, skinny_linear
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, beats_cublas, skinny_linear, split_counts
 from lumotree.model.fused.skinny_gemm_reference import skinny_linear_reference
 
 from .helpers import assert_written, poisoned
@@ -104,6 +106,23 @@ def test_split_k_sums_its_partials_to_the_reference(m: int, n: int) -> None:
     torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
     for i in (0, m - 1):
         assert torch.equal(y[i : i + 1], skinny_linear(x[i : i + 1], w, config=SPLIT)), f"row {i}"
+
+
+def test_split_k_sums_the_ranges_in_order_and_leaves_its_counts_zeroed() -> None:
+    """The last K range to finish sums every range's partials in split order: the result equals the
+    three ranges computed apart and added left to right, and the per-block counts are 0 again."""
+    m, n = 3, 150
+    x, w = _case(m, n, seed=11)
+    y = poisoned((m, n), torch.float32)
+    skinny_linear(x, w, out=y, config=SPLIT)
+    ranges = [(0, 64), (64, 128), (128, K)]
+    whole = replace(SPLIT, splits=1)  # the same K steps, one range
+    parts = [skinny_linear(x[:, a:b].contiguous(), w[:, a:b].contiguous(), config=whole) for a, b in ranges]
+    assert torch.equal(y, (parts[0] + parts[1]) + parts[2])
+    blocks = -(-n // SPLIT.block_n)
+    assert int(split_counts(torch.device("cpu"), blocks).abs().sum()) == 0
+    again = skinny_linear(x, w, config=SPLIT)
+    assert torch.equal(again, y)
 
 
 def test_the_skinny_kernel_is_chosen_only_where_it_beat_cublas() -> None:

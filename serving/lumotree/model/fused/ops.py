@@ -5,10 +5,10 @@ tensors that need no gradient, the PyTorch references everywhere else.
 unfused path, for side-by-side benchmarks) or "always" (kernels on any device: CPU tests under
 TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`). Its `gemm` picks
 the projections' GEMM on the fused path: "skinny" (the default: `skinny_gemm.py` for up to
-SKINNY_ROWS rows on the shapes where it beat cuBLAS, F.linear otherwise) or "cublas" (F.linear
-always). On the H200 the skinny kernel
-beat cuBLAS at one row tile (AR, chain and MTP passes) and lost at two (the 32-row tree):
-results/h200/skinny_gemm.md.
+SKINNY_ROWS rows on the shapes where it beat cuBLAS, F.linear otherwise), "skinny-all" (the skinny
+GEMM on every shape up to SKINNY_ROWS rows: a benchmark variant) or "cublas" (F.linear always).
+On the H200 the skinny kernel beat cuBLAS at one row tile (AR, chain and MTP passes) and lost at
+two (the 32-row tree): results/h200/skinny_gemm.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from lumotree.model.fused import reference
 
 KernelMode = Literal["auto", "off", "always"]
-GemmBackend = Literal["cublas", "skinny"]
+GemmBackend = Literal["cublas", "skinny", "skinny-all"]
 SKINNY_ROWS = 16
 _mode: KernelMode = "auto"
 _gemm: GemmBackend = "skinny"
@@ -37,8 +37,8 @@ def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[N
     global _mode, _gemm
     if mode not in ("auto", "off", "always"):
         raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
-    if gemm not in (None, "cublas", "skinny"):
-        raise ValueError(f"gemm must be cublas or skinny, got {gemm!r}")
+    if gemm not in (None, "cublas", "skinny", "skinny-all"):
+        raise ValueError(f"gemm must be cublas, skinny or skinny-all, got {gemm!r}")
     previous = _mode, _gemm
     _mode, _gemm = mode, gemm or _gemm
     try:
@@ -65,11 +65,11 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., in] @ weight [out, in]^T: the skinny Triton GEMM on the fused path when chosen and
     the rows fit it, F.linear otherwise."""
     rows = x.numel() // max(1, x.shape[-1])
-    if _gemm == "skinny" and kernels_for(x) and 0 < rows <= SKINNY_ROWS and weight.dtype == x.dtype:
+    if _gemm != "cublas" and kernels_for(x) and 0 < rows <= SKINNY_ROWS and weight.dtype == x.dtype:
         from lumotree.model.fused.skinny_gemm import beats_cublas, skinny_linear
 
         n, k = weight.shape
-        if beats_cublas(n, k, x.device, x.dtype):
+        if _gemm == "skinny-all" or beats_cublas(n, k, x.device, x.dtype):
             flat = x.reshape(rows, k)
             return skinny_linear(flat, weight.contiguous()).view(*x.shape[:-1], n)
     return F.linear(x, weight)

@@ -1,8 +1,9 @@
 """Skinny GEMM in Triton: y[M, N] = x[M, K] @ w[N, K]^T for 1..32 rows, beside `skinny_gemm_reference.py`.
 
 Memory-bound streaming of nn.Linear weights: each program owns BLOCK_N output columns and walks its
-share of K (all of it, or one of `splits` equal ranges for narrow outputs, whose fp32 partials a
-second launch sums in split order: no atomics), loading [BLOCK_N, BLOCK_K] weight tiles along w's
+share of K (all of it, or one of `splits` equal ranges for narrow outputs, whose fp32 partials the
+range that finishes last sums in split order, in the same launch: a count per output block, no
+atomics on values), loading [BLOCK_N, BLOCK_K] weight tiles along w's
 contiguous rows and multiplying them with tl.dot against the rows of x, padded to 16-row tiles by
 masks (1..16 rows: one tile, 17..32: two). Accumulation is fp32; the output is in x's dtype.
 
@@ -48,7 +49,7 @@ class SkinnyConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    splits: int = 1  # K ranges per output block (fp32 partials, summed in order by a second launch)
+    splits: int = 1  # K ranges per output block (fp32 partials, summed in order by the last range)
 
     def label(self) -> str:
         return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages} x{self.splits}"
@@ -109,10 +110,31 @@ def _row_tile_dot(
 
 
 @triton.jit
+def _store_tile(ptr, acc, rows, offs_n, M, N, stride_m):
+    """ptr[rows, offs_n] = acc (in ptr's dtype), rows >= M and columns >= N left alone."""
+    out = ptr + rows[None, :].to(tl.int64) * stride_m + offs_n[:, None]
+    tl.store(out, acc.to(ptr.dtype.element_ty), mask=(offs_n[:, None] < N) & (rows[None, :] < M))
+
+
+@triton.jit
+def _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, SPLITS: tl.constexpr):
+    """y[rows, offs_n] = the fp32 partials [SPLITS, M, N] of these rows summed in split order."""
+    mask = (offs_n[:, None] < N) & (rows[None, :] < M)
+    offs = rows[None, :].to(tl.int64) * N + offs_n[:, None]
+    plane = M.to(tl.int64) * N
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + s * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    _store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym)
+
+
+@triton.jit
 def skinny_gemm_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
+    part_ptr,
+    count_ptr,
     M,
     N,
     K,
@@ -124,11 +146,14 @@ def skinny_gemm_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
-    """y [M, N] (or, with SPLIT, fp32 partials [splits, M, N] at y_ptr) of one output block and
-    one K range (program_id(1))."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)). With SPLITS > 1
+    each K range stores its fp32 partial sums [M, N] at part_ptr + split * M * N and counts itself
+    in count_ptr[block]; the range that counts last sums all partials in split order into y and
+    resets the count to 0 (one launch, no atomics on the values, the same sums every time)."""
+    block = tl.program_id(0)
+    offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     rows = tl.arange(0, 16)
@@ -145,26 +170,36 @@ def skinny_gemm_kernel(
         acc0 = _row_tile_dot(acc0, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
         if TILES == 2:
             acc1 = _row_tile_dot(acc1, w, x_ptr, rows + 16, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
-    if SPLIT:  # this split's partial sums, fp32, [M, N] contiguous
-        y_ptr += tl.program_id(1).to(tl.int64) * M * N
-    out = y_ptr + rows[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
-    tl.store(out, acc0.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & (rows[None, :] < M))
-    if TILES == 2:
-        rows1 = rows + 16
-        out1 = y_ptr + rows1[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
-        tl.store(out1, acc1.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & (rows1[None, :] < M))
+    if SPLITS == 1:
+        _store_tile(y_ptr, acc0, rows, offs_n, M, N, stride_ym)
+        if TILES == 2:
+            _store_tile(y_ptr, acc1, rows + 16, offs_n, M, N, stride_ym)
+    else:
+        part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
+        _store_tile(part, acc0, rows, offs_n, M, N, N)
+        if TILES == 2:
+            _store_tile(part, acc1, rows + 16, offs_n, M, N, N)
+        # release: this range's partials are visible before its count; acquire: the last range
+        # sees every other range's partials
+        done = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
+        if done == SPLITS - 1:
+            _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, SPLITS)
+            if TILES == 2:
+                _sum_splits(part_ptr, y_ptr, rows + 16, offs_n, M, N, stride_ym, SPLITS)
+            tl.store(count_ptr + block, 0)
 
 
-@triton.jit
-def sum_splits_kernel(part_ptr, y_ptr, M, N, stride_ym, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    """y[m, :] = sum over s = 0..SPLITS-1, in order, of the fp32 partials [SPLITS, M, N]."""
-    m = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    acc = tl.load(part_ptr + m * N + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLITS):
-        acc += tl.load(part_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + m * stride_ym + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+_COUNTS: dict[tuple[torch.device, int], Tensor] = {}
+
+
+def split_counts(device: torch.device, blocks: int) -> Tensor:
+    """The zeroed int32 counts of a split launch's output blocks, one buffer per device kept for
+    the process (every launch leaves it zeroed again). Launches on one device run on one stream in
+    this engine; two concurrent split launches on different streams would share it."""
+    key = (device, blocks)
+    if key not in _COUNTS:
+        _COUNTS[key] = torch.zeros(blocks, dtype=torch.int32, device=device)
+    return _COUNTS[key]
 
 
 def check_skinny_operands(x: Tensor, w: Tensor, out: Tensor | None) -> None:
@@ -206,29 +241,28 @@ def skinny_linear(
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     split = cfg.splits > 1
-    target = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
-    skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n), cfg.splits)](
+    blocks = triton.cdiv(n, cfg.block_n)
+    part = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
+    counts = split_counts(x.device, blocks) if split else y
+    skinny_gemm_kernel[(blocks, cfg.splits)](
         x,
         w,
-        target,
+        y,
+        part,
+        counts,
         m,
         n,
         k,
         x.stride(0),
-        n if split else y.stride(0),
+        y.stride(0),
         k_per_split,
         TILES=triton.cdiv(m, ROW_TILE),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        SPLIT=split,
+        SPLITS=cfg.splits,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split:
-        block = min(1024, triton.next_power_of_2(n))
-        sum_splits_kernel[(m, triton.cdiv(n, block))](
-            target, y, m, n, y.stride(0), SPLITS=cfg.splits, BLOCK=block, num_warps=4
-        )
     return y
