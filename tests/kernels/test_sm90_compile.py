@@ -48,6 +48,7 @@ SKINNY = [
     "skinny n64 k128 t2",
     "skinny n32 k128 t1 split",
     "skinny n32 k128 t2 split",
+    "skinny n32 k128 t1 split m1",
 ]
 
 
