@@ -141,14 +141,15 @@ class DeviceMTP:
         self.committed.copy_(self._next)
 
     def _rank(self, hidden: Tensor, d: int) -> None:
-        if self._head is None or self.draft_ids is None:
+        ids, head = self.draft_ids, self._head
+        if ids is None or head is None:
             logits = self.model.compute_logits(hidden)  # [1, V]
             rank_rows_(logits, self.spine[d : d + 1], self.topk[d : d + 1], self._scratch)
             return
-        logits = ops.linear(hidden, self._head)  # [1, N]: the draft vocabulary's rows only
+        logits = ops.linear(hidden, head)  # [1, N]: the draft vocabulary's rows only
         rank_rows_(logits, self._local_spine, self._local_topk, self._scratch)
-        self.spine[d : d + 1].copy_(self.draft_ids[self._local_spine])
-        self.topk[d : d + 1].copy_(self.draft_ids[self._local_topk])
+        self.spine[d : d + 1].copy_(ids[self._local_spine])
+        self.topk[d : d + 1].copy_(ids[self._local_topk])
 
     def _pass(self, hidden: Tensor, tokens: Tensor, start: Tensor, bits: Tensor) -> Tensor:
         """MTP rows hidden [T, H] with their next tokens [T] at positions start.. (device [1]):

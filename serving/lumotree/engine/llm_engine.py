@@ -411,7 +411,7 @@ def _native_or_fallback(model: HybridLM, asked: str, draft_vocab: bool = False) 
     supports `model` and no draft vocabulary is asked for (its MTP passes rank the whole
     vocabulary); else, for an "auto" request, "cpu-fast" with a one-line warning, and for an
     explicit cpu-native a ValueError."""
-    reason = "a draft vocabulary is asked for (its MTP passes rank every token)" if draft_vocab else None
+    reason = "a draft vocabulary is asked for, and its MTP passes rank every token" if draft_vocab else None
     reason = reason or unsupported_reason(model)
     if reason is None:
         try:
