@@ -6,9 +6,9 @@ The corpus's records split into a build half (even positions) and an evaluation 
 build half's prompt tokens and the model's own greedy AR output tokens on it are counted; each
 --size keeps the most frequent ids (and EOS) as a draft vocabulary, written as dv-<size>.json.
 Then `lumobench bench engine` runs the evaluation half, greedy, with the MTP-5 and tree arms for
-the whole vocabulary and for each draft vocabulary side by side (cpu-fast kernels: the native
-forward takes no draft vocabulary), and this adds each vocabulary's coverage of the evaluation
-half's AR output tokens. Writes engine.json (the bench's own result) and summary.json.
+the whole vocabulary and for each draft vocabulary side by side, under each --kernels set
+(default: the native CPU forward and the PyTorch one), and this adds each vocabulary's coverage of
+the evaluation half's AR output tokens. Writes engine.json (the bench's own result) and summary.json.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.model import default_model_path
 
 DEFAULT_CORPUS = Path("corpora/demo-greedy.jsonl")
-DEFAULT_SIZES = "256,512,1024,2048"
+DEFAULT_SIZES = "256,512,1024"
 
 
 def ar_outputs(requests: list[GenerationRequest], model: Path) -> list[list[int]]:
@@ -41,6 +41,9 @@ def main(
     corpus: Annotated[Path, typer.Option(help="Request corpus (JSONL).")] = DEFAULT_CORPUS,
     sizes: Annotated[str, typer.Option(help="Draft vocabulary sizes, comma-separated.")] = DEFAULT_SIZES,
     model: Annotated[Path | None, typer.Option(help="Checkpoint folder (default: the shipped one).")] = None,
+    kernels: Annotated[
+        list[str] | None, typer.Option(help="CPU kernel sets to run the arms under (repeatable).")
+    ] = None,
 ) -> None:
     """Build draft vocabularies on half a corpus and measure acceptance on the other half."""
     folder = model or default_model_path()
@@ -78,16 +81,19 @@ def main(
         paths.append(str(path))
     engine_command(
         corpus=split / "eval.jsonl", out=out / "engine.json", runs=1, max_tokens=None, greedy=True,
-        model=folder, kernels=["cpu-fast"], tree_shape=None, draft_vocab=["none", *paths],
+        model=folder, kernels=kernels or ["cpu-native", "cpu-fast"], tree_shape=None,
+        draft_vocab=["none", *paths],
     )  # fmt: skip
     result = json.loads((out / "engine.json").read_text())
     arms = [
-        {"arm": a["arm"], "draft_vocab": a["draft_vocab"], "accepted_per_event": a["accepted_per_event"],
-         "tokens_per_s": a["pooled_tokens_per_s"], "speedup_vs_ar": a["speedup_vs_ar"]}
+        {"arm": a["arm"], "kernels": a["kernels"], "draft_vocab": a["draft_vocab"],
+         "accepted_per_event": a["accepted_per_event"], "tokens_per_s": a["pooled_tokens_per_s"],
+         "speedup_vs_ar": a["speedup_vs_ar"], "drafter_ms": a["span_ms_per_cycle"].get("drafter")}
         for a in result["arms"]
     ]  # fmt: skip
     summary = {
-        "command": f"python -m lumobench.bench.draft_vocab --out {out} --corpus {corpus} --sizes {sizes}",
+        "command": f"python -m lumobench.bench.draft_vocab --out {out} --corpus {corpus} --sizes {sizes}"
+        + "".join(f" --kernels {k}" for k in kernels or []),
         "build_requests": len(requests["build"]),
         "eval_requests": len(requests["eval"]),
         "distinct_build_tokens": len(counts),

@@ -222,7 +222,7 @@ def engine_command(
         list[str] | None,
         typer.Option(
             help="Draft vocabulary file of the MTP and tree arms (python -m lumotree.drafting.draft_vocab) "
-            "or none; repeat it for those arms once per vocabulary (the native CPU forward takes none)."
+            "or none; repeat it for those arms once per vocabulary."
         ),
     ] = None,
 ) -> None:

@@ -119,11 +119,13 @@ def _tree_engine(**changes: object) -> LLMEngine:
     return LLMEngine(EngineConfig(drafter="tree", prefix_cache=False, max_model_len=2048, **changes))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kernels", ["cpu-native", "cpu-fast"])
 def test_the_engine_drafts_only_from_the_draft_vocabulary_and_emits_the_same_tokens(
-    tmp_path: Path, model: HybridLM, demo_prompts: list[GenerationRequest]
+    tmp_path: Path, model: HybridLM, demo_prompts: list[GenerationRequest], kernels: str
 ) -> None:
-    """The shipped model, greedy, the tree drafter on cpu-fast: with a draft vocabulary of its 512
-    most frequent demo-corpus tokens the MTP drafts all come from it and the output is unchanged."""
+    """The shipped model, greedy, the tree drafter on the native and the PyTorch CPU forward: with a
+    draft vocabulary of its 512 most frequent demo-corpus tokens the MTP drafts all come from it
+    and the output is unchanged."""
     path = tmp_path / "dv.json"
     subprocess.run(
         [*BUILD, str(DEMO), "--out", str(path), "--size", "512"],
@@ -132,9 +134,9 @@ def test_the_engine_drafts_only_from_the_draft_vocabulary_and_emits_the_same_tok
     ids = set(load_draft_vocab(path, model.config.vocab_size).tolist())
     prompt = next(p for p in demo_prompts if p.request_id == "wal-t04")
     request = GenerationRequest("g", prompt.prompt_token_ids, SamplingParams(0.0), 40)
-    plain = output_tokens(run_requests(_tree_engine(kernels="cpu-fast"), [request])["g"])
-    engine = _tree_engine(draft_vocab=path)  # "auto" kernels: cpu-fast, the native passes rank all
-    assert engine.config.kernels == "cpu-fast"
+    plain = output_tokens(run_requests(_tree_engine(kernels=kernels), [request])["g"])
+    engine = _tree_engine(kernels=kernels, draft_vocab=path)
+    assert engine.config.kernels == kernels
     drafted: list[int] = []
     mtp = engine.drafter.mtp  # type: ignore[attr-defined]
     propose = mtp.propose
@@ -150,8 +152,8 @@ def test_the_engine_drafts_only_from_the_draft_vocabulary_and_emits_the_same_tok
     assert engine.metrics().spec.num_accepted_tokens > 0
 
 
-def test_the_native_kernels_refuse_a_draft_vocabulary(tmp_path: Path) -> None:
+def test_a_draft_vocabulary_smaller_than_the_ranked_candidates_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "dv.json"
-    save_draft_vocab(path, list(range(64)), 8192, "test")
-    with pytest.raises(ValueError, match="draft vocabulary"):
-        _tree_engine(kernels="cpu-native", draft_vocab=path, model=default_model_path())
+    save_draft_vocab(path, [5, 9], 8192, "test")
+    with pytest.raises(ValueError, match="cannot rank 3 candidates"):
+        _tree_engine(draft_vocab=path, model=default_model_path())

@@ -14,6 +14,7 @@ from functools import partial
 import pytest
 import torch
 
+from lumotree.drafting.draft_vocab import subset_head
 from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.native_mtp import NativeMTPDrafter
 from lumotree.drafting.random_trees import SHAPES, random_tree
@@ -227,11 +228,19 @@ def test_unsupported_models_are_refused_with_the_reason(
         NativeModel(model, model.new_state(8), tree_rows=4, max_rows=4)
 
 
-def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(bf16_model: ModelFactory) -> None:
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(
+    bf16_model: ModelFactory, draft_vocab: bool
+) -> None:
+    """Also with a draft vocabulary (every third id): the native proposals rank its rows only and
+    equal the PyTorch drafter's over whole-vocabulary logits that are -inf outside it."""
     model = bf16_model(seed=4)
-    native = NativeModel(model, model.new_state(8), tree_rows=8, max_rows=64)
+    ids = torch.arange(1, model.config.vocab_size, 3) if draft_vocab else None
+    native = NativeModel(model, model.new_state(8), tree_rows=8, max_rows=64, draft_ids=ids)
     ours = NativeMTPDrafter(model, depth=4, topk=3, capacity=64, native=native)
-    theirs = MTPDrafter(model, depth=4, topk=3, capacity=64, step=partial(mtp_chain_step, model))
+    head = None if ids is None else subset_head(model.lm_head.weight, ids)
+    step = partial(mtp_chain_step, model, lm_head=head)
+    theirs = MTPDrafter(model, depth=4, topk=3, capacity=64, step=step)
     gen = torch.Generator().manual_seed(1)
     vocab, width = model.config.vocab_size, model.config.hidden_size
     for rows in (7, 1, 3):  # a prefill commit, then cycles' queued paths
@@ -239,5 +248,8 @@ def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(bf16_mode
         tokens = torch.randint(0, vocab, (rows,), generator=gen).tolist()
         for drafter in (ours, theirs):
             drafter.queue(hidden, tokens)
-        assert ours.propose() == theirs.propose()
+        proposal = ours.propose()
+        assert proposal == theirs.propose()
         assert ours.committed == theirs.committed
+        if ids is not None:
+            assert {t for ranked in proposal.topk for t in ranked} <= set(ids.tolist())

@@ -58,7 +58,6 @@ class EngineConfig:
     draft_vocab: a draft vocabulary file (`python -m lumotree.drafting.draft_vocab`): the token ids
     MTP drafting passes may propose, so each pass reads only those rows of the vocabulary
     projection; verification still scores every token (outputs unchanged, acceptance may drop).
-    Used by the device and cpu-fast/reference drafters; "auto" kernels on a CPU then take cpu-fast.
     threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
     """
 

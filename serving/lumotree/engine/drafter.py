@@ -319,8 +319,8 @@ def make_drafter(
     """The drafter of config.drafter, with the geometry of config.geometry(); on the device path
     (`runner` given) the MTP passes are the runner's, with `native` (the cpu-native kernels) the
     native forward's; a tree drafter's suffix lookups use `outputs` as their cache of earlier
-    outputs (default: its own); draft_ids: the CPU MTP passes' draft vocabulary (the device path's
-    is the runner's)."""
+    outputs (default: its own); draft_ids: the PyTorch MTP passes' draft vocabulary (the device
+    runner and the native forward hold their own)."""
     geometry = config.geometry()
     suffix = SuffixDrafter(
         min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=outputs

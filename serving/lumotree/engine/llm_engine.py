@@ -81,10 +81,13 @@ class LLMEngine:
             if config.draft_vocab is None or config.drafter == "ar"
             else load_draft_vocab(config.draft_vocab, self.model.config.vocab_size)
         )
-        if config.kernels == "cpu-native":
-            self.config = config = replace(
-                config, kernels=_native_or_fallback(self.model, asked, draft_ids is not None)
+        ranked = 1 + config.geometry().siblings_per_depth
+        if draft_ids is not None and draft_ids.numel() < ranked:
+            raise ValueError(
+                f"a draft vocabulary of {draft_ids.numel()} ids cannot rank {ranked} candidates a depth"
             )
+        if config.kernels == "cpu-native":
+            self.config = config = replace(config, kernels=_native_or_fallback(self.model, asked))
         self.config = config = config.shaped()
         mcfg = self.model.config
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
@@ -102,7 +105,7 @@ class LLMEngine:
         else:
             kernels = CPU_FAST if config.kernels in ("cpu-fast", "cpu-native") else REFERENCE
             native = (self.geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None
-            self.runner = ModelRunner(self.model, capacity, kernels, native)
+            self.runner = ModelRunner(self.model, capacity, kernels, native, draft_ids)
         native_model = self.runner.native if isinstance(self.runner, ModelRunner) else None
         self.drafter = make_drafter(
             config, self.model, capacity, self.device_runner, native_model, draft_ids=draft_ids
@@ -406,13 +409,11 @@ class LLMEngine:
         return seq.event(kept, logprobs)
 
 
-def _native_or_fallback(model: HybridLM, asked: str, draft_vocab: bool = False) -> str:
-    """The kernel set for a resolved "cpu-native": itself when the native forward builds here,
-    supports `model` and no draft vocabulary is asked for (its MTP passes rank the whole
-    vocabulary); else, for an "auto" request, "cpu-fast" with a one-line warning, and for an
+def _native_or_fallback(model: HybridLM, asked: str) -> str:
+    """The kernel set for a resolved "cpu-native": itself when the native forward builds here and
+    supports `model`; else, for an "auto" request, "cpu-fast" with a one-line warning, and for an
     explicit cpu-native a ValueError."""
-    reason = "a draft vocabulary is asked for, and its MTP passes rank every token" if draft_vocab else None
-    reason = reason or unsupported_reason(model)
+    reason = unsupported_reason(model)
     if reason is None:
         try:
             load_library()

@@ -28,14 +28,20 @@ from lumotree.verify.kernel_sets import TreeKernels
 
 class ModelRunner:
     """Tensor work for the engine; `capacity` = KV rows of the state bank. native=(tree rows, MTP
-    rows): verification, publication, logits and MTP passes run in the native forward instead."""
+    rows): verification, publication, logits and MTP passes run in the native forward instead, its
+    MTP proposals over `draft_ids` (a draft vocabulary; None: the whole vocabulary)."""
 
     def __init__(
-        self, model: HybridLM, capacity: int, kernels: TreeKernels, native: tuple[int, int] | None = None
+        self,
+        model: HybridLM,
+        capacity: int,
+        kernels: TreeKernels,
+        native: tuple[int, int] | None = None,
+        draft_ids: Tensor | None = None,
     ) -> None:
         self.model, self.kernels, self.capacity = model, kernels, capacity
         self.state: ModelState = model.new_state(capacity)
-        self.native = NativeModel(model, self.state, *native) if native else None
+        self.native = NativeModel(model, self.state, *native, draft_ids=draft_ids) if native else None
 
     @property
     def length(self) -> int:

@@ -224,6 +224,10 @@ typedef struct {
     const float* mtp_norm; /* [H] final */
     Linear mtp_fc;         /* [H, 2H] */
     Layer* mtp_layer;
+    /* draft vocabulary of the MTP proposals (draft_n == 0: the whole vocabulary) */
+    Linear draft_head;        /* [draft_n, H]: the vocabulary projection's rows of draft_ids */
+    const int64_t* draft_ids; /* [draft_n] token ids, ascending */
+    int32_t draft_n;
 } Model;
 
 /* the rows one forward runs: logical rows 0..n-1 (parents first) */
@@ -772,27 +776,42 @@ static int ordered_topk(const float* x, int n, int k, int64_t* idx) {
     return 0;
 }
 
+/* The ordered top-k token ids of one MTP hidden row [H]: over the whole vocabulary, or over the
+ * draft vocabulary's rows with their ranks mapped to token ids (ascending ids keep the tie order).
+ * logits: [vocab_pad] scratch. Returns 0, or -1 if a logit is NaN. */
+static int rank_draft(const Model* m, const float* h, int k, float* logits, int64_t* topk) {
+    if (!m->draft_n) {
+        lt_logits(m, h, 1, logits);
+        return ordered_topk(logits, m->vocab, k, topk);
+    }
+    lt_gemm(h, 1, m->hidden, m->hidden, m->draft_head.w, m->draft_head.n_pad, logits, m->draft_head.n_pad);
+    if (ordered_topk(logits, m->draft_n, k, topk)) return -1;
+    for (int i = 0; i < k; i++) topk[i] = m->draft_ids[topk[i]];
+    return 0;
+}
+
 /* An MTP proposal: one pass over the n queued true rows at positions start.. (committed), then
  * depth - 1 speculative single rows each fed the previous pass's MTP hidden row and spine token.
  * topk [depth, k]: each depth's ordered top-k; its first entry is the spine token (the lowest-index
- * argmax). rows [n] holds row_prefix tables the caller filled for the first pass (start + i).
- * Returns 0, or -1 if logits held a NaN. The caller rolls the speculative KV rows back. */
+ * argmax), from the draft vocabulary when the model has one. rows [n] holds row_prefix tables the
+ * caller filled for the first pass (start + i). Returns 0, or -1 if logits held a NaN. The caller
+ * rolls the speculative KV rows back. */
 int lt_mtp_propose(const Model* m, Rows* r, const float* hidden, const int64_t* tokens, int32_t depth, int32_t k,
                    float* residual, float* hidden_out, float* logits, int64_t* topk) {
     int H = m->hidden;
-    lt_mtp_step(m, r, hidden, tokens, residual, hidden_out, logits);
-    if (ordered_topk(logits, m->vocab, k, topk)) return -1;
-    int64_t pos = r->row_prefix[r->n - 1];
+    lt_mtp_step(m, r, hidden, tokens, residual, hidden_out, NULL);
     const float* h = hidden_out + (int64_t)(r->n - 1) * H;
+    if (rank_draft(m, h, k, logits, topk)) return -1;
+    int64_t pos = r->row_prefix[r->n - 1];
     float carry[4096];
     for (int s = 1; s < depth; s++) {
         int64_t zero = 0, self = 0;
         pos += 1;
         Rows one = {1, pos, &pos, &pos, &zero, &zero, &self, 1};
         memcpy(carry, h, (size_t)H * 4);
-        lt_mtp_step(m, &one, carry, &topk[(int64_t)(s - 1) * k], residual, hidden_out, logits);
-        if (ordered_topk(logits, m->vocab, k, topk + (int64_t)s * k)) return -1;
+        lt_mtp_step(m, &one, carry, &topk[(int64_t)(s - 1) * k], residual, hidden_out, NULL);
         h = hidden_out;
+        if (rank_draft(m, h, k, logits, topk + (int64_t)s * k)) return -1;
     }
     return 0;
 }

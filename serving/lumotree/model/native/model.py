@@ -88,6 +88,9 @@ class _Model(ctypes.Structure):
         ("mtp_norm", c_void_p),
         ("mtp_fc", _Linear),
         ("mtp_layer", ctypes.POINTER(_Layer)),
+        ("draft_head", _Linear),
+        ("draft_ids", c_void_p),
+        ("draft_n", c_int32),
     ]
 
 
@@ -166,9 +169,17 @@ def unsupported_reason(model: HybridLM) -> str | None:
 
 class NativeModel:
     """The native forward of `model` over `state` (the runner's request state): trees of up to
-    `tree_rows` rows, MTP passes of up to `max_rows` rows (a prefill chunk commits that many)."""
+    `tree_rows` rows, MTP passes of up to `max_rows` rows (a prefill chunk commits that many); MTP
+    proposals rank `draft_ids` (sorted token ids, a draft vocabulary) when given."""
 
-    def __init__(self, model: HybridLM, state: ModelState, tree_rows: int, max_rows: int) -> None:
+    def __init__(
+        self,
+        model: HybridLM,
+        state: ModelState,
+        tree_rows: int,
+        max_rows: int,
+        draft_ids: Tensor | None = None,
+    ) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the native CPU forward does not support this model: {reason}")
@@ -217,6 +228,11 @@ class NativeModel:
             m.mtp_norm = self._norm(mtp.norm)
             m.mtp_fc = self._linear(mtp.fc.weight)
             m.mtp_layer = self._mtp_layer
+        if draft_ids is not None:  # MTP proposals rank these rows of the vocabulary projection only
+            ids = draft_ids.to(torch.int64).contiguous()
+            m.draft_head = self._linear(model.lm_head.weight.detach().index_select(0, ids))
+            m.draft_ids, m.draft_n = self._ptr(ids), ids.numel()
+        self.draft_size = m.draft_n  # 0: the whole vocabulary
         proj = max(ly.proj.n_pad for ly in layers)
         gate_up = max(ly.gate_up.n_pad for ly in layers)
         mix = max(cfg.value_dim, cfg.num_attention_heads * cfg.head_dim)
@@ -390,9 +406,11 @@ class NativeModel:
         (hidden [T, H], next tokens [T]) are committed at mtp_state.length.. (which advances by T),
         then depth - 1 speculative single rows follow (their KV rows lie past the committed length:
         rolled back). Returns the spine (depth tokens, each the lowest-index argmax) and each
-        depth's ordered top-k (values descending, ties by index ascending; the spine token first)."""
-        if not 1 <= k <= _MAX_TOPK or depth < 1:
-            raise ValueError(f"depth must be >= 1 and k in 1..{_MAX_TOPK}, got {depth}, {k}")
+        depth's ordered top-k (values descending, ties by index ascending; the spine token first),
+        over the draft vocabulary when the model was built with one."""
+        limit = min(_MAX_TOPK, self.draft_size or _MAX_TOPK)
+        if not 1 <= k <= limit or depth < 1:
+            raise ValueError(f"depth must be >= 1 and k in 1..{limit}, got {depth}, {k}")
         hidden, tokens, n = self._mtp_rows_for(hidden, tokens, mtp_state, 0, depth - 1)
         topk = torch.empty(depth, k, dtype=torch.long)
         status = self.lib.lt_mtp_propose(
