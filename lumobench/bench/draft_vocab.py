@@ -30,9 +30,8 @@ DEFAULT_CORPUS = Path("corpora/demo-greedy.jsonl")
 DEFAULT_SIZES = "256,512,1024"
 
 
-def ar_outputs(requests: list[GenerationRequest], model: Path) -> list[list[int]]:
-    """The model's greedy AR tokens for each request."""
-    engine = LLMEngine(EngineConfig(model=model, drafter="ar", prefix_cache=False))
+def ar_outputs(engine: LLMEngine, requests: list[GenerationRequest]) -> list[list[int]]:
+    """The engine's greedy AR tokens for each request."""
     return [timed_request(engine, req)[0] for req in requests]
 
 
@@ -58,32 +57,34 @@ def main(
     out.mkdir(parents=True, exist_ok=True)
     lines = [line for line in corpus.read_text().splitlines() if line.strip()]
     halves = {"build": lines[0::2], "eval": lines[1::2]}
-    split = Path(tempfile.mkdtemp(prefix="draft-vocab-"))  # the halves are re-made from the corpus
-    for name, part in halves.items():
-        (split / f"{name}.jsonl").write_text("\n".join(part) + "\n")
-    requests = {name: load_requests(split / f"{name}.jsonl", folder, None, greedy=True) for name in halves}
-    outputs = {name: ar_outputs(reqs, folder) for name, reqs in requests.items()}
-    counts: Counter[int] = Counter()
-    for req, tokens in zip(requests["build"], outputs["build"], strict=True):
-        counts.update(req.prompt_token_ids)
-        counts.update(tokens)
-    engine = LLMEngine(EngineConfig(model=folder, drafter="ar"))
-    vocab, eos = engine.model.config.vocab_size, list(engine.eos_token_ids)
-    held_out = Counter(t for tokens in outputs["eval"] for t in tokens)
-    coverage = {}
-    paths = []
-    for size in wanted:
-        ids = most_frequent(counts, min(size, vocab), eos)
-        path = out / f"dv-{size}.json"
-        save_draft_vocab(path, ids, vocab, f"{corpus.name} build half: prompts and greedy AR outputs")
-        inside = set(ids)
-        coverage[size] = sum(n for t, n in held_out.items() if t in inside) / max(sum(held_out.values()), 1)
-        paths.append(str(path))
-    engine_command(
-        corpus=split / "eval.jsonl", out=out / "engine.json", runs=1, max_tokens=None, greedy=True,
-        model=folder, kernels=kernels or ["cpu-native", "cpu-fast"], tree_shape=None,
-        draft_vocab=["none", *paths],
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="draft-vocab-") as tmp:  # the halves, re-made from the corpus
+        split = Path(tmp)
+        for name, part in halves.items():
+            (split / f"{name}.jsonl").write_text("\n".join(part) + "\n")
+        requests = {n: load_requests(split / f"{n}.jsonl", folder, None, greedy=True) for n in halves}
+        engine = LLMEngine(EngineConfig(model=folder, drafter="ar", prefix_cache=False))
+        outputs = {name: ar_outputs(engine, reqs) for name, reqs in requests.items()}
+        counts: Counter[int] = Counter()
+        for req, tokens in zip(requests["build"], outputs["build"], strict=True):
+            counts.update(req.prompt_token_ids)
+            counts.update(tokens)
+        held_out = Counter(t for tokens in outputs["eval"] for t in tokens)
+        held_out_total = max(sum(held_out.values()), 1)
+        vocab = engine.model.config.vocab_size
+        coverage: dict[int, float] = {}
+        paths = []
+        for size in wanted:
+            ids = most_frequent(counts, min(size, vocab), engine.eos_token_ids)
+            path = out / f"dv-{size}.json"
+            save_draft_vocab(path, ids, vocab, f"{corpus.name} build half: prompts and greedy AR outputs")
+            inside = set(ids)
+            coverage[size] = sum(n for t, n in held_out.items() if t in inside) / held_out_total
+            paths.append(str(path))
+        engine_command(
+            corpus=split / "eval.jsonl", out=out / "engine.json", runs=1, max_tokens=None, greedy=True,
+            model=folder, kernels=kernels or ["cpu-native", "cpu-fast"], tree_shape=None,
+            draft_vocab=["none", *paths],
+        )  # fmt: skip
     result = json.loads((out / "engine.json").read_text())
     arms = [
         {"arm": a["arm"], "kernels": a["kernels"], "draft_vocab": a["draft_vocab"],

@@ -87,8 +87,7 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
     results = []
     for n, k in SWEEP_SHAPES:
         nbytes = n * k * 2
-        copies = max(1, -(-MIN_STREAMED // nbytes))
-        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        weights = _weight_copies(n, k, device)
         x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
         out = torch.empty(1, n, device=device, dtype=torch.bfloat16)
         methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
@@ -98,14 +97,12 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
         rows = []
         for name, gemm in methods:
             try:
-                graph = _graph_over_copies(gemm, x, weights)
+                ms = _ms_per_gemm(timer, gemm, x, weights)
             except Exception as exc:  # a config the compiler refuses is skipped, and named
                 print(f"{n}x{k} {name}: skipped ({type(exc).__name__})")
                 continue
-            ms = timer(graph).median_ms / copies
             rows.append(dict(n=n, k=k, rows=1, method=name, median_ms=ms,
                              fraction_of_copy_bw=nbytes / (ms * 1e-3) / bandwidth))  # fmt: skip
-            del graph
         ranked = rows[:1] + sorted(rows[1:], key=lambda r: r["median_ms"])
         best = "; ".join(
             f"{r['method']} {r['median_ms'] * 1e3:.1f}us {r['fraction_of_copy_bw']:.0%}" for r in ranked[:8]
@@ -117,8 +114,16 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
     return results
 
 
-def _graph_over_copies(gemm: Callable[[torch.Tensor, torch.Tensor], object], x, weights) -> CapturedStage:
-    return CapturedStage(lambda: [gemm(x, w) for w in weights])
+def _weight_copies(n: int, k: int, device: torch.device) -> list[torch.Tensor]:
+    """bf16 [n, k] weights, enough copies to stream more than MIN_STREAMED bytes (past the L2)."""
+    copies = max(1, -(-MIN_STREAMED // (n * k * 2)))
+    return [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+
+
+def _ms_per_gemm(timer: Timer, gemm: Callable[[torch.Tensor, torch.Tensor], object], x, weights) -> float:
+    """Median ms of one GEMM: a CUDA graph running `gemm` over every weight copy, timed, divided."""
+    graph = CapturedStage(lambda: [gemm(x, w) for w in weights])
+    return timer(graph).median_ms / len(weights)
 
 
 def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10) -> list[dict]:
@@ -130,8 +135,7 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
     results = []
     for n, k in SHAPES:
         nbytes = n * k * 2
-        copies = max(1, -(-MIN_STREAMED // nbytes))
-        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        weights = _weight_copies(n, k, device)
         for m in rows:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
@@ -142,8 +146,7 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
                 )
             base_ms = None
             for name, gemm in methods:
-                graph = _graph_over_copies(gemm, x, weights)
-                ms = timer(graph).median_ms / copies
+                ms = _ms_per_gemm(timer, gemm, x, weights)
                 base_ms = ms if base_ms is None else base_ms
                 gbs = nbytes / (ms * 1e-3) / 1e9
                 results.append(
@@ -152,14 +155,13 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
                         k=k,
                         rows=m,
                         method=name,
-                        copies=copies,
+                        copies=len(weights),
                         median_ms=ms,
                         weight_gbs=gbs,
                         fraction_of_copy_bw=gbs * 1e9 / bandwidth,
                         speedup_vs_cublas=base_ms / ms,
                     )
                 )
-                del graph
         del weights
         torch.cuda.empty_cache()
     return results

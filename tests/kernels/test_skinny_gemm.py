@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch import Tensor
 
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, beats_cublas, skinny_linear, split_counts
 from lumotree.model.fused.skinny_gemm_reference import skinny_linear_reference
@@ -21,14 +22,19 @@ def _case(m: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(m, K, generator=gen), torch.randn(n, K, generator=gen)
 
 
+def _into_poisoned_output(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> Tensor:
+    """skinny_linear into a poisoned output, which must be wholly written and match the reference."""
+    y = poisoned((x.shape[0], w.shape[0]), torch.float32)
+    assert skinny_linear(x, w, out=y, config=config) is y
+    assert_written(y)
+    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    return y
+
+
 @pytest.mark.parametrize(("m", "n"), [(1, 96), (5, 200), (16, 130), (32, 150)])
 def test_skinny_linear_matches_reference(m: int, n: int) -> None:
     x, w = _case(m, n, seed=m * 1000 + n)
-    y = poisoned((m, n), torch.float32)
-    got = skinny_linear(x, w, out=y, config=CONFIG)
-    assert got is y
-    assert_written(y)
-    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    _into_poisoned_output(x, w, CONFIG)
 
 
 def test_skinny_linear_reads_strided_rows_of_x_and_allocates_its_output() -> None:
@@ -43,10 +49,7 @@ def test_skinny_linear_reads_strided_rows_of_x_and_allocates_its_output() -> Non
 
 def test_default_config_covers_a_shape_that_is_not_a_tile_multiple() -> None:
     x, w = _case(3, 90, seed=11)
-    y = poisoned((3, 90), torch.float32)
-    skinny_linear(x, w, out=y)
-    assert_written(y)
-    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    _into_poisoned_output(x, w)
 
 
 @pytest.mark.parametrize("m", [5, 17, 32])
@@ -59,10 +62,7 @@ def test_each_row_equals_the_one_row_call_bitwise(m: int) -> None:
 
 def test_more_than_32_rows_fall_back_to_f_linear() -> None:
     x, w = _case(33, 40, seed=9)
-    y = poisoned((33, 40), torch.float32)
-    skinny_linear(x, w, out=y)
-    assert_written(y)
-    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    _into_poisoned_output(x, w)
 
 
 @pytest.mark.parametrize(
@@ -100,10 +100,7 @@ SPLIT = SkinnyConfig(block_n=64, block_k=32, num_warps=4, num_stages=2, splits=3
 @pytest.mark.parametrize(("m", "n"), [(1, 70), (20, 130)])
 def test_split_k_sums_its_partials_to_the_reference(m: int, n: int) -> None:
     x, w = _case(m, n, seed=7 * m + n)
-    y = poisoned((m, n), torch.float32)
-    skinny_linear(x, w, out=y, config=SPLIT)
-    assert_written(y)
-    torch.testing.assert_close(y, skinny_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    y = _into_poisoned_output(x, w, SPLIT)
     for i in (0, m - 1):
         assert torch.equal(y[i : i + 1], skinny_linear(x[i : i + 1], w, config=SPLIT)), f"row {i}"
 

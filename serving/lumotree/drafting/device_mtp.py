@@ -83,17 +83,16 @@ class DeviceMTP:
         self._own_bit = torch.ones(1, **i64)
         self._next = torch.zeros(1, **i64)
         self.draft_ids = None if draft_ids is None else draft_ids.to(dev)
-        if self.draft_ids is not None and self.draft_ids.numel() < k:
-            raise ValueError(f"a draft vocabulary of {self.draft_ids.numel()} ids cannot rank {k} candidates")
-        self._head = (
-            None
-            if self.draft_ids is None
-            else model.lm_head.weight.detach().index_select(0, self.draft_ids).contiguous()
-        )
-        ranked = model.config.vocab_size if self.draft_ids is None else self.draft_ids.numel()
+        self._head: Tensor | None = None  # the draft vocabulary's rows of the vocabulary projection
+        ranked = model.config.vocab_size
+        if self.draft_ids is not None:
+            ranked = self.draft_ids.numel()
+            if ranked < k:
+                raise ValueError(f"a draft vocabulary of {ranked} ids cannot rank {k} candidates")
+            self._head = model.lm_head.weight.detach().index_select(0, self.draft_ids).contiguous()
+            self._local_spine = torch.zeros(1, **i64)  # ranks within the draft vocabulary
+            self._local_topk = torch.zeros((1, k), **i64)
         self._scratch = selection_scratch(1, ranked, k, dev)
-        self._local_spine = torch.zeros(1, **i64)
-        self._local_topk = torch.zeros((1, k), **i64)
 
     @property
     def cache(self) -> KVCache:

@@ -154,6 +154,7 @@ def main(
     the model's EOS ids) as a draft vocabulary for `--draft-vocab`."""
     from tokenizers import Tokenizer
 
+    from lumotree.engine.llm_engine import model_eos_ids
     from lumotree.model import default_model_path
     from lumotree.model.config import HybridConfig
 
@@ -172,8 +173,7 @@ def main(
                 raise DraftVocabError(f"{path}: no such file")
             for text in corpus_texts(path):
                 counts.update(tokenizer.encode(text, add_special_tokens=False).ids)
-        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-        keep = [i for i in eos if isinstance(i, int) and 0 <= i < config.vocab_size]
+        keep = [i for i in model_eos_ids(folder, config.eos_token_id) if 0 <= i < config.vocab_size]
         ids = most_frequent(counts, min(size, config.vocab_size), keep)
         save_draft_vocab(out, ids, config.vocab_size, ", ".join(p.name for p in corpus))
     except (OSError, ValueError) as exc:

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 MAX_LOGPROBS = 20
 
 
-def _eos_ids(model_dir: Path, config_eos: int | list[int] | None) -> tuple[int, ...]:
+def model_eos_ids(model_dir: Path, config_eos: int | list[int] | None) -> tuple[int, ...]:
     """EOS ids of config.json and generation_config.json together."""
     ids: list[int] = []
     sources: list[object] = [config_eos]
@@ -115,7 +115,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler()
         self._metrics = EngineMetrics()
-        self._eos = _eos_ids(self.model_dir, mcfg.eos_token_id)
+        self._eos = model_eos_ids(self.model_dir, mcfg.eos_token_id)
         self._seeds = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self._events: list[TokenEvent] = []  # finished-by-abort events, reported by the next step
         # per active sequence
