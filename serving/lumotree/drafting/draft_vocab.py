@@ -154,8 +154,8 @@ def main(
     the model's EOS ids) as a draft vocabulary for `--draft-vocab`."""
     from tokenizers import Tokenizer
 
-    from lumotree.engine.llm_engine import model_eos_ids
     from lumotree.model import default_model_path
+    from lumotree.model.checkpoint import model_eos_ids
     from lumotree.model.config import HybridConfig
 
     folder = model or default_model_path()

@@ -14,7 +14,6 @@ state is made by that tree's forward.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -36,6 +35,7 @@ from lumotree.engine.prefix_cache import PrefixCache
 from lumotree.engine.scheduler import Scheduler
 from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
+from lumotree.model.checkpoint import model_eos_ids
 from lumotree.model.native.build import NativeBuildError, load_library
 from lumotree.model.native.model import unsupported_reason
 from lumotree.model.random_weights import preset_config, random_model
@@ -50,20 +50,6 @@ if TYPE_CHECKING:  # the device path needs Triton, which CPU-only installs may l
 
 log = logging.getLogger(__name__)
 MAX_LOGPROBS = 20
-
-
-def model_eos_ids(model_dir: Path, config_eos: int | list[int] | None) -> tuple[int, ...]:
-    """EOS ids of config.json and generation_config.json together."""
-    ids: list[int] = []
-    sources: list[object] = [config_eos]
-    gen = model_dir / "generation_config.json"
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    for src in sources:
-        for i in src if isinstance(src, list) else [src]:
-            if isinstance(i, int) and i not in ids:
-                ids.append(i)
-    return tuple(ids)
 
 
 class LLMEngine:

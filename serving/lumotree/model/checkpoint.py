@@ -23,6 +23,20 @@ _PREFIXES = ("model.language_model.", "language_model.model.")  # qwen3_5 (multi
 _SKIP = ("model.visual.", "visual.", "model.vision_tower.")
 
 
+def model_eos_ids(model_dir: Path, config_eos: int | list[int] | None) -> tuple[int, ...]:
+    """EOS ids of config.json and generation_config.json together."""
+    ids: list[int] = []
+    sources: list[object] = [config_eos]
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for src in sources:
+        for i in src if isinstance(src, list) else [src]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return tuple(ids)
+
+
 def load_checkpoint(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
