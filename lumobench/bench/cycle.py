@@ -1,23 +1,30 @@
 """The LumoTree decode cycle of a random-weight Qwen3.5-27B on one GPU, through the engine's own
-device path (`DeviceRunner`: the triton kernel set, CUDA graphs, the device walk), against the
-weight-read floor measured in the same process (paper §VII-H, Tables XIV-XV).
+runner (`DeviceRunner.cycle`: the triton kernel set, one captured graph per cycle, the device walk),
+against the weight-read floor measured in the same process (paper §VII-H, Tables XIV-XV).
 
     python -m lumobench.bench.cycle --out results/h200     (CUDA only)
 
 Per context length: the AR step (1 row), the chain MTP-5 cycle (6 rows) and the paper tree cycle
-(32 rows), each = host table copy + verify + walk + publish + draft graphs + the result copy, timed
-with CUDA events over cycles whose accepted path is forced to a schedule (random weights accept
-nothing; the paper's mean 4.05 accepted drafts per tree event and 3.17 per MTP-5 event, as
-`--accept`), so publication replays paths of realistic length. The projected decode rate is
-(accepted + 1) / cycle. Also: GDN verification of the 48 GDN layers in model order (one launch per
-layer, captured, 32 rows), tree attention at each context against its KV-read floor, and memory.
+(32 rows). Each arm is the engine's loop without the engine around it: the runner built as the
+engine builds it, its drafter (`lumotree.drafting.drafter.Drafter`, the tree's suffix drafter primed
+with a repetitive history so that tails and rescue branches appear) forming each tree from the last
+cycle's results, and `runner.cycle(tree, sampler, chain_next=True)` back to back, as the engine
+calls it (AR and chain cycles launched ahead). Random weights accept nothing, so the runner runs
+with a forced-acceptance schedule (the paper's mean 4.05 accepted drafts per tree event and 3.17
+per MTP-5 event, as `--tree-accepted` / `--mtp-accepted`; `lumotree.sampling.forced`): publication
+and drafting work on paths of realistic length. Reported per arm, medians over the timed cycles:
+the device-timed cycle and its phases (CUDA events inside the graph: tables + verify, accept +
+publish, drafting), and the wall time per cycle of the loop in this process (`loop_ms`: what the
+host adds when nothing but the runner runs). The projected decode rate is (accepted + 1) / cycle.
+Also: GDN verification of the 48 GDN layers in model order (one launch per layer, captured, 32
+rows), tree attention at each context against its KV-read floor, and memory.
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up to 16 rows),
 "fused-cublas" the same with cuBLAS for every projection, "fused-skinny-all" with the skinny GEMM
 for every projection up to 16 rows (also where it lost to cuBLAS before), "unfused" the engine
 with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
-named is timed at every context, the others at the first; each variant's AR verify step is also
+named is timed at every context, the others at the first; each variant's AR cycle is also
 profiled once eagerly (kernel count, GEMM time against the rest).
 
 With `--draft-vocab N` (default 32768) the first variant also times MTP-5 and the tree with a draft
@@ -31,8 +38,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -41,14 +50,18 @@ import torch
 import typer
 
 from lumobench.bench.timing import Timer, copy_bandwidth
+from lumotree.drafting.drafter import Drafter
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.random_trees import paper_tree
+from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
-from lumotree.tree import TreeDescriptor, chain_tree
+from lumotree.sampling import SamplingParams
+from lumotree.sampling.forced import ForcedAcceptance, mean_schedule
+from lumotree.tree import TreeDescriptor
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
@@ -65,14 +78,25 @@ GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
 @dataclass(frozen=True)
 class Arm:
-    """A drafter shape: verification rows, MTP passes x candidates (None: AR), accepted drafts,
-    and the size of the MTP passes' draft vocabulary (0: the whole vocabulary)."""
+    """A drafter: its geometry (AR, chain MTP-5 or the paper tree padded to 32 rows), the forced
+    mean accepted drafts, and the size of the MTP passes' draft vocabulary (0: the whole one)."""
 
     name: str
-    rows: int
-    mtp: tuple[int, int] | None
+    geometry: GeometryConfig
     accepted: float
     draft_vocab: int = 0
+
+    @property
+    def mtp(self) -> tuple[int, int] | None:
+        g = self.geometry
+        return None if g.depth_mtp == 0 else (g.depth_mtp, 1 + g.siblings_per_depth)
+
+
+ARMS = {
+    "ar": GeometryConfig(0, 0, 0, (), rows=1, max_depth=MAX_DEPTH),
+    "mtp5": GeometryConfig(5, 0, 0, (), rows=6, max_depth=MAX_DEPTH),
+    "tree": GeometryConfig(rows=32, max_depth=MAX_DEPTH),
+}
 
 
 def _tensors(obj: object, depth: int = 3) -> list[torch.Tensor]:
@@ -108,7 +132,7 @@ def persistent_buffers(runner: DeviceRunner) -> list[dict]:
     layers = model.model.layers
     gdn = [s for s in runner.state.layers if isinstance(s, GDNState)]
     kv = [s for s in runner.state.layers if isinstance(s, KVCache)]
-    mtp = runner.mtp
+    mtp = runner.device_mtp
     linear = [p for layer in layers if layer.is_linear for p in layer.parameters()]
     attention = [p for layer in layers if not layer.is_linear for p in layer.parameters()]
     parts = [
@@ -124,11 +148,11 @@ def persistent_buffers(runner: DeviceRunner) -> list[dict]:
         ("MTP drafter: KV cache", [] if mtp is None else [mtp.cache.key, mtp.cache.value]),
         ("MTP drafter: draft-vocabulary rows and buffers", [] if mtp is None else _tensors(mtp)),
         ("tree tables (DeviceTree)", _tensors(runner.tables)),
-        ("device walk", _tensors(runner.walk)),
-        ("cycle result buffer", [runner._out]),
+        ("device walk and sampler", _tensors(runner.walk) + _tensors(runner.acceptance)),
+        ("cycle results (device and pinned slots)", _tensors(runner, depth=2)),
     ]  # fmt: skip
     rows = [{"buffer": name, "mib": size([t for t in ts if t is not None]) / 2**20} for name, ts in parts]
-    rows.append({"buffer": "CUDA graph pool (verify, publish, draft)", "mib": runner.graph_bytes / 2**20})
+    rows.append({"buffer": "CUDA graph pool (the captured cycles)", "mib": runner.graph_bytes / 2**20})
     return rows
 
 
@@ -139,6 +163,17 @@ def draft_ids(size: int, vocab: int, device: torch.device) -> torch.Tensor | Non
         return None
     generator = torch.Generator().manual_seed(size)
     return torch.randperm(vocab, generator=generator)[:size].sort().values.to(device)
+
+
+def build_runner(model: HybridLM, ctx: int, arm: Arm, graphs: bool, cycles: int = 0) -> DeviceRunner:
+    """The runner the engine builds for this arm, with its forced acceptance and draft vocabulary,
+    and room for `ctx` committed tokens plus what `cycles` cycles may emit."""
+    geo = arm.geometry
+    forced = ForcedAcceptance(mean_schedule(arm.accepted), f"{arm.accepted}") if arm.mtp else None
+    ids = draft_ids(arm.draft_vocab, model.config.vocab_size, model.device)
+    capacity = ctx + (cycles + 2) * (MAX_DEPTH + 1) + geo.rows
+    chained = Drafter(geo, SuffixDrafter()).kind != "tree"
+    return DeviceRunner(model, capacity, geo.rows, MAX_DEPTH, arm.mtp, chained, graphs, ids, forced)
 
 
 def weight_bytes(model: HybridLM) -> int:
@@ -160,67 +195,49 @@ def kv_bytes_per_token(model: HybridLM) -> int:
     return layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
 
 
-def arm_tree(arm: Arm, prefix_len: int, vocab: int) -> TreeDescriptor:
-    if arm.rows == 1:
-        return chain_tree([1], prefix_len=prefix_len)
-    if arm.mtp is not None and arm.mtp[1] == 1:
-        return chain_tree(list(range(1, arm.rows + 1)), prefix_len=prefix_len, rows=arm.rows)
-    return paper_tree(
-        random.Random(0), vocab=vocab, prefix_len=prefix_len, config=GeometryConfig(rows=arm.rows)
-    )
+def history(length: int, period: int = 97) -> list[int]:
+    """A repetitive token history: the suffix drafter finds continuations in it, so the paper tree
+    gets a principal tail and rescue branches (random-weight MTP drafts alone would leave it a bare
+    MTP part)."""
+    pattern = random.Random(period).sample(range(1000, 60000), period)
+    return [pattern[i % period] for i in range(length)]
 
 
-def forced_paths(tree: TreeDescriptor, mean_accepted: float, count: int) -> list[list[int]]:
-    """`count` spine prefixes (root included) whose accepted-draft counts average `mean_accepted`
-    (floor(mean) drafts, one more for the right share of them)."""
-    spine = tree.spine.tolist()
-    base = min(int(mean_accepted), len(spine) - 1)
-    more = round((mean_accepted - base) * count)
-    return [spine[: min(base + (i < more), len(spine) - 1) + 1] for i in range(count)]
-
-
-def time_cycle(runner: DeviceRunner, tree: TreeDescriptor, arm: Arm, timer: Timer) -> dict[str, float]:
-    """Median ms of the cycle's stages and of the whole cycle over forced accepted paths."""
-    tables, walk = runner.tables, runner.walk
-    tables.load_(tree)
-    paths = forced_paths(tree, arm.accepted, 64)
-    width = MAX_DEPTH + 1
-    padded = torch.full((len(paths), width), -1, dtype=torch.int64)
-    for i, p in enumerate(paths):
-        padded[i, : len(p)] = torch.tensor(p)
-    padded = padded.to(runner.device)
-    lengths = torch.tensor([len(p) for p in paths], dtype=torch.int64, device=runner.device)
-
-    def force(i: int) -> None:
-        walk.result.accepted[0].copy_(padded[i % len(paths)])
-        walk.result.path_len[:1].copy_(lengths[i % len(paths) : i % len(paths) + 1])
-
-    def rewind(i: int = 0) -> None:
-        """Each draft commits the queued rows: put the MTP context back where it started."""
-        if runner.mtp is not None:
-            runner.mtp.committed.fill_(runner.mtp.length)
-
-    def accept() -> None:
-        walk.greedy_(runner.last_logits)
-
-    def cycle(i: int = 0) -> None:
-        rewind()
-        tables.load_(tree)
-        runner.run_stage("verify")
-        accept()
-        force(i)
-        runner.run_stage("publish")
-        runner.run_stage("draft")
-        runner.copy_results_async()
-
-    counter = iter(range(10**9))
+def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) -> dict[str, float]:
+    """The engine's decode loop on `runner` at context `ctx`: medians over `cycles` cycles (after
+    `warmup`) of the device-timed cycle and phases and of the host wall time per cycle, and the
+    mean accepted drafts."""
+    suffix = SuffixDrafter()
+    drafter = Drafter(arm.geometry, suffix)
+    prompt = history(ctx)
+    drafter.begin(prompt)
+    root = prompt[-1]
+    proposal = runner.start_decode(torch.zeros(1, runner.model.config.hidden_size, device=runner.model.device,
+                                               dtype=runner.model.dtype), root)  # fmt: skip
+    sampler = runner.sampler(SamplingParams(temperature=0.0), 0, prompt, [root])
+    spans: dict[str, list[float]] = {}
+    walls, accepted = [], []
+    for i in range(warmup + cycles):
+        start = time.perf_counter()
+        tree = drafter.topology(root, proposal)
+        result = runner.cycle(tree, sampler, chain_next=True)
+        sampler.advance(result.emitted)
+        drafter.emitted(result.emitted)
+        root, proposal = result.emitted[-1], result.proposal
+        if i >= warmup:
+            walls.append(time.perf_counter() - start)
+            accepted.append(len(result.accepted) - 1)
+            for phase, seconds in result.spans.items():
+                spans.setdefault(phase, []).append(seconds)
+    runner.reset()
+    ms = {f"{phase}_ms": statistics.median(v) * 1e3 for phase, v in spans.items()}
     return {
-        "verify_ms": timer(lambda: runner.run_stage("verify")).median_ms,
-        "walk_ms": timer(accept).median_ms,
-        "publish_ms": timer(lambda: runner.run_stage("publish"), prepare=force).median_ms,
-        "draft_ms": timer(lambda: runner.run_stage("draft"), prepare=rewind).median_ms,
-        "cycle_ms": timer(lambda: cycle(next(counter))).median_ms,
-        "accepted": sum(len(p) - 1 for p in paths) / len(paths),
+        "cycle_ms": ms.pop("cycle_ms"),
+        "verify_ms": ms["target_ms"],
+        "accept_publish_ms": ms["dispatch_ms"],
+        "draft_ms": ms["drafter_ms"],
+        "loop_ms": statistics.median(walls) * 1e3,
+        "accepted": sum(accepted) / len(accepted),
     }
 
 
@@ -228,7 +245,6 @@ def gdn_model_order(model: HybridLM, tree: TreeDescriptor, timer: Timer) -> floa
     """Median ms of the GDN verification of every GDN layer, one launch per layer, in one graph."""
     cfg, dev = model.config, model.device
     tables = DeviceTree(tree.rows, MAX_DEPTH, dev).load_(tree)
-    tables.cast_()
     gen = torch.Generator(device=dev).manual_seed(1)
     rows, h, hv, k, v = (
         tree.rows,
@@ -282,15 +298,15 @@ def attention_over_floor(
 
 
 def kernel_profile(runner: DeviceRunner, top: int = 12) -> dict:
-    """One eager verify stage under the profiler: kernels launched, GEMM time and the rest (device
-    time of the kernels themselves; launch gaps excluded), and the costliest kernels by name."""
+    """One eager cycle of an AR runner under the profiler: kernels launched, GEMM time and the rest
+    (device time of the kernels themselves; launch gaps excluded), and the costliest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.inference_mode():  # as the engine runs it: no autograd, so the fused path applies
-        runner.run_stage("verify")
+        runner.run_stages()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            runner.run_stage("verify")
+            runner.run_stages()
             torch.cuda.synchronize()
     kernels: dict[str, list[float]] = {}
     for event in prof.events():
@@ -318,10 +334,10 @@ def fill_state_(runner: DeviceRunner, ctx: int) -> None:
             layer.recurrent.normal_(0, 0.1)
             layer.conv.normal_()
     runner.state.length = ctx
-    if runner.mtp is not None:
-        runner.mtp.cache.key.normal_()
-        runner.mtp.cache.value.normal_()
-        runner.mtp.reset(ctx - 1)
+    if runner.device_mtp is not None:
+        runner.device_mtp.cache.key.normal_()
+        runner.device_mtp.cache.value.normal_()
+        runner.device_mtp.reset(ctx - 1)
 
 
 def bench(
@@ -339,15 +355,15 @@ def bench(
     model = random_model(preset_config("qwen3.5-27b"), device, torch.bfloat16, seed=0)
     floor_ms = weight_bytes(model) / bandwidth * 1e3
     arms = [
-        Arm("ar", 1, None, 0.0),
-        Arm("mtp5", 6, (5, 1), mtp_accepted),
-        Arm("tree", 32, (5, 3), tree_accepted),
+        Arm("ar", ARMS["ar"], 0.0),
+        Arm("mtp5", ARMS["mtp5"], mtp_accepted),
+        Arm("tree", ARMS["tree"], tree_accepted),
     ]
     if draft_vocab:  # the same accepted schedules: what the smaller vocabulary costs in acceptance is
         # measured on the shipped model (results/cpu/draft-vocab.md), not here
         arms += [
-            Arm(f"mtp5-dv{draft_vocab}", 6, (5, 1), mtp_accepted, draft_vocab),
-            Arm(f"tree-dv{draft_vocab}", 32, (5, 3), tree_accepted, draft_vocab),
+            Arm(f"mtp5-dv{draft_vocab}", ARMS["mtp5"], mtp_accepted, draft_vocab),
+            Arm(f"tree-dv{draft_vocab}", ARMS["tree"], tree_accepted, draft_vocab),
         ]
     result: dict = {
         "floor_ms": floor_ms,
@@ -360,30 +376,31 @@ def bench(
     }
     for variant in variants:
         with kernel_mode(*VARIANTS[variant]):
-            runner = DeviceRunner(model, 4096 + 64, 1, MAX_DEPTH, None, graphs=False)
+            runner = build_runner(model, 4096, arms[0], graphs=False)
             fill_state_(runner, 4096)
-            runner.tables.load_(arm_tree(arms[0], 4096, model.config.vocab_size))
+            hidden = torch.zeros(1, model.config.hidden_size, device=device, dtype=model.dtype)
+            runner.start_decode(hidden, 1)
+            runner.sampler(SamplingParams(temperature=0.0), 0, [1], [1])
             result["profile"][variant] = kernel_profile(runner)
             del runner
     for ctx in contexts:
         row: dict = {}
         for variant in variants if ctx == contexts[0] else variants[:1]:
             for arm in arms if variant == variants[0] else arms[:3]:
-                ids = draft_ids(arm.draft_vocab, model.config.vocab_size, device)
                 with kernel_mode(*VARIANTS[variant]):
-                    runner = DeviceRunner(model, ctx + 64, arm.rows, MAX_DEPTH, arm.mtp, True, ids)
+                    runner = build_runner(model, ctx, arm, graphs=True, cycles=iters + warmup)
                 fill_state_(runner, ctx)
-                tree = arm_tree(arm, ctx, model.config.vocab_size)
                 name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"
-                row[name] = time_cycle(runner, tree, arm, timer) | {
+                row[name] = run_arm(runner, arm, ctx, iters, warmup) | {
                     "graph_mib": runner.graph_bytes / 2**20,
+                    "capture_s": runner.capture_seconds,
                     "variant": variant,
                 }
                 if variant == variants[0] and arm.name.startswith("tree"):
                     row.setdefault("buffers", {})[arm.name] = persistent_buffers(runner)
                 del runner
                 torch.cuda.empty_cache()
-        tree = arm_tree(arms[2], ctx, model.config.vocab_size)
+        tree = paper_tree(random.Random(0), model.config.vocab_size, ctx, GeometryConfig(rows=32))
         row["gdn_verify_model_order_ms"] = gdn_model_order(model, tree, timer)
         row["attention_over_floor"] = attention_over_floor(model, tree, ctx, timer, bandwidth)
         free, total = torch.cuda.mem_get_info()
@@ -450,21 +467,25 @@ def markdown(result: dict, head: dict) -> str:
         f"Command: `{head['command']}` at commit {head['commit']}.",
         f"Weight-read floor {result['floor_ms']:.2f} ms = {result['weight_gb']:.2f} GB at "
         f"{result['copy_bandwidth_tbps']:.2f} TB/s (device copy, read + write, same process).",
+        "Each arm is the engine's cycle (`DeviceRunner.cycle`, one graph per cycle, forced acceptance), "
+        "driven back to back by its drafter; device phases from CUDA events inside the graph; loop = wall "
+        "time per cycle of that loop in this process.",
         "",
-        "| context | arm | rows | verify ms | walk ms | publish ms | draft ms | cycle ms | x floor "
-        "| accepted | projected tok/s |",
+        "| context | arm | rows | tables + verify ms | accept + publish ms | draft ms | cycle ms | loop ms "
+        "| x floor | accepted | projected tok/s |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    rows = {"ar": 1, "mtp5": 6, "tree": 32}
+    rows = {name: geo.rows for name, geo in ARMS.items()}
     for ctx, row in result["contexts"].items():
         for name, t in row.items():
             if not (isinstance(t, dict) and "cycle_ms" in t):
                 continue
             lines.append(
-                f"| {ctx} | {name} | {rows[name.split('-')[0]]} | {t['verify_ms']:.3f} | {t['walk_ms']:.3f} "
-                f"| {t['publish_ms']:.3f} | "
-                f"{t['draft_ms']:.3f} | {t['cycle_ms']:.3f} | {t['cycle_ms'] / result['floor_ms']:.2f} | "
-                f"{t['accepted']:.2f} | {row['projected_tokens_per_s'][name]:.1f} |"
+                f"| {ctx} | {name} | {rows[name.split('-')[0]]} | {t['verify_ms']:.3f} "
+                f"| {t['accept_publish_ms']:.3f} | {t['draft_ms']:.3f} | {t['cycle_ms']:.3f} "
+                f"| {t['loop_ms']:.3f} "
+                f"| {t['cycle_ms'] / result['floor_ms']:.2f} | {t['accepted']:.2f} "
+                f"| {row['projected_tokens_per_s'][name]:.1f} |"
             )
         lines.append(
             f"| {ctx} | GDN verify, 48 layers in model order (32 rows, one launch per layer) | | "
@@ -476,7 +497,7 @@ def markdown(result: dict, head: dict) -> str:
         )
     lines += [
         "",
-        "AR verify step at 4096, one eager run under the profiler (kernel device time only):",
+        "AR cycle at 4096, one eager run under the profiler (kernel device time only):",
         "",
         "| variant | kernels | GEMM kernels | GEMM ms | other ms | costliest kernels (count, ms) |",
         "| --- | ---: | ---: | ---: | ---: | --- |",

@@ -55,6 +55,49 @@ class PathPlan:
     leaf_step: Tensor
 
 
+@dataclass(frozen=True)
+class TreeTopology:
+    """A draft tree as a drafter proposes it: tokens, parents and depths in topological order
+    (root first, a parent before its children, the principal child first), before any table is
+    built. A runner turns it into what it needs: the host kernel sets a `TreeDescriptor`
+    (`descriptor`), the device path static device tables (`verify/device_tree.py`)."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    merges: int = 0
+
+    @property
+    def n_active(self) -> int:
+        return len(self.tokens)
+
+    def descriptor(
+        self,
+        *,
+        prefix_len: int,
+        rows: int | None = None,
+        max_depth: int = MAX_DEPTH,
+        conv_width: int = CONV_WIDTH,
+    ) -> TreeDescriptor:
+        """The descriptor of this topology (its depths are trusted: builders make valid tries)."""
+        return build_tree(
+            self.tokens,
+            self.parents,
+            prefix_len=prefix_len,
+            rows=rows,
+            max_depth=max_depth,
+            conv_width=conv_width,
+            merges=self.merges,
+            trusted_depth=self.depths,
+        )
+
+
+def chain_topology(tokens: Sequence[int]) -> TreeTopology:
+    """root -> tokens[1] -> tokens[2] ... (chain MTP; AR when len(tokens) == 1)."""
+    n = len(tokens)
+    return TreeTopology(tuple(int(t) for t in tokens), (-1, *range(n - 1)), tuple(range(n)))
+
+
 @dataclass(frozen=True, eq=False)
 class TreeDescriptor:
     """Everything a verification cycle needs about the draft tree. Shapes use R = rows.
@@ -122,6 +165,16 @@ class TreeDescriptor:
             if isinstance(value := getattr(self, f.name), Tensor) and f.name != "spine"
         }
         return replace(self, **rows | {"ancestry": self.ancestry[:n, :n]})
+
+    def topology(self) -> TreeTopology:
+        """The active nodes' tokens, parents and depths (what a drafter proposed)."""
+        n = self.n_active
+        return TreeTopology(
+            tuple(self.tokens[:n].tolist()),
+            tuple(self.parent[:n].tolist()),
+            tuple(self.depth[:n].tolist()),
+            self.merges,
+        )
 
     def is_spine_prefix(self, nodes: Sequence[int]) -> bool:
         """True when `nodes` is root, spine[1], ..., i.e. its KV already sits contiguously."""
@@ -336,25 +389,25 @@ class TreeBuilder:
             node = nxt
         return node
 
-    def build(
-        self, *, prefix_len: int, rows: int | None = DEFAULT_ROWS, conv_width: int = CONV_WIDTH
-    ) -> TreeDescriptor:
-        """Descriptor in breadth-first order."""
+    def topology(self) -> TreeTopology:
+        """The trie in breadth-first order (children in insertion order)."""
         order = [0]
         for node in order:
             order.extend(self.children[node].values())
         new_index = {old: new for new, old in enumerate(order)}
-        tokens = [self.tokens[o] for o in order]
-        parents = [-1 if o == 0 else new_index[self.parents[o]] for o in order]
-        return build_tree(
-            tokens,
-            parents,
-            prefix_len=prefix_len,
-            rows=rows,
-            max_depth=self.max_depth,
-            conv_width=conv_width,
-            merges=self.merges,
-            trusted_depth=[self.depths[o] for o in order],
+        return TreeTopology(
+            tuple(self.tokens[o] for o in order),
+            tuple(-1 if o == 0 else new_index[self.parents[o]] for o in order),
+            tuple(self.depths[o] for o in order),
+            self.merges,
+        )
+
+    def build(
+        self, *, prefix_len: int, rows: int | None = DEFAULT_ROWS, conv_width: int = CONV_WIDTH
+    ) -> TreeDescriptor:
+        """Descriptor in breadth-first order."""
+        return self.topology().descriptor(
+            prefix_len=prefix_len, rows=rows, max_depth=self.max_depth, conv_width=conv_width
         )
 
 

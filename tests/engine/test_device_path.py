@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from lumotree.drafting.draft_vocab import save_draft_vocab
+from lumotree.drafting.mtp import MTPProposal
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.model import save_checkpoint
 from lumotree.sampling import SamplingParams
-from lumotree.tree import TreeDescriptor, build_tree
+from lumotree.tree import TreeTopology
 from lumotree.verify.device_ops import stacked_base
-from lumotree.verify.device_tree import DeviceTree
 from tests.engine.helpers import output_tokens, run_requests
 from tests.model.conftest import perturbed_model, tiny_config
 
@@ -105,30 +105,6 @@ def test_device_tree_seeded_sampling_equals_the_reference_engine(checkpoint: Pat
     assert engine.metrics().spec.num_accepted_tokens >= 1
 
 
-def test_device_tree_holds_every_descriptor_table_after_one_load() -> None:
-    tree = build_tree([5, 6, 7, 8, 9, 10], [-1, 0, 1, 0, 3, 1], prefix_len=17, rows=8, max_depth=4)
-    tables = DeviceTree(8, 4, "cpu")
-    tables._device.fill_(-7)  # poison: every table must be rewritten by load_
-    tables.load_(tree)
-    tables.cast_()
-    assert torch.equal(tables.tokens, tree.tokens)
-    assert torch.equal(tables.position, tree.position)
-    assert torch.equal(tables.depth, tree.depth)
-    assert torch.equal(tables.slot_map, tree.slot_map)
-    assert torch.equal(tables.conv_gather, tree.conv_gather)
-    assert torch.equal(tables.ancestry.bool(), tree.ancestry)
-    assert torch.equal(tables.gdn.ancestry, tree.ancestry.to(torch.int32))
-    cmax = tree.child_nodes.shape[1]
-    assert torch.equal(tables.child_nodes[:, :cmax], tree.child_nodes)
-    assert bool((tables.child_nodes[:, cmax:] == -1).all())
-    assert torch.equal(tables.child_tokens[:, :cmax], tree.child_tokens)
-    assert int(tables.n_active) == 6 and int(tables.prefix_len) == 17 and int(tables.gdn.n_active) == 6
-    # bit j of row r: row r sees physical tree slot j (its ancestors and itself)
-    for r in range(6):
-        seen = {int(tree.slot_map[a]) for a in range(6) if tree.ancestry[r, a]}
-        assert {j for j in range(8) if int(tables.bits[r]) >> j & 1} == seen
-
-
 def test_replay_finds_the_stacked_state_bank(checkpoint: Path) -> None:
     engine = _engine(checkpoint, "reference", "ar")
     states = [s.recurrent for s in engine.runner.state.layers if hasattr(s, "recurrent")]
@@ -137,14 +113,19 @@ def test_replay_finds_the_stacked_state_bank(checkpoint: Path) -> None:
     assert stacked_base(states[::-1]) is None
 
 
-def test_device_tree_applies_the_logit_bias_like_the_reference_engine(checkpoint: Path) -> None:
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_device_tree_applies_the_logit_bias_like_the_reference_engine(
+    checkpoint: Path, penalty: float
+) -> None:
+    """The bias alone, and the bias under a repetition penalty (both must reach the walk)."""
     bias = ((5, 6.0), (17, -100.0), (33, 3.5))
-    request = _request(SamplingParams(0.8, top_k=20, logit_bias=bias), max_tokens=4, seed=99)
+    params = SamplingParams(0.8, top_k=20, logit_bias=bias, repetition_penalty=penalty)
+    request = _request(params, max_tokens=4, seed=99)
     ref = output_tokens(run_requests(_engine(checkpoint, "reference", "tree"), [request])["r"])
     unbiased = output_tokens(
         run_requests(
             _engine(checkpoint, "reference", "tree"),
-            [replace(request, sampling=SamplingParams(0.8, top_k=20))],
+            [replace(request, sampling=replace(params, logit_bias=()))],
         )["r"]
     )
     assert ref != unbiased  # the bias changes this request's tokens
@@ -168,15 +149,82 @@ def test_device_mtp_drafts_from_the_draft_vocabulary_as_the_reference_drafter_do
     for kernels in ("reference", "triton"):
         engine = _engine(checkpoint, kernels, "mtp", draft_vocab=path, draft_head_dtype="float32")
         proposed: list[list[int]] = []
-        propose = engine.drafter.propose
+        topology = engine.drafter.topology
 
-        def record(root: int, prefix_len: int, propose=propose, proposed=proposed) -> TreeDescriptor:
-            tree = propose(root, prefix_len)
-            proposed.append(tree.tokens[1 : tree.n_active].tolist())
+        def record(
+            root: int, proposal: MTPProposal | None, topology=topology, proposed=proposed
+        ) -> TreeTopology:
+            tree = topology(root, proposal)
+            proposed.append(list(tree.tokens[1:]))
             return tree
 
-        engine.drafter.propose = record  # type: ignore[method-assign]
+        engine.drafter.topology = record  # type: ignore[method-assign]
         assert output_tokens(run_requests(engine, [request])["r"]) == plain
         drafts[kernels] = proposed
     assert drafts["triton"] == drafts["reference"] and len(drafts["triton"]) >= 2
     assert {t for spine in drafts["triton"] for t in spine} <= set(ids)
+
+
+def test_chained_cycles_launched_ahead_survive_requests_that_end_early(checkpoint: Path) -> None:
+    """AR and chain MTP launch the next cycle before reading this one's results. A request that
+    ends on a stop token leaves such a cycle in flight: it is dropped, and the next requests on the
+    same engine still give the reference engine's tokens."""
+    greedy = SamplingParams(temperature=0.0)
+    probe = GenerationRequest("a", PROMPT, greedy, 10, ignore_eos=True)
+    stop = output_tokens(run_requests(_engine(checkpoint, "reference", "ar"), [probe])["a"])[3]
+    requests = [
+        replace(probe, stop_token_ids=(stop,)),
+        GenerationRequest("b", PROMPT[::-1], SamplingParams(0.7, top_k=10), 6, seed=3, ignore_eos=True),
+        GenerationRequest("c", PROMPT[2:], greedy, 3, ignore_eos=True),
+    ]
+    for drafter in ("ar", "mtp"):
+        ref = run_requests(_engine(checkpoint, "reference", drafter), requests)
+        engine = _engine(checkpoint, "triton", drafter)
+        launched = 0
+        launch = engine.runner._launch  # type: ignore[attr-defined]
+
+        def counting(topology: object, launch=launch) -> object:
+            nonlocal launched
+            launched += 1
+            return launch(topology)
+
+        engine.runner._launch = counting  # type: ignore[attr-defined]
+        got = run_requests(engine, requests)
+        assert {r: output_tokens(e) for r, e in got.items()} == {r: output_tokens(e) for r, e in ref.items()}
+        assert output_tokens(got["a"])[-1] == stop
+        cycles = engine.metrics().spans["cycle"].count
+        assert engine.metrics().device_syncs == cycles
+        assert launched == cycles + 1, drafter  # request a's cycle in flight at its stop was dropped
+
+
+def test_forced_acceptance_on_the_device_equals_the_host_forced_cycle(checkpoint: Path) -> None:
+    """A forced schedule accepts exactly its counts of spine drafts on both paths, with the same
+    tokens (drafts, then the last accepted row's own choice)."""
+    request = _request(SamplingParams(temperature=0.0), max_tokens=12)
+    results = {}
+    for kernels in ("reference", "triton"):
+        engine = _engine(checkpoint, kernels, "tree", forced_acceptance="0,2,5")
+        tokens = output_tokens(run_requests(engine, [request])["r"])
+        spec = engine.metrics().spec
+        results[kernels] = (tokens, spec.num_accepted_tokens, spec.num_drafts)
+    assert results["triton"] == results["reference"]
+    _, accepted, events = results["triton"]
+    schedule = [(0, 2, 5)[i % 3] for i in range(events)]
+    # the spine holds the 2 MTP drafts at least (and the suffix tail when there is one)
+    assert events >= 3 and sum(min(c, 2) for c in schedule) <= accepted <= sum(schedule)
+
+
+def test_the_next_tree_is_started_before_the_results_are_emitted(checkpoint: Path) -> None:
+    """The tree's next cycle needs the host's suffix drafter: the engine drafts it as soon as the
+    results are in (`follow`), and the runner starts it before the step returns its event."""
+    request = _request(SamplingParams(temperature=0.0), max_tokens=8)
+    engine = _engine(checkpoint, "triton", "tree")
+    engine.add_request(request)
+    started = 0
+    while engine.has_unfinished():
+        events = engine.step()
+        ahead = engine.runner._ahead  # type: ignore[attr-defined]
+        if events and not events[-1].finished and engine.metrics().spans["cycle"].count:
+            assert ahead is not None and ahead.tokens == engine._next_tree.tokens  # type: ignore[union-attr]
+            started += 1
+    assert started >= 2 and engine.runner._ahead is None  # type: ignore[attr-defined]

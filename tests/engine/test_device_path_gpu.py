@@ -1,6 +1,7 @@
-"""The engine on a CUDA GPU (device path: triton kernels, CUDA graphs, device walk), with the
-shipped model: AR, chain MTP-5 and the paper tree give identical outputs, one synchronisation per
-cycle and none hidden, graphs captured; random-weight presets build on the device.
+"""The engine on a CUDA GPU (device path: triton kernels, one captured graph per cycle, device
+walk, chained cycles launched ahead), with the shipped model: AR, chain MTP-5 and the paper tree
+give identical outputs, one synchronisation per cycle and none hidden, the phases timed inside the
+graph, forced acceptance as scheduled; random-weight presets build on the device.
 
 Run on the GPU machine: TRITON_INTERPRET=0 pytest -m gpu tests/engine/test_device_path_gpu.py
 """
@@ -46,14 +47,17 @@ def test_drafters_give_identical_outputs_on_the_gpu(
     for drafter in ("ar", "mtp", "tree"):
         engine = LLMEngine(EngineConfig(drafter=drafter, dtype=dtype))
         assert engine.device.type == "cuda" and engine.config.kernels == "triton"
-        assert engine.device_runner is not None
-        assert engine.device_runner.graphs == ("verify", "publish", "draft")
+        assert engine.runner.graphs == ("cycle",)
         events = run_requests(engine, requests)
         outputs[drafter] = {rid: output_tokens(ev) for rid, ev in events.items()}
         m = engine.metrics()
         syncs[drafter], cycles[drafter] = m.device_syncs, m.spans["target"].count
         if drafter != "ar":
             assert m.spec.num_accepted_tokens > 0
+        cycle = m.spans["cycle"]
+        assert cycle.count == m.spans["target"].count and cycle.seconds > 0
+        phases = sum(m.spans[p].seconds for p in ("target", "dispatch"))
+        assert 0 < phases < cycle.seconds  # the drafting phase is the rest of the device cycle
     for drafter in ("mtp", "tree"):
         differing = [rid for rid in outputs["ar"] if outputs[drafter][rid] != outputs["ar"][rid]]
         assert not differing, f"{drafter} differs from AR ({dtype}) on {differing}"
@@ -75,8 +79,8 @@ def test_a_draft_vocabulary_keeps_the_outputs_and_drafts_inside_it_on_the_gpu(
         engine = LLMEngine(EngineConfig(drafter=drafter, dtype="bfloat16", draft_vocab=path))
         got = {rid: output_tokens(ev) for rid, ev in run_requests(engine, requests).items()}
         assert [rid for rid in expected if got[rid] != expected[rid]] == [], drafter
-        assert engine.device_runner is not None and engine.device_runner.mtp is not None
-        mtp = engine.device_runner.mtp
+        mtp = engine.runner.device_mtp  # type: ignore[attr-defined]
+        assert mtp is not None
         assert set(mtp.spine.tolist()) | set(mtp.topk.flatten().tolist()) <= ids
         assert engine.metrics().spec.num_accepted_tokens > 0
 
@@ -136,3 +140,14 @@ def test_random_weight_preset_builds_on_the_device_in_seconds() -> None:
             tokens += event.token_ids
             assert event.finish_reason != "error", event.error
     assert len(tokens) == 4 and all(0 <= t < engine.vocab_size for t in tokens)
+
+
+def test_forced_acceptance_accepts_the_schedule_on_the_gpu(demo_prompts: list[GenerationRequest]) -> None:
+    """The paper tree with a forced schedule: every cycle accepts min(count, spine drafts)."""
+    engine = LLMEngine(EngineConfig(drafter="tree", forced_acceptance="5"))
+    request = GenerationRequest(
+        "f", demo_prompts[0].prompt_token_ids, SamplingParams(0.0), 60, ignore_eos=True
+    )
+    assert len(output_tokens(run_requests(engine, [request])["f"])) == 60
+    spec = engine.metrics().spec
+    assert spec.num_accepted_tokens == 5 * spec.num_drafts  # the spine holds 5 MTP drafts at least

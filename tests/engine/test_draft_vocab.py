@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from lumotree.drafting.draft_vocab import (
     DraftVocabError,
@@ -138,11 +139,12 @@ def test_the_engine_drafts_only_from_the_draft_vocabulary_and_emits_the_same_tok
     engine = _tree_engine(kernels=kernels, draft_vocab=path)
     assert engine.config.kernels == kernels
     drafted: list[int] = []
-    mtp = engine.drafter.mtp  # type: ignore[attr-defined]
+    mtp = engine.runner.mtp
+    assert mtp is not None
     propose = mtp.propose
 
-    def record() -> MTPProposal:
-        proposal = propose()
+    def record(hidden: Tensor, next_tokens: list[int]) -> MTPProposal:
+        proposal = propose(hidden, next_tokens)
         drafted.extend([*proposal.spine, *(t for ranked in proposal.topk for t in ranked)])
         return proposal
 

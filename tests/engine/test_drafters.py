@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from lumotree.drafting.geometry import GeometryConfig
-from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.draft_vocab import draft_head
+from lumotree.drafting.drafter import paper_topology
+from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
+from lumotree.drafting.mtp import MTPDrafter, MTPProposal
 from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
 from lumotree.drafting.suffix import SuffixDrafter, SuffixIndex
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
-from lumotree.engine.drafter import draft_head, rescue_branches
 from lumotree.model import HybridLM
 from lumotree.sampling import SamplingParams
+from lumotree.tree import TreeTopology
 
 from .helpers import run_requests
 
@@ -59,8 +61,7 @@ def test_mtp_drafter_proposes_the_mtp_heads_chain_and_rolls_its_cache_back(model
         hidden = model(ids)[0]
         drafter = MTPDrafter(model, depth=3, topk=3, capacity=128)
         drafter.commit(hidden[:30], ids[0, 1:31].tolist())
-        drafter.queue(hidden[30:39], ids[0, 31:40].tolist())
-        proposal = drafter.propose()
+        proposal = drafter.propose(hidden[30:39], ids[0, 31:40].tolist())
         full = model.compute_logits(model.mtp_forward(hidden[None, :39], ids[:, 1:40]))[0, -1]
         # depth 2 by hand: the MTP row of depth 1's output hidden and its spine token, at position 39
         first_hidden = model.mtp_forward(hidden[None, :39], ids[:, 1:40])[0, -1:]
@@ -81,22 +82,33 @@ def test_tree_drafter_hangs_rescue_branches_where_a_continuation_leaves_the_tree
     suffix = SuffixDrafter(min_match=2)
     suffix.begin([1, 2, 50, 51, 60, 61, 62, 63, 1, 2, 50, 70, 71, 72, 73, 74, 1, 2])
     spine, topk = [50, 51, 52, 53, 54], [[50, 55, 56], [51, 57, 58], [52, 0, 3], [53, 4, 5], [54, 6, 7]]
-    rescues = rescue_branches(suffix, geometry, spine, topk, tail=())
+    tree = paper_topology(suffix, geometry, 9, MTPProposal(spine, topk))
     # continuations of (1, 2): [50, 70, 71, ...] leaves after 50; [50, 51, 60, ...] leaves after 51
-    assert [(r.attach, r.tokens) for r in rescues] == [((50,), (70, 71, 72, 73)), ((50, 51), (60, 61))]
+    rescues = [RescueBranch((50,), (70, 71, 72, 73)), RescueBranch((50, 51), (60, 61))]
+    assert tree == build_paper_tree(9, spine, topk, (), rescues, prefix_len=0, config=geometry).topology()
+    paths = {_token_path(tree, node) for node in range(tree.n_active)}
+    assert {(50, 70, 71, 72, 73), (50, 51, 60, 61)} <= paths and len(paths) == tree.n_active
+
+
+def _token_path(tree: TreeTopology, node: int) -> tuple[int, ...]:
+    path = []
+    while node > 0:
+        path.append(tree.tokens[node])
+        node = tree.parents[node]
+    return tuple(reversed(path))
 
 
 def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[GenerationRequest]) -> None:
     engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, tree_shape="paper"))
     trees = []
-    real_propose = engine.drafter.propose
+    real_topology = engine.drafter.topology
 
-    def record(root: int, prefix_len: int):
-        tree = real_propose(root, prefix_len)
-        trees.append(tree)
+    def record(root: int, proposal: MTPProposal | None) -> TreeTopology:
+        tree = real_topology(root, proposal)
+        trees.append(tree.descriptor(prefix_len=0, rows=engine.geometry.rows))
         return tree
 
-    engine.drafter.propose = record
+    engine.drafter.topology = record
     prompt = next(p for p in demo_prompts if p.request_id == "wal-t04")
     run_requests(engine, [GenerationRequest("g", prompt.prompt_token_ids, SamplingParams(0.0), 48)])
     assert trees and all(t.rows == 28 and t.n_active <= 28 and t.max_depth == 11 for t in trees)
@@ -110,8 +122,8 @@ def test_bf16_draft_head_keeps_the_mtp_heads_choices(model: HybridLM) -> None:
     and nearly always the same spine token (verification, in fp32, decides what is emitted)."""
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(400, model.config.hidden_size, generator=g)
-    head = draft_head(model, "bfloat16", None)
-    assert head is not None and draft_head(model, "float32", None) is None
+    head = draft_head(model.lm_head.weight, "bfloat16", None)
+    assert head is not None and draft_head(model.lm_head.weight, "float32", None) is None
     with torch.inference_mode():
         exact = model.compute_logits(hidden)
         approx = torch.stack([head(h) for h in hidden])

@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from lumotree.engine import AsyncEngine, EngineConfig, GenerationRequest, LLMEngine, TokenEvent
+from lumotree.engine import (
+    AsyncEngine,
+    EngineClient,
+    EngineConfig,
+    EngineDeadError,
+    EngineProcess,
+    GenerationRequest,
+    LLMEngine,
+    TokenEvent,
+)
 from lumotree.model import HybridLM
 from lumotree.sampling import SamplingParams
 
@@ -41,24 +53,56 @@ def test_concurrent_requests_all_complete_with_their_solo_outputs(
             ]
         )
 
-    async def stream(engine: AsyncEngine, p: GenerationRequest) -> list[TokenEvent]:
+    async def stream(engine: EngineClient, p: GenerationRequest) -> list[TokenEvent]:
         return [
             e async for e in engine.generate(GenerationRequest(p.request_id, p.prompt_token_ids, GREEDY, 24))
         ]
 
-    async def all_at_once() -> list[list[TokenEvent]]:
-        engine = AsyncEngine(LLMEngine(EngineConfig(drafter="tree", max_model_len=4096, prefix_cache=False)))
+    config = EngineConfig(drafter="tree", max_model_len=4096, prefix_cache=False)
+
+    async def all_at_once(engine: EngineClient) -> list[list[TokenEvent]]:
         try:
             return await asyncio.gather(*(stream(engine, p) for p in prompts))
         finally:
             engine.shutdown()
 
-    for p, events in zip(prompts, asyncio.run(all_at_once()), strict=True):
-        assert output_tokens(events) == solo[p.request_id]
-        assert events[-1].finished and events[-1].finish_reason in ("stop", "length")
-        assert [e.num_output_tokens for e in events] == list(
-            torch.tensor([len(e.token_ids) for e in events]).cumsum(0).tolist()
-        )
+    # the engine in a thread of this process, and in its own process (what the server runs)
+    for engine in (AsyncEngine(LLMEngine(config)), EngineProcess(config)):
+        for p, events in zip(prompts, asyncio.run(all_at_once(engine)), strict=True):
+            assert output_tokens(events) == solo[p.request_id]
+            assert events[-1].finished and events[-1].finish_reason in ("stop", "length")
+            assert [e.num_output_tokens for e in events] == list(
+                torch.tensor([len(e.token_ids) for e in events]).cumsum(0).tolist()
+            )
+
+
+def test_an_engine_process_refuses_a_bad_config_and_a_dead_one_fails_its_requests(
+    demo_prompts: list[GenerationRequest], tmp_path: Path
+) -> None:
+    """The server's engine process: a configuration the engine refuses is a ValueError with its
+    message; an engine process that dies (killed here) fails the waiting stream and every later
+    one with EngineDeadError, and says why (`dead`, which /health reports)."""
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        EngineProcess(EngineConfig(drafter="tree", draft_vocab=tmp_path / "missing.json"))
+    engine = EngineProcess(EngineConfig(drafter="tree", max_model_len=4096))
+    p = _short(demo_prompts)[0]
+
+    async def scenario() -> None:
+        stream = engine.generate(GenerationRequest("long", p.prompt_token_ids, GREEDY, 4000, ignore_eos=True))
+        await anext(stream)
+        assert engine.pid is not None
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exit code -9"):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await anext(engine.generate(GenerationRequest("next", p.prompt_token_ids, GREEDY, 4)))
+
+    try:
+        asyncio.run(scenario())
+        assert engine.dead is not None and "exit code -9" in engine.dead
+    finally:
+        engine.shutdown()
 
 
 def test_closing_a_stream_aborts_its_request_and_the_engine_serves_the_next(
@@ -266,13 +310,13 @@ def test_a_failing_request_finishes_with_error_and_the_engine_goes_on(
 ) -> None:
     engine = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
     p = _short(demo_prompts)[0]
-    real_propose = engine.drafter.propose
+    real_topology = engine.drafter.topology
 
-    def fail_once(root: int, prefix_len: int):  # a drafter bug on the first cycle
-        engine.drafter.propose = real_propose
+    def fail_once(root: int, proposal: object):  # a drafter bug on the first cycle
+        engine.drafter.topology = real_topology
         raise RuntimeError("planted drafter failure")
 
-    engine.drafter.propose = fail_once
+    engine.drafter.topology = fail_once
     failed = run_requests(engine, [GenerationRequest("x", p.prompt_token_ids, GREEDY, 8)])["x"]
     assert failed[-1].finish_reason == "error" and "planted drafter failure" in (failed[-1].error or "")
     ok = run_requests(engine, [GenerationRequest("y", p.prompt_token_ids, GREEDY, 8)])["y"]

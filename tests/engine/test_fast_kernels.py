@@ -14,7 +14,6 @@ from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.drafting.selection import ordered_topk
 from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.acceptance import RowSampler, history_counts, support_coins, walk
-from lumotree.model.mtp import mtp_chain_step
 from lumotree.sampling import (
     SamplingParams,
     greedy_walk,
@@ -208,17 +207,3 @@ def test_lazy_walk_equals_the_core_walks(shape: str) -> None:
                 n = int(want.path_len[0])
                 assert got.accepted == want.accepted[0, :n].tolist()
                 assert got.emitted == want.emitted[0, :n].tolist()
-
-
-def test_mtp_chain_step_equals_the_model_mtp_step(model) -> None:
-    g = torch.Generator().manual_seed(0)
-    ours, theirs = model.new_mtp_state(512), model.new_mtp_state(512)
-    with torch.inference_mode():
-        for rows in (200, 1, 6, 1):
-            hidden = torch.randn(rows, model.config.hidden_size, generator=g)
-            tokens = torch.randint(0, model.config.vocab_size, (rows,), generator=g)
-            logits, out = mtp_chain_step(model, hidden, tokens, ours)
-            want_logits, want_out = model.mtp_step(hidden, tokens, theirs)
-            torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(logits, want_logits[-1], atol=1e-4, rtol=1e-5)
-    assert ours.length == theirs.length == 208

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable
-from functools import partial
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.native_mtp import NativeMTPDrafter
 from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.model import GDNState, HybridConfig, HybridLM, KVCache, ModelState
-from lumotree.model.mtp import mtp_chain_step
 from lumotree.model.native.model import NativeModel, unsupported_reason
 from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor, chain_tree
@@ -205,7 +203,8 @@ def test_native_logits_and_mtp_step_equal_the_models(bf16_model: ModelFactory) -
         ours, theirs = model.new_mtp_state(64), model.new_mtp_state(64)
         for rows in (slice(0, 5), slice(5, 6)):  # a commit of several rows, then one speculative row
             got = native.mtp_step(hidden[rows], tokens[rows], ours)
-            want = mtp_chain_step(model, hidden[rows], tokens[rows], theirs)
+            out = model.mtp_hidden(hidden[rows], tokens[rows], theirs)
+            want = (model.compute_logits(out[-1]), out)
             for g, w in zip(got, want, strict=True):
                 torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
         assert ours.length == theirs.length == 6
@@ -239,17 +238,14 @@ def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(
     native = NativeModel(model, model.new_state(8), tree_rows=8, max_rows=64, draft_ids=ids)
     ours = NativeMTPDrafter(model, depth=4, topk=3, capacity=64, native=native)
     head = None if ids is None else subset_head(model.lm_head.weight, ids)
-    step = partial(mtp_chain_step, model, lm_head=head)
-    theirs = MTPDrafter(model, depth=4, topk=3, capacity=64, step=step)
+    theirs = MTPDrafter(model, depth=4, topk=3, capacity=64, head=head)
     gen = torch.Generator().manual_seed(1)
     vocab, width = model.config.vocab_size, model.config.hidden_size
     for rows in (7, 1, 3):  # a prefill commit, then cycles' queued paths
         hidden = torch.randn(rows, width, generator=gen)
         tokens = torch.randint(0, vocab, (rows,), generator=gen).tolist()
-        for drafter in (ours, theirs):
-            drafter.queue(hidden, tokens)
-        proposal = ours.propose()
-        assert proposal == theirs.propose()
+        proposal = ours.propose(hidden, tokens)
+        assert proposal == theirs.propose(hidden, tokens)
         assert ours.committed == theirs.committed
         if ids is not None:
             assert {t for ranked in proposal.topk for t in ranked} <= set(ids.tolist())

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import torch
 
+from lumotree.drafting.drafter import Drafter
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.engine.acceptance import RowSampler
-from lumotree.engine.drafter import ARDrafter
 from lumotree.sampling import SamplingParams
 from lumotree.verify.kernel_sets import CPU_FAST
 from lumotree.vllm.publish import LayerIndex
@@ -22,10 +22,10 @@ from .fake_vllm import plan
 VOCAB = 50
 
 
-class BrokenDrafter(ARDrafter):
-    """A drafter that fails on the rows it is given (stands for any failure inside the plugin)."""
+class BrokenDrafter(Drafter):
+    """A drafter that fails on the tokens it is given (stands for any failure inside the plugin)."""
 
-    def rows(self, hidden, next_tokens, commit) -> None:  # type: ignore[no-untyped-def]
+    def emitted(self, tokens) -> None:  # type: ignore[no-untyped-def]
         raise RuntimeError("drafter exploded")
 
 
@@ -37,8 +37,8 @@ def _params(temperature: float, seed: int | None) -> SimpleNamespace:
     )  # fmt: skip
 
 
-def _state(drafter: ARDrafter, temperature: float, seed: int | None) -> RequestState:
-    state = RequestState(drafter, _params(temperature, seed), VOCAB, max_model_len=64)
+def _state(drafter: Drafter, temperature: float, seed: int | None) -> RequestState:
+    state = RequestState(drafter, None, _params(temperature, seed), VOCAB, max_model_len=64)
     state.begin([1, 2, 3])
     return state
 
@@ -46,9 +46,9 @@ def _state(drafter: ARDrafter, temperature: float, seed: int | None) -> RequestS
 def test_first_tokens_follow_the_engines_rule_and_a_failing_request_fails_alone() -> None:
     geometry = GeometryConfig(0, 0, 0, (), rows=1)
     states = {
-        "greedy": _state(ARDrafter(geometry), 0.0, None),
+        "greedy": _state(Drafter(geometry), 0.0, None),
         "broken": _state(BrokenDrafter(geometry), 0.0, None),
-        "seeded": _state(ARDrafter(geometry), 0.8, 1234),
+        "seeded": _state(Drafter(geometry), 0.8, 1234),
     }
     requests = [
         RequestStep(name, i, 3 * i, 3, [1, 2, 3], 0, 3, ends_sequence=True) for i, name in enumerate(states)

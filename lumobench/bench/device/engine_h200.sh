@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One device-machine run of the LumoTree engine on the GPU (H200; no network there): install the
 # carried wheels (the harness and server dependencies the image lacks), record the card's state,
-# then, each step inside its own time limit and writing to $OUT,
+# then, each step inside its own time limit,
 #   1. the engine's GPU tests (tests/engine/test_device_path_gpu.py: drafters identical, one
-#      synchronisation per cycle, graphs captured, the random-weight preset),
+#      synchronisation per cycle, the cycle captured, forced acceptance, the random-weight preset),
 #   2. for each dtype: `lumobench replay corpora/demo.jsonl` with the three lumotree arms, launched
-#      by the harness on this machine (their server picks the GPU: device auto), and its
-#      `lumobench report --format json` as $OUT/engine-tiny-<dtype>.json; the run directories stay
-#      on the machine (/tmp/engine-replay), their requests.jsonl files come back in one archive,
-# and print the tables. From the repository root:
-#   OUT=/path/to/out bash lumobench/bench/device/engine_h200.sh
+#      by the harness on this machine (their server picks the GPU: device auto), its
+#      `lumobench report --format json` as $OUT/engine-tiny-<dtype>.json, and the server's wall
+#      time per cycle against its device-timed cycle (`python -m lumobench.bench.loop table`) as
+#      $OUT/loop-tiny-<dtype>.json,
+# and print the tables; the logs, the loop tables' markdown and the replays' requests.jsonl files
+# come back in one archive ($OUT/logs.tar.gz; a device call returns at most 8 files). From the
+# repository root:
+#   OUT=/path/to/out LUMOBENCH_COMMIT=$(git rev-parse HEAD) bash lumobench/bench/device/engine_h200.sh
 # Settings (environment):
 #   OUT        output folder (required)
 #   WHL        folder of the carried wheels (pydantic, fastapi, starlette, uvicorn, opentelemetry-api
@@ -22,26 +25,32 @@ set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 source lumobench/bench/device/carried_wheels.sh
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
+logs=/tmp/engine-logs
+mkdir -p "$OUT" "$logs"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$logs/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$logs/gpu.txt"
 
 if (( ${TESTS_S:-240} > 0 )); then
     timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/engine/test_device_path_gpu.py > "$OUT/engine-gpu-tests.log" 2>&1
+        tests/engine/test_device_path_gpu.py > "$logs/engine-gpu-tests.log" 2>&1
 fi
 for dtype in ${DTYPES:-float32 bfloat16}; do
+    runs=/tmp/engine-replay/$dtype
     LUMOTREE_DTYPE=$dtype timeout "${REPLAY_S:-170}" python3 -m lumobench.cli replay corpora/demo.jsonl \
-        --runs "${RUNS:-1}" --out "/tmp/engine-replay/$dtype" > "$OUT/replay-$dtype.log" 2>&1
-    runs=/tmp/engine-replay/$dtype  # AR first: the report compares every arm with the first
-    python3 -m lumobench.cli report "$runs"/*-lumotree-ar "$runs"/*-lumotree-mtp5 "$runs"/*-lumotree \
-        --format json > "$OUT/engine-tiny-$dtype.json"
+        --runs "${RUNS:-1}" --out "$runs" > "$logs/replay-$dtype.log" 2>&1
+    arms=("$runs"/*-lumotree-ar "$runs"/*-lumotree-mtp5 "$runs"/*-lumotree)  # AR first: the reference
+    python3 -m lumobench.cli report "${arms[@]}" --format json > "$OUT/engine-tiny-$dtype.json"
+    LUMOBENCH_COMMAND="LUMOTREE_DTYPE=$dtype lumobench replay corpora/demo.jsonl --runs ${RUNS:-1}" \
+        python3 -m lumobench.bench.loop table "${arms[@]}" --out "$logs/loop-tiny-$dtype" > /dev/null 2>&1
+    cp "$logs/loop-tiny-$dtype.json" "$OUT/" 2>/dev/null
+    for dir in "$runs"/*/; do cp "$dir/server.log" "$logs/server-$dtype-$(basename "$dir").log"; done
 done
-tar -czf "$OUT/replay-rows.tar.gz" -C /tmp/engine-replay $(cd /tmp/engine-replay && ls -d */*/requests.jsonl)
+tar -czf "$OUT/logs.tar.gz" -C "$logs" . -C /tmp/engine-replay $(cd /tmp/engine-replay && ls -d */*/requests.jsonl)
 
-[[ -f "$OUT/engine-gpu-tests.log" ]] && tail -1 "$OUT/engine-gpu-tests.log"
+[[ -f "$logs/engine-gpu-tests.log" ]] && tail -3 "$logs/engine-gpu-tests.log"
 for dtype in ${DTYPES:-float32 bfloat16}; do
     echo "== $dtype"
-    grep -E "^│|differs" "$OUT/replay-$dtype.log"
+    grep -E "^│|differs" "$logs/replay-$dtype.log"
+    [[ -f "$logs/loop-tiny-$dtype.md" ]] && grep -E "^\| (ar|mtp5|tree)" "$logs/loop-tiny-$dtype.md"
 done
 exit 0

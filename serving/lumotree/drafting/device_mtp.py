@@ -14,22 +14,26 @@ With a draft vocabulary (`draft_ids`, sorted token ids: `draft_vocab.py`) each p
 rows of the vocabulary projection, a gathered copy of them, and maps the ranks back to token ids:
 the proposal the whole-vocabulary ranking would give with every other logit at -inf.
 
-Prompt rows are committed eagerly (`commit_`, variable length) through `mtp_chain_step`; the
-host mirrors the committed length (`length`) for that and for the prefix cache.
+Every pass is the model's one MTP pass (`MTP.step`) with the device attention. Prompt rows are
+committed eagerly (`commit`, variable length) through `HybridLM.mtp_hidden`; the host mirrors the
+committed length (`length`) for that and for the prefix cache. `propose` (eager, one
+synchronisation) gives the first proposal of a request, right after its prefill; later proposals
+are drafted inside the device cycle (`queue_`, `propose_`) and come back with its results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lumotree.drafting.fused_selection import rank_rows_, selection_scratch
+from lumotree.drafting.mtp import MTPProposal, check_mtp_model
+from lumotree.model.attention import GatedAttention
 from lumotree.model.fused import ops
 from lumotree.model.model import HybridLM
-from lumotree.model.mtp import mtp_chain_step
 from lumotree.model.state import KVCache
 
 # (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1]) -> (o, lse)
@@ -63,10 +67,9 @@ class DeviceMTP:
         attention: TreeAttention,
         draft_ids: Tensor | None = None,
     ) -> None:
-        if model.mtp is None or len(model.mtp.layers) != 1:
-            raise ValueError("the device MTP drafter needs a model with exactly one MTP layer")
-        if depth < 1 or k < 1 or queue_rows > 63:
-            raise ValueError(f"depth and k must be >= 1 and queue_rows <= 63, got {depth}, {k}, {queue_rows}")
+        check_mtp_model(model, depth, k)
+        if queue_rows > 63:
+            raise ValueError(f"queue_rows must be <= 63 (the visibility bitset), got {queue_rows}")
         self.model, self.depth, self.k, self.attention = model, depth, k, attention
         dev, hidden = model.device, model.config.hidden_size
         i64 = dict(dtype=torch.int64, device=dev)
@@ -107,12 +110,25 @@ class DeviceMTP:
         self.committed.fill_(committed)
 
     @torch.inference_mode()
-    def commit_(self, hidden: Tensor, tokens: Tensor) -> None:
-        """Write true rows now (prefill; variable length, eager): hidden [n, H], tokens [n]."""
+    def commit(self, hidden: Tensor, next_tokens: Sequence[int]) -> None:
+        """Write true rows now (prefill; variable length, eager): hidden [n, H] and their next tokens."""
+        if not len(next_tokens):
+            return
+        tokens = torch.tensor([int(t) for t in next_tokens], dtype=torch.long).to(self.model.device)
         self.state.length = self.length
-        mtp_chain_step(self.model, hidden, tokens, self.state)
+        self.model.mtp_hidden(hidden, tokens, self.state)
         self.length = self.state.length
         self.committed.fill_(self.length)
+
+    @torch.inference_mode()
+    def propose(self, hidden: Tensor, next_tokens: Sequence[int]) -> MTPProposal:
+        """The proposal after true rows hidden [n, H] (eager; reads it back: one synchronisation)."""
+        n = len(next_tokens)
+        tokens = torch.tensor([int(t) for t in next_tokens], dtype=torch.long).to(self.model.device)
+        self.queue_(hidden, tokens, torch.tensor([n], dtype=torch.long).to(self.model.device))
+        self.propose_()
+        self.advance_host(n)
+        return MTPProposal(self.spine.tolist(), self.topk.tolist())
 
     def queue_(self, hidden: Tensor, tokens: Tensor, count: Tensor) -> None:
         """Queue true rows for pass 1: hidden [Q', H] and tokens [Q'] (Q' <= Q), count [1] valid
@@ -158,17 +174,14 @@ class DeviceMTP:
         rows = hidden.shape[0]
         positions = start + self._rows[:rows]
         cos, sin = model.rotary(positions[None])
-        layer, cache = mtp.layers[0], self.cache
+        cache = self.cache
         tables = AttentionTables(bits[:rows], start)
-        x = torch.cat(
-            [mtp.pre_fc_norm_embedding(model.embed(tokens[None])), mtp.pre_fc_norm_hidden(hidden[None])], -1
-        )
 
-        def mixer(y: Tensor) -> Tensor:
-            q, k, v, gate = layer.self_attn.project(y, cos, sin)
+        def attend(attn: GatedAttention, y: Tensor) -> Tensor:
+            q, k, v, gate = attn.project(y, cos, sin)
             cache.key.index_copy_(0, positions, k[0].to(cache.key.dtype))
             cache.value.index_copy_(0, positions, v[0].to(cache.value.dtype))
             o, _ = self.attention(q[0], cache.key, cache.value, tables)
-            return layer.self_attn.output(o[None], gate)
+            return attn.output(o[None], gate)
 
-        return mtp.norm(layer.with_mixer(mtp.fc(x), mixer))[0]
+        return mtp.step(hidden[None], model.embed(tokens[None]), attend)[0]

@@ -114,6 +114,25 @@ def subset_head(weight: Tensor, ids: Tensor, dtype: torch.dtype | None = None) -
     return head
 
 
+def draft_head(weight: Tensor, dtype: str, draft_ids: Tensor | None) -> Callable[[Tensor], Tensor] | None:
+    """The vocabulary projection of the CPU MTP passes (None: the model's own): a bfloat16 copy of
+    `weight` (the model's lm_head weight), and/or its draft-vocabulary rows with -inf logits
+    elsewhere (`subset_head`).
+
+    Each MTP pass streams the whole projection (8 MB in fp32 for lumo-tiny-coder); on a CPU that is
+    memory-bound, and half the bytes make the pass faster. Drafts only propose: verification uses
+    the fp32 target, so outputs keep their distribution (a near-tie may pick another draft).
+    """
+    weight = weight.detach()
+    half = torch.bfloat16 if dtype == "bfloat16" else None
+    if draft_ids is not None:
+        return subset_head(weight, draft_ids, half)
+    if half is None:
+        return None
+    copy = weight.to(half)
+    return lambda h: F.linear(h.to(half), copy).float()
+
+
 def _strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value

@@ -72,25 +72,35 @@ def build_paper_tree(
     nodes. A proposal repeating a token already under the same parent is merged (counted in
     `merges`); proposals past the row budget or max depth are dropped.
     """
-    cfg = config
-    if len(topk) < min(len(spine), cfg.depth_mtp):
-        raise TreeError(f"need a top-k list per MTP depth: {len(spine)} spine tokens, {len(topk)} lists")
-    builder = TreeBuilder(root_token, max_nodes=cfg.rows, max_depth=cfg.max_depth)
-    spine_nodes = [0]
-    for t in [*spine[: cfg.depth_mtp], *tail[: cfg.tail_len]]:
-        node = builder.add(spine_nodes[-1], t)
-        if node is None:
-            break
-        spine_nodes.append(node)
-    for d, (spine_tok, ranked) in enumerate(zip(spine[: cfg.depth_mtp], topk, strict=False)):
-        if d >= len(spine_nodes):
-            break
-        runner_ups = [t for t in ranked if t != spine_tok][: cfg.siblings_per_depth]
-        for t in runner_ups:
-            builder.add(spine_nodes[d], t)
-    for branch, length in zip(rescues, cfg.rescue_lens, strict=False):
+    builder = TreeBuilder(root_token, max_nodes=config.rows, max_depth=config.max_depth)
+    grow_mtp_part(builder, spine, topk, tail, config)
+    for branch, length in zip(rescues, config.rescue_lens, strict=False):
         at = builder.find(branch.attach)
         if at is None:
             raise TreeError(f"rescue branch attaches below {list(branch.attach)}, which is not in the tree")
         builder.extend(at, branch.tokens[:length])
-    return builder.build(prefix_len=prefix_len, rows=cfg.rows, conv_width=conv_width)
+    return builder.build(prefix_len=prefix_len, rows=config.rows, conv_width=conv_width)
+
+
+def grow_mtp_part(
+    builder: TreeBuilder,
+    spine: Sequence[int],
+    topk: Sequence[Sequence[int]],
+    tail: Sequence[int],
+    config: GeometryConfig,
+) -> None:
+    """Add the MTP spine with the suffix tail after it, then each depth's runner-ups (the top-k
+    entries that differ from the spine token, in order) as siblings of that depth's spine node."""
+    if len(topk) < min(len(spine), config.depth_mtp):
+        raise TreeError(f"need a top-k list per MTP depth: {len(spine)} spine tokens, {len(topk)} lists")
+    spine_nodes = [0]
+    for t in [*spine[: config.depth_mtp], *tail[: config.tail_len]]:
+        node = builder.add(spine_nodes[-1], t)
+        if node is None:
+            break
+        spine_nodes.append(node)
+    for d, (spine_tok, ranked) in enumerate(zip(spine[: config.depth_mtp], topk, strict=False)):
+        if d >= len(spine_nodes):
+            break
+        for t in [t for t in ranked if t != spine_tok][: config.siblings_per_depth]:
+            builder.add(spine_nodes[d], t)

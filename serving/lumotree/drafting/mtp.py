@@ -7,28 +7,36 @@ rows of materialised tokens and the tokens that follow them) are committed; a pr
 `depth - 1` speculative rows (the MTP's own hidden row and its spine draft) past them and rolls the
 cache back to the committed length afterwards (rows beyond it are overwritten later).
 
-Cycle protocol, for a pending root token r at position P: the committed rows end at P - 2, and the
-queued rows are (h_{P-1}, r) plus any accepted path rows before it. `propose()` runs pass 1 over
-the queued rows (committing them; the last row's logits give depth 1), then passes 2..depth on
-single speculative rows. After the target accepts a path, `queue()` the path's hidden rows with the
-tokens that follow each (the accepted drafts, then the new pending token).
+Cycle protocol, for a pending root token r at position P: the committed rows end at P - 2; the
+proposal for the tree below r takes the true rows (h_{P-1}, r) and, after a cycle, the accepted
+path's target rows with the tokens that follow each (the accepted drafts, then the new pending
+token): `propose(hidden, next_tokens)` runs pass 1 over them (committing them; the last row's
+logits give depth 1), then passes 2..depth on single speculative rows. Prompt rows are committed
+chunk by chunk during prefill (`commit`).
+
+Three MTP sources share this protocol: `MTPDrafter` (PyTorch, the model's one MTP pass
+`HybridLM.mtp_hidden`), `NativeMTPDrafter` (the native CPU forward) and `DeviceMTP` (static device
+buffers, captured in the device cycle's graph).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from lumotree.drafting.draft_vocab import draft_head
 from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
+from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.model.model import HybridLM
-from lumotree.model.state import ModelState
+from lumotree.model.state import KVCache
 
 TopK = Callable[[Tensor, int], Tensor]
-# (hidden [T, H], next tokens [T], MTP state, step index) -> (logits [V] of the last row, MTP hidden [T, H])
-MTPStep = Callable[[Tensor, Tensor, ModelState, int], tuple[Tensor, Tensor]]
+#: post-norm MTP hidden row(s) [..., H] -> draft logits [..., V'] (the vocabulary projection of a pass)
+DraftHead = Callable[[Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,41 @@ class MTPProposal:
     topk: list[list[int]]
 
 
+class MTPSource(Protocol):
+    """What the engine needs of an MTP drafter (PyTorch, native or device)."""
+
+    depth: int
+    k: int
+
+    @property
+    def cache(self) -> KVCache: ...
+
+    def reset(self, committed: int = 0) -> None: ...
+
+    def commit(self, hidden: Tensor, next_tokens: Sequence[int]) -> None: ...
+
+    def propose(self, hidden: Tensor, next_tokens: Sequence[int]) -> MTPProposal: ...
+
+
+def check_mtp_model(model: HybridLM, depth: int, k: int) -> None:
+    """ValueError unless `model` has the one MTP layer (Qwen3.5's) these drafters run."""
+    if model.mtp is None:
+        raise ValueError("the model has no MTP module; use the 'ar' drafter")
+    if len(model.mtp.layers) != 1:
+        raise ValueError(
+            f"the MTP drafter supports one MTP layer (Qwen3.5's), the model has {len(model.mtp.layers)}"
+        )
+    if depth < 1 or k < 1:
+        raise ValueError(f"depth and topk must be >= 1, got {depth}, {k}")
+
+
 class MTPDrafter:
     """Spine + ordered top-k from the MTP head of `model`, with cache rollback.
 
-    depth: MTP passes per proposal; topk: how many ordered candidates per depth (1 + siblings);
-    capacity: MTP KV rows (the engine's max context). `select_topk` must equal the core's
-    `ordered_topk` and `step` the model's `mtp_step` (faster equivalents may be passed).
+    depth: MTP passes per proposal; topk: ordered candidates per depth (1 + siblings); capacity:
+    MTP KV rows (the engine's max context); head: the passes' vocabulary projection (default the
+    model's lm_head); select_topk must equal the core's `ordered_topk` (a faster equivalent may be
+    passed).
     """
 
     def __init__(
@@ -53,75 +90,73 @@ class MTPDrafter:
         depth: int,
         topk: int,
         capacity: int,
+        head: DraftHead | None = None,
         select_topk: TopK = ordered_topk,
-        step: MTPStep | None = None,
     ) -> None:
-        if model.mtp is None:
-            raise ValueError("the model has no MTP module; use the 'ar' drafter")
-        if len(model.mtp.layers) != 1:
-            raise ValueError(
-                f"the MTP drafter supports one MTP layer (Qwen3.5's), the model has {len(model.mtp.layers)}"
-            )
-        if depth < 1 or topk < 1:
-            raise ValueError(f"depth and topk must be >= 1, got {depth}, {topk}")
+        check_mtp_model(model, depth, topk)
         self.model, self.depth, self.k = model, depth, topk
         self.state = model.new_mtp_state(capacity)
+        self.head = head or model.compute_logits
         self.select_topk = select_topk
-        self.step = step or self._model_step
-        self._queued_hidden: list[Tensor] = []
-        self._queued_tokens: list[int] = []
 
-    def _model_step(
-        self, hidden: Tensor, tokens: Tensor, state: ModelState, step_idx: int
-    ) -> tuple[Tensor, Tensor]:
-        logits, out = self.model.mtp_step(hidden, tokens, state, step_idx)
-        return logits[-1], out
+    @classmethod
+    def for_engine(
+        cls, model: HybridLM, depth: int, topk: int, capacity: int, head_dtype: str, draft_ids: Tensor | None
+    ) -> MTPDrafter:
+        """The PyTorch drafter the engine and the vLLM plugin run: the projection in `head_dtype`
+        over `draft_ids` (`draft_vocab.draft_head`), the vectorised top-k."""
+        head = draft_head(model.lm_head.weight, head_dtype, draft_ids)
+        return cls(model, depth, topk, capacity, head=head, select_topk=ordered_topk_fast)
 
     @property
     def committed(self) -> int:
         """MTP rows whose inputs are true (positions 0..committed-1)."""
         return self.state.length
 
+    @property
+    def cache(self) -> KVCache:
+        """The MTP layer's KV cache (saved and restored by the prefix cache)."""
+        cache = self.state.layers[0]
+        assert isinstance(cache, KVCache)
+        return cache
+
     def reset(self, committed: int = 0) -> None:
         """Start a request whose first `committed` MTP rows are already in the cache (prefix hit)."""
         self.state.length = committed
-        self._queued_hidden, self._queued_tokens = [], []
+
+    def _pass(self, hidden: Tensor, tokens: Tensor, step_idx: int) -> tuple[Tensor, Tensor]:
+        """One MTP pass over rows at positions committed.. (which advance): (draft logits [V'] of
+        the last row, MTP hidden rows [T, H])."""
+        out = self.model.mtp_hidden(hidden, tokens, self.state, step_idx)
+        return self.head(out[-1]), out
+
+    @staticmethod
+    def _tokens(next_tokens: Sequence[int], hidden: Tensor) -> Tensor:
+        if hidden.shape[0] != len(next_tokens):
+            raise ValueError(f"{hidden.shape[0]} hidden rows but {len(next_tokens)} next tokens")
+        return torch.tensor([int(t) for t in next_tokens], dtype=torch.long, device=hidden.device)
 
     @torch.inference_mode()
     def commit(self, hidden: Tensor, next_tokens: Sequence[int]) -> None:
         """Write true rows now (prefill): hidden [n, H] rows at positions committed.. and the tokens
-        that follow them. Queued rows go first."""
-        self.queue(hidden, next_tokens)
-        if self._queued_tokens:
-            self.step(*self._take_queue(), self.state, 0)
-
-    def queue(self, hidden: Tensor, next_tokens: Sequence[int]) -> None:
-        """Queue true rows for the next proposal's first pass (hidden [n, H], n tokens)."""
-        if hidden.shape[0] != len(next_tokens):
-            raise ValueError(f"{hidden.shape[0]} hidden rows but {len(next_tokens)} next tokens")
+        that follow them."""
         if len(next_tokens):
-            self._queued_hidden.append(hidden)
-            self._queued_tokens.extend(int(t) for t in next_tokens)
-
-    def _take_queue(self) -> tuple[Tensor, Tensor]:
-        hidden = torch.cat(self._queued_hidden) if len(self._queued_hidden) > 1 else self._queued_hidden[0]
-        tokens = torch.tensor(self._queued_tokens, dtype=torch.long, device=hidden.device)
-        self._queued_hidden, self._queued_tokens = [], []
-        return hidden, tokens
+            self._pass(hidden, self._tokens(next_tokens, hidden), 0)
 
     @torch.inference_mode()
-    def propose(self) -> MTPProposal:
-        """`depth` MTP passes: the queued true rows (committed), then speculative single rows."""
-        if not self._queued_tokens:
-            raise RuntimeError("nothing queued: queue the last target row and the pending token first")
-        logits, hidden = self.step(*self._take_queue(), self.state, 0)
+    def propose(self, hidden: Tensor, next_tokens: Sequence[int]) -> MTPProposal:
+        """`depth` MTP passes: the true rows hidden [n >= 1, H] with their next tokens (committed),
+        then speculative single rows (rolled back)."""
+        if not len(next_tokens):
+            raise ValueError("a proposal needs at least the last target row and the pending token")
+        logits, out = self._pass(hidden, self._tokens(next_tokens, hidden), 0)
         committed = self.state.length
         rows = [logits]
         spine = [int(argmax_lowest_index(logits))]
-        out = hidden[-1:]
+        out = out[-1:]
         for step in range(1, self.depth):
             token = torch.tensor([spine[-1]], dtype=torch.long, device=out.device)
-            logits, out = self.step(out, token, self.state, step)
+            logits, out = self._pass(out, token, step)
             rows.append(logits)
             spine.append(int(argmax_lowest_index(logits)))
         self.state.length = committed  # roll back the speculative rows

@@ -3,6 +3,11 @@ ordered top-k) are one native call instead of `depth` PyTorch passes and their s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
 from lumotree.drafting.mtp import MTPDrafter, MTPProposal
 from lumotree.model.model import HybridLM
 from lumotree.model.native.model import NativeModel
@@ -12,12 +17,16 @@ class NativeMTPDrafter(MTPDrafter):
     """`MTPDrafter` with the same proposals (tested), its passes run by `native`."""
 
     def __init__(self, model: HybridLM, depth: int, topk: int, capacity: int, native: NativeModel) -> None:
-        super().__init__(model, depth, topk, capacity, step=native.mtp_step)
+        super().__init__(model, depth, topk, capacity)
         self.native = native
 
-    def propose(self) -> MTPProposal:
-        if not self._queued_tokens:
-            raise RuntimeError("nothing queued: queue the last target row and the pending token first")
-        hidden, tokens = self._take_queue()
+    def _pass(self, hidden: Tensor, tokens: Tensor, step_idx: int) -> tuple[Tensor, Tensor]:
+        return self.native.mtp_step(hidden, tokens, self.state, step_idx)
+
+    @torch.inference_mode()
+    def propose(self, hidden: Tensor, next_tokens: Sequence[int]) -> MTPProposal:
+        if not len(next_tokens):
+            raise ValueError("a proposal needs at least the last target row and the pending token")
+        tokens = self._tokens(next_tokens, hidden)
         spine, ranked = self.native.mtp_propose(hidden, tokens, self.state, self.depth, self.k)
         return MTPProposal(spine, ranked)

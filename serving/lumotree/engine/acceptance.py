@@ -22,6 +22,7 @@ from torch import Tensor
 from lumotree.drafting.selection import argmax_lowest_index
 from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.sequence import TokenLogprob
+from lumotree.sampling.forced import forced_path
 from lumotree.sampling.logits import SamplingParams, apply_logit_bias, apply_penalties
 from lumotree.sampling.logits_fast import probabilities_rows
 from lumotree.sampling.rng import philox4x32, position_words, seed_key, uint_to_uniform_float
@@ -66,6 +67,12 @@ class RowSampler:
         )
         # counted only when a penalty reads them (a full-vocabulary bincount per cycle otherwise)
         self._generated = history_counts(generated, self.vocab) if needs_history else None
+
+    def advance(self, emitted: Sequence[int]) -> None:
+        """`emitted` tokens were appended to the output: they join the history."""
+        self.position += len(emitted)
+        if self._generated is not None and len(emitted):
+            self._generated += history_counts(emitted, self.vocab)
 
     def penalised(self, logits: Tensor, path_drafts: Sequence[Sequence[int]]) -> Tensor:
         """logits [n, V] -> float32 [n, V] after the logit bias and penalties; row i's history adds
@@ -142,6 +149,15 @@ def walk(tree: TreeDescriptor, rows_logits: Callable[[list[int]], Tensor], sampl
         node = nxt
         accepted.append(node)
         path_drafts = [*path_drafts, tokens[node]]
+
+
+def forced_walk(
+    tree: TreeDescriptor, rows_logits: Callable[[list[int]], Tensor], sampler: RowSampler, count: int
+) -> Acceptance:
+    """A forced-acceptance cycle (speed work, `lumotree.sampling.forced`): the first `count` spine
+    drafts are accepted whatever the rows say, then the last accepted node's row chooses."""
+    nodes, drafts = forced_path(tree.spine.tolist(), tree.tokens.tolist(), count)
+    return Acceptance(nodes, [*drafts, sampler.choose(rows_logits(nodes[-1:]), [drafts])[0]])
 
 
 def token_logprobs(logits: Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:

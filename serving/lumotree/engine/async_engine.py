@@ -1,21 +1,36 @@
-"""The asyncio face of the engine: `LLMEngine.step` runs in one background thread; each
-`generate()` call receives its request's TokenEvents through an asyncio queue.
+"""The asyncio face of the engine: each `generate()` call receives its request's TokenEvents through an
+asyncio queue, while `LLMEngine.step` runs elsewhere, in one of two places:
 
-The engine is not thread-safe: every call into it (add_request, step, metrics) happens under one
-lock, which a step holds for one prefill chunk or one decode cycle (milliseconds); callers take it
-from a worker thread, never on the event loop. Aborts are queued and applied by the engine thread
-before its next step, so cancelling a stream never waits.
+- `EngineProcess` (what the server runs): the engine loop in its own process, as vLLM V1 keeps its
+  engine core apart from the API server. Requests, aborts and metrics queries go to it over a pipe
+  and events come back; the server's event loop, HTTP parsing, detokenization and SSE writing hold
+  no lock the engine loop needs, so they never stall a decode cycle (and on a CPU run on the other
+  core).
+- `AsyncEngine`: a background thread of this process (embedding in a program, tests). Every call
+  into the engine (add_request, step, metrics) happens under one lock, which a step holds for one
+  prefill chunk or one decode cycle; callers take it from a worker thread, never on the event loop.
+
+Both share `EngineClient`: a request is submitted from a worker thread (a bad request's ValueError
+reaches the caller before the first event), closing the iterator early aborts it, and aborts are
+applied before the engine's next step, so cancelling a stream never waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import multiprocessing
+import signal
 import threading
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,62 +45,75 @@ _Target = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | BaseExcep
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread failed; no request can make progress."""
+    """The engine loop failed or its process ended; no request can make progress."""
 
 
-class AsyncEngine:
-    """Runs an LLMEngine in a daemon thread; `generate` streams one request's events."""
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server reads of the engine (it never changes while the engine runs)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._targets: dict[str, _Target] = {}
-        self._aborts: deque[str] = deque()  # appended by callers, drained by the engine thread
-        self._stopping = False
-        self._dead: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="lumotree-engine", daemon=True)
-        self._thread.start()
+    tokenizer_path: Path  # the model folder (tokenizer.json, tokenizer_config.json with the chat template)
+    model_name: str
+    max_model_len: int
+    device: str
+    kernels: str
+    geometry: GeometryConfig  # the draft tree's counts after the tree shape was chosen for the kernels
+    eos_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(LLMEngine(config))
+    def of(cls, engine: LLMEngine) -> EngineInfo:
+        return cls(
+            engine.tokenizer_path, engine.model_name, engine.max_model_len, str(engine.device),
+            engine.config.kernels, engine.geometry, engine.eos_token_ids,
+        )  # fmt: skip
 
-    # the server reads these (they never change while the engine runs)
+
+class EngineClient(ABC):
+    """Streams of events for requests run by an engine loop elsewhere (see the module docstring)."""
+
+    def __init__(self, info: EngineInfo) -> None:
+        self.info = info
+        self._targets: dict[str, _Target] = {}
+        self._dead: BaseException | None = None
+
     @property
     def tokenizer_path(self) -> Path:
-        return self.engine.tokenizer_path
+        return self.info.tokenizer_path
 
     @property
     def model_name(self) -> str:
-        return self.engine.model_name
+        return self.info.model_name
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self.info.max_model_len
 
     @property
     def device(self) -> torch.device:
-        return self.engine.device
+        return torch.device(self.info.device)
 
     @property
     def kernels(self) -> str:
-        return self.engine.config.kernels
+        return self.info.kernels
 
     @property
     def geometry(self) -> GeometryConfig:
-        """The draft tree's counts after the tree shape was chosen for the kernels."""
-        return self.engine.geometry
+        return self.info.geometry
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return self.engine.eos_token_ids
+        return self.info.eos_token_ids
+
+    @property
+    def dead(self) -> str | None:
+        """Why no request can run any more (None while the engine loop lives)."""
+        return None if self._dead is None else f"the engine failed: {self._dead!r}"
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Submit `req` and yield its events until the finished one. Raises ValueError (bad
         request) before the first event; closing the iterator early aborts the request."""
         if self._dead is not None:
-            raise EngineDeadError(f"the engine thread failed: {self._dead!r}")
+            raise EngineDeadError(f"the engine failed: {self._dead!r}")
         queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
         submit = asyncio.ensure_future(
             asyncio.to_thread(self._submit, req, (asyncio.get_running_loop(), queue))
@@ -101,7 +129,7 @@ class AsyncEngine:
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
-                    raise EngineDeadError(f"the engine thread failed: {item!r}") from item
+                    raise EngineDeadError(f"the engine failed: {item!r}") from item
                 finished = item.finished
                 yield item
         finally:
@@ -116,6 +144,63 @@ class AsyncEngine:
         if not submit.cancelled() and submit.exception() is None:
             self.abort(request_id)
 
+    def _deliver_events(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            target = self._targets.get(event.request_id)
+            if target is not None:
+                _deliver(*target, event)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """The engine loop is gone: every waiting caller gets the failure."""
+        self._dead = exc
+        for loop, queue in list(self._targets.values()):
+            _deliver(loop, queue, exc)
+
+    @abstractmethod
+    def _submit(self, req: GenerationRequest, target: _Target) -> None:
+        """Add `req` to the engine (ValueError for a bad one) with `target` receiving its events
+        (registered before the engine can emit any). Runs in a worker thread."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Abort a request (applied before the engine's next step; never blocks)."""
+
+    @abstractmethod
+    def metrics(self) -> EngineMetrics:
+        """Engine counters (waits for the current step to end: call it from a worker thread)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the engine loop (requests still running are left unfinished)."""
+
+
+def _deliver(
+    loop: asyncio.AbstractEventLoop,
+    queue: asyncio.Queue[TokenEvent | BaseException],
+    item: TokenEvent | BaseException,
+) -> None:
+    # RuntimeError: the caller's event loop is closed, nobody is listening
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+
+class AsyncEngine(EngineClient):
+    """Runs an LLMEngine in a daemon thread of this process."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        super().__init__(EngineInfo.of(engine))
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._aborts: deque[str] = deque()  # appended by callers, drained by the engine thread
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="lumotree-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(LLMEngine(config))
+
     def _submit(self, req: GenerationRequest, target: _Target) -> None:
         with self._lock:
             self.engine.add_request(req)  # ValueError for a bad request reaches the caller
@@ -123,18 +208,14 @@ class AsyncEngine:
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
-        """Abort a request (applied before the engine's next step; never blocks)."""
         self._aborts.append(request_id)
         self._wake.set()
 
     def metrics(self) -> EngineMetrics:
-        """Engine counters (waits for the current step to end: call it from a worker thread or
-        accept a pause of one cycle)."""
         with self._lock:
             return self.engine.metrics()
 
     def shutdown(self) -> None:
-        """Stop the engine thread (requests still running are left unfinished)."""
         self._stopping = True
         self._wake.set()
         self._thread.join()
@@ -148,26 +229,171 @@ class AsyncEngine:
                         self.engine.abort(self._aborts.popleft())
                     busy = self.engine.has_unfinished()
                     events = self.engine.step() if busy else []
-                    deliveries = [(self._targets.get(e.request_id), e) for e in events]
             except BaseException as exc:  # an engine bug: fail every waiting caller, then stop
                 log.exception("engine thread failed")
-                self._dead = exc
                 with self._lock:
-                    for loop, queue in self._targets.values():
-                        self._deliver(loop, queue, exc)
+                    self._fail_all(exc)
                 return
-            for target, event in deliveries:
-                if target is not None:
-                    self._deliver(*target, event)
+            self._deliver_events(events)
             if not busy:
                 self._wake.wait()
 
-    @staticmethod
-    def _deliver(
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue[TokenEvent | BaseException],
-        item: TokenEvent | BaseException,
+
+class EngineProcess(EngineClient):
+    """Runs an LLMEngine in a child process (spawned: CUDA-safe) that logs at `log_level` to this
+    process's stderr; `start_timeout_s` bounds the wait for it to build the model. A configuration
+    the engine refuses raises ValueError here, with the engine's message."""
+
+    def __init__(
+        self, config: EngineConfig, log_level: int = logging.INFO, start_timeout_s: float | None = None
     ) -> None:
-        # RuntimeError: the caller's event loop is closed, nobody is listening
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=_engine_main, args=(config, child, log_level), name="lumotree-engine", daemon=True
+        )
+        self._process.start()
+        child.close()
+        if start_timeout_s is not None and not self._conn.poll(start_timeout_s):
+            self._process.kill()
+            raise TimeoutError(f"the engine process did not start within {start_timeout_s:.0f} s")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(f"the engine process exited with code {self._process.exitcode}") from None
+        if kind == "error":
+            self._process.join()
+            raise ValueError(payload)
+        super().__init__(payload)
+        self._closing = False
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._replies: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._reader = threading.Thread(target=self._read, name="lumotree-engine-events", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id."""
+        return self._process.pid
+
+    def _send(self, *message: object) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _call(self, kind: str, *args: object) -> Any:
+        """One request-reply exchange with the engine process (from a worker thread)."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine failed: {self._dead!r}")
+        call, done, box = next(self._ids), threading.Event(), []
+        self._replies[call] = (done, box)
+        try:
+            self._send(kind, call, *args)
+            done.wait()
+        finally:
+            self._replies.pop(call, None)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def _submit(self, req: GenerationRequest, target: _Target) -> None:
+        self._targets[req.request_id] = target  # events may come before the reply
+        try:
+            self._call("add", req)
+        except BaseException:
+            self._targets.pop(req.request_id, None)
+            raise
+
+    def abort(self, request_id: str) -> None:
+        if self._dead is None:
+            with contextlib.suppress(OSError):
+                self._send("abort", request_id)
+
+    def metrics(self) -> EngineMetrics:
+        return self._call("metrics")
+
+    def shutdown(self) -> None:
+        self._closing = True
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._send("shutdown")
+            self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+    def _read(self) -> None:
+        """Events and replies from the engine process, until it ends."""
+        try:
+            while True:
+                kind, *payload = self._conn.recv()
+                if kind == "events":
+                    self._deliver_events(payload[0])
+                elif kind == "reply":
+                    call, ok, value = payload
+                    waiting = self._replies.get(call)
+                    if waiting is not None:
+                        waiting[1].append((ok, value))
+                        waiting[0].set()
+                elif kind == "dead":
+                    raise EngineDeadError(payload[0])
+        except (EOFError, OSError, EngineDeadError) as exc:
+            if self._closing:
+                return
+            if not isinstance(exc, EngineDeadError):
+                self._process.join(5)
+                exc = EngineDeadError(f"the engine process ended (exit code {self._process.exitcode})")
+            log.error("%s", exc)
+            self._fail_all(exc)
+            for done, box in list(self._replies.values()):
+                box.append((False, exc))
+                done.set()
+
+
+def _engine_main(config: EngineConfig, conn: Connection, log_level: int) -> None:
+    """The engine process: build the engine, then step it while requests are unfinished, taking
+    messages between steps (waiting for one when idle); events go back after every step. Ctrl-C
+    is the server's to handle: it shuts the engine down (or its end closes the pipe)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine = LLMEngine(config)
+    except (FileNotFoundError, ValueError) as exc:
+        conn.send(("error", str(exc)))
+        return
+    except BaseException as exc:
+        log.exception("the engine could not start")
+        conn.send(("error", f"the engine could not start: {type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", EngineInfo.of(engine)))
+    try:
+        while True:
+            while not engine.has_unfinished() or conn.poll():
+                kind, *args = conn.recv()  # waits when idle; EOFError: the server is gone
+                if kind == "shutdown":
+                    return
+                _handle(engine, conn, kind, args)
+            events = engine.step()
+            if events:
+                conn.send(("events", events))
+    except EOFError:
+        return
+    except BaseException as exc:  # an engine bug: the server fails every waiting request
+        log.exception("engine loop failed")
+        with contextlib.suppress(OSError):
+            conn.send(("dead", f"{type(exc).__name__}: {exc}"))
+
+
+def _handle(engine: LLMEngine, conn: Connection, kind: str, args: list[Any]) -> None:
+    if kind == "abort":
+        engine.abort(args[0])
+        return
+    call = args[0]
+    try:
+        value = engine.metrics() if kind == "metrics" else engine.add_request(args[1])
+        conn.send(("reply", call, True, value))
+    except ValueError as exc:  # a bad request: the caller's error
+        conn.send(("reply", call, False, ValueError(str(exc))))

@@ -59,6 +59,10 @@ class EngineConfig:
     MTP drafting passes may propose, so each pass reads only those rows of the vocabulary
     projection; verification still scores every token (outputs unchanged, acceptance may drop).
     threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
+    forced_acceptance: speed work only (`lumotree.sampling.forced`): every drafting cycle accepts a
+    spine prefix of lengths from this schedule ("paper", a mean, counts, "hist:FILE") instead of
+    the walk's, so a random-weight model's cycles publish realistic paths; outputs are not a
+    model's. Ignored by the "ar" drafter (nothing to accept).
     """
 
     model: Path | str | None = None  # None: lumotree.model.default_model_path()
@@ -86,6 +90,7 @@ class EngineConfig:
     suffix_min_match: int = 2
     suffix_cache_tokens: int = 65_536
     seed: int | None = None  # seeds drawn for seedless requests come from this (None: os entropy)
+    forced_acceptance: str | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_KINDS:

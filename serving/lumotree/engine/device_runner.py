@@ -1,68 +1,78 @@
-"""The model runner of the device path: the decode cycle on the GPU with the `triton` kernel set,
-fixed shapes, CUDA graphs and one device->host synchronisation per cycle.
+"""The device runner: the decode cycle on the GPU with the `triton` kernel set, fixed shapes, one
+CUDA graph per cycle and one device->host synchronisation per cycle.
 
-One cycle, for a tree of `rows` rows (1 for AR, 1 + k for a chain, 32 for the paper tree):
+One cycle, for trees of `rows` rows (1 for AR, 1 + k for a chain, 32 for the paper tree), all in
+one captured graph:
 
-    tables.load_(tree)        one host->device copy of every descriptor table (static buffers)
-    verify                    [graph] int32 casts, the tree forward (fused projections and dense
-                              kernels, tree conv, GDN tree WY per layer, tree attention), logits
-                              of every row
-    accept                    the request's logits processing and the device walk (eager: a few
-                              launches; sampling settings vary per request)
-    publish                   [graph] replay of all GDN layers in one launch, conv state, KV remap
-    draft                     [graph] the next cycle's MTP passes (queued: the accepted path's rows)
-                              and the packing of every result into one int64 buffer
-    one copy to the host, one synchronisation: accepted nodes, emitted tokens, next MTP proposal
+    tables   the descriptor's tables built on the device (`DeviceTree.derive_`): from the host's
+             topology in a pinned feed slot (the tree), or from the last cycle's results (AR and
+             chain MTP: the root is the last emitted token, the drafts the MTP spine)
+    verify   the tree forward (fused projections and dense kernels, tree conv, GDN tree WY per
+             layer, tree attention) and fp32 logits of every row
+    accept   the request's logits processing and the device walk (`DeviceSampler`; a forced
+             schedule replaces the path for speed work)
+    publish  replay of all GDN layers in one launch, conv state, KV remap
+    draft    the next proposal's MTP passes over the accepted path's rows; the committed length
+             and the root's output position advance on the device
+    results  accepted nodes, emitted tokens and the proposal packed into a pinned host slot
 
-On CUDA the three stages are captured at start-up (`--eager` turns graphs off); on a CPU (tests,
-under TRITON_INTERPRET=1) the same stages run eagerly. Phase spans come from CUDA events.
+CUDA events recorded inside the graph time the phases. A graph is captured per (sampler key,
+slot), with two slots, so that a cycle can run while the host reads the other's results: when the
+next tree can be formed on the device (AR, chain MTP), the next cycle is launched before this one's
+results are read (`cycle(..., chain_next=True)`), so the device never waits for the host; the
+paper tree needs the host's suffix drafter, so its next cycle is launched as soon as the engine has
+drafted its topology from this cycle's results (`follow`), and the rest of the host's work (events,
+detokenization in the server) overlaps with the device. On a CPU (tests, under TRITON_INTERPRET=1) and with
+`--eager` the same stages run eagerly in the same order.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lumotree.drafting.device_mtp import DeviceMTP
 from lumotree.drafting.mtp import MTPProposal
+from lumotree.engine.runner import CycleResult, Follow, Runner
 from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.model import HybridLM
-from lumotree.model.state import GDNState
 from lumotree.model.tree_mode import TreeForward, check_capacity, publish_path_, tree_forward
-from lumotree.sampling.device_sampler import DeviceSampler
-from lumotree.sampling.device_walk import DeviceWalk
+from lumotree.sampling.device_sampler import DeviceSampler, SamplerKey, sampler_key
+from lumotree.sampling.device_walk import DeviceForcing, DeviceWalk
+from lumotree.sampling.forced import ForcedAcceptance
 from lumotree.sampling.logits import SamplingParams
-from lumotree.tree import TreeDescriptor, chain_tree
+from lumotree.tree import TreeTopology, chain_topology
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.kernel_sets import triton_kernels
 
 log = logging.getLogger(__name__)
-STAGES = ("verify", "publish", "draft")
+PHASE_MARKS = ("target", "dispatch", "drafter")  # the spans between consecutive marks
+MAX_GRAPH_KEYS = 16  # sampler settings with captured graphs kept (least recently used dropped)
 
 
-@dataclass(frozen=True)
-class CycleResult:
-    """accepted: logical nodes root..last; emitted: the accepted drafts then the chosen token;
-    proposal: the next cycle's MTP drafts (None without an MTP drafter); device_seconds: time of
-    each phase on the device (target, dispatch, drafter)."""
+@dataclass
+class _Launch:
+    """A cycle on its way: its result slot, the sampler settings it ran with, and the tokens of
+    the tree it verifies (None until known: a chained cycle's come with the previous results)."""
 
-    accepted: list[int]
-    emitted: list[int]
-    proposal: MTPProposal | None
-    device_seconds: dict[str, float] = field(default_factory=dict)
+    slot: int
+    key: SamplerKey
+    tokens: tuple[int, ...] | None
 
 
-class DeviceRunner:
-    """The target model, its state bank and the fixed-shape device cycle.
+class DeviceRunner(Runner):
+    """The target model, its state bank, the device MTP drafter and the fixed-shape cycle.
 
     rows: the verification rows of every tree; max_depth: the deepest tree; mtp: (depth, k) of the
-    MTP drafter or None (AR); capacity: KV rows of the state bank; graphs: capture the stages
-    (CUDA only); draft_ids: the MTP passes' draft vocabulary (None: the whole vocabulary).
+    MTP drafter or None (AR); chained: trees are chains (AR, chain MTP), formed on the device;
+    capacity: KV rows of the state bank; graphs: capture the cycle (CUDA only); draft_ids: the MTP
+    passes' draft vocabulary (None: the whole vocabulary); forced: a forced-acceptance schedule.
     """
 
     def __init__(
@@ -72,68 +82,77 @@ class DeviceRunner:
         rows: int,
         max_depth: int,
         mtp: tuple[int, int] | None,
+        chained: bool,
         graphs: bool,
         draft_ids: Tensor | None = None,
+        forced: ForcedAcceptance | None = None,
     ) -> None:
-        self.model, self.device = model, model.device
-        if self.device.type == "cuda":
+        device = model.device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
             # cuDNN attention builds a plan per new shape (~19 ms each on the H200): every prefill
             # chunk has a new one. The memory-efficient backend takes masks without that cost.
             torch.backends.cuda.enable_cudnn_sdp(False)
             if fuse_projections_(model):  # one GEMM per block's input projections (model/fused/)
                 torch.cuda.empty_cache()  # hand back the separate weights' blocks (19.6 GB at 27B)
         self.kernels = triton_kernels()
-        self.state, self.capacity = model.new_state(capacity), capacity
-        self.rows, self.max_depth = rows, max_depth
-        self.tables = DeviceTree(rows, max_depth, self.device)
-        vocab = model.config.vocab_size
-        self.walk = DeviceWalk(rows, vocab, 1, max_depth, rows, self.device, tables=self.tables)
         width = max_depth + 1
-        # pass 1 writes all `width` queue rows (valid or not) past the committed MTP rows
-        mtp_capacity = capacity + width + (0 if mtp is None else mtp[0])
-        self.mtp = (
-            None
-            if mtp is None
-            else DeviceMTP(model, mtp[0], mtp[1], mtp_capacity, width, self.kernels.tree_attention, draft_ids)
-        )
+        device_mtp = None
+        if mtp is not None:  # pass 1 writes all `width` queue rows (valid or not) past the committed rows
+            mtp_capacity = capacity + width + mtp[0]
+            device_mtp = DeviceMTP(
+                model, mtp[0], mtp[1], mtp_capacity, width, self.kernels.tree_attention, draft_ids
+            )
+        super().__init__(model, capacity, max_depth, device_mtp)
+        self.device_mtp = device_mtp
+        self.rows, self.chained = rows, chained
+        if chained and rows != 1 + (0 if mtp is None else mtp[0]):
+            raise ValueError(f"a chained runner verifies 1 + depth rows, not {rows}")
+        self.tables = DeviceTree(rows, max_depth, device)
+        vocab = model.config.vocab_size
+        self.walk = DeviceWalk(rows, vocab, 1, max_depth, rows, device, tables=self.tables)
+        self.forcing = None if forced is None else DeviceForcing(forced, device)
+        self.acceptance = DeviceSampler(vocab, self.walk, self.forcing)
         n_out = 2 * width + 1 + (0 if mtp is None else mtp[0] * (1 + mtp[1]))
-        cuda = self.device.type == "cuda"
-        self._out = torch.zeros(n_out, dtype=torch.int64, device=self.device)
-        self._out_host = torch.zeros(n_out, dtype=torch.int64, pin_memory=cuda)
-        self._forward: TreeForward | None = None
-        self._logits: Tensor | None = None
-        self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        self.syncs = 0  # device->host synchronisations made by cycles
+        self._out = torch.zeros(n_out, dtype=torch.int64, device=device)
+        self._results = [torch.zeros(n_out, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self._feeds = [torch.zeros(2 * rows + 1, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self._feed_arrays = [feed.numpy() for feed in self._feeds]
+        if chained:  # the parents and the node count of a chain never change: written once
+            self.tables.fill_feed(self._feed_arrays[0], chain_topology([0] * rows))
+            self.tables.feed.copy_(self._feeds[0])
+        self._marks: list[list[torch.cuda.Event]] = [
+            [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if self.cuda else []
+            for _ in range(2)
+        ]
+        self._host_marks: list[list[float]] = [[], []]
+        self._done = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
+        self._graphs: dict[tuple[SamplerKey, int], torch.cuda.CUDAGraph] = {}
+        self._logits: dict[tuple[SamplerKey, int] | int, Tensor] = {}  # each graph's (or slot's) logits
+        self._pool = torch.cuda.graph_pool_handle() if graphs and self.cuda else None
+        self._ahead: _Launch | None = None
+        self._slot = 0
         self.graph_bytes = 0
-        if graphs and cuda:
-            self.capture()
+        self.capture_seconds = 0.0
+        if self._pool is not None:
+            self._warm_up()
+            self._capture(sampler_key(self.acceptance.params))
 
     # ---- state -----------------------------------------------------------------------------
     @property
-    def length(self) -> int:
-        """Tokens materialised in the state (the next position)."""
-        return self.state.length
-
-    @property
     def graphs(self) -> tuple[str, ...]:
-        """Names of the captured stages (empty: eager)."""
-        return tuple(self._graphs)
+        """What is captured: ("cycle",) when the cycle runs as graphs, () when eager."""
+        return ("cycle",) if self._pool is not None else ()
 
-    def reset(self) -> None:
-        """Empty state for a new request."""
-        for layer in self.state.layers:
-            if isinstance(layer, GDNState):
-                layer.recurrent.zero_()
-                layer.conv.zero_()
-        self.state.length = 0
-        if self.mtp is not None:
-            self.mtp.reset()
+    def reset(self, mtp_committed: int = 0) -> None:
+        self._drop_ahead()
+        super().reset(mtp_committed)
 
-    @torch.inference_mode()
-    def prefill(self, tokens: list[int]) -> Tensor:
-        """Fold prompt tokens into the state (sequence mode, eager). Returns hidden [n, H]."""
-        ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
-        return self.model.prefill(ids, self.state)
+    def _drop_ahead(self) -> None:
+        """Discard a cycle launched ahead for a request that has ended (its state is discarded too)."""
+        if self._ahead is not None:
+            self._wait(self._ahead.slot)
+            self._ahead = None
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
@@ -148,170 +167,222 @@ class DeviceRunner:
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         return self.model.compute_logits(hidden).float()
 
+    @torch.inference_mode()
+    def start_decode(self, hidden: Tensor, token: int) -> MTPProposal | None:
+        """Also seed the device counters: the committed length, and the 'last cycle' a chained
+        first tree reads (the first token emitted by a root-only path)."""
+        self.tables.prefix_len.fill_(self.state.length)
+        self.walk.result.emitted[0, 0] = token
+        self.walk.result.path_len.fill_(1)
+        return super().start_decode(hidden, token)
+
     def sampler(
         self, params: SamplingParams, seed: int, prompt: Sequence[int], generated: Sequence[int]
     ) -> DeviceSampler:
-        """The acceptance of one request (its logits processing and this runner's walk)."""
-        return DeviceSampler(params, seed, prompt, generated, self.model.config.vocab_size, self.walk)
+        self.acceptance.load(params, seed, prompt, generated)
+        if self._pool is not None and (self.acceptance.key, 0) not in self._graphs:
+            self._capture(self.acceptance.key)
+        return self.acceptance
 
-    def row_logits(self, rows: list[int]) -> Tensor:
-        """Raw logits of the last cycle's tree rows, on the host (for logprobs; one extra copy)."""
-        assert self._logits is not None, "no cycle has run"
-        return self._logits[torch.tensor(rows, device=self.device)].cpu()
+    # ---- the stages --------------------------------------------------------------------------
+    def _mark(self, slot: int, index: int) -> None:
+        if self.cuda:
+            self._marks[slot][index].record()
+        else:
+            self._host_marks[slot].append(time.perf_counter())
 
-    # ---- the stages ------------------------------------------------------------------------
-    def _verify(self) -> None:
-        self.tables.cast_()
-        self._forward = tree_forward(self.model, self.state, self.tables, self.kernels)
-        self._logits = self.logits(self._forward.hidden)
+    def _stages(self, slot: int) -> Tensor:
+        """Every stage of one cycle in order, reading the feed of `slot` and writing its result
+        slot; returns the rows' logits (on CUDA this is what a graph captures)."""
+        r, mtp = self.walk.result, self.device_mtp
+        self._host_marks[slot] = []
+        self._mark(slot, 0)
+        if self.chained:
+            spine = mtp.spine if mtp is not None else r.emitted[0]
+            self.tables.derive_(chained=(r.emitted[0], r.path_len[:1], spine))
+        else:
+            self.tables.feed.copy_(self._feeds[slot], non_blocking=True)
+            self.tables.derive_()
+        forward = tree_forward(self.model, self.state, self.tables, self.kernels)
+        logits = self.logits(forward.hidden)
+        self._mark(slot, 1)
+        self.acceptance.accept_(logits, self.tables)
+        publish_path_(self.state, forward, r.accepted[0], r.path_len[:1], self.kernels)
+        self._mark(slot, 2)
+        self._draft(forward)
+        self._results[slot].copy_(self._out, non_blocking=True)
+        self._mark(slot, 3)
+        return logits
 
-    def _publish(self) -> None:
-        assert self._forward is not None
-        r = self.walk.result
-        publish_path_(self.state, self._forward, r.accepted[0], r.path_len[:1], self.kernels)
-
-    def _draft(self) -> None:
-        assert self._forward is not None
-        r = self.walk.result
+    def _draft(self, forward: TreeForward) -> None:
+        """The next proposal's MTP passes, the committed length, and the packed results."""
+        r, mtp = self.walk.result, self.device_mtp
         parts = [r.accepted[0], r.path_len[:1], r.emitted[0]]
-        if self.mtp is not None:
-            rows = self._forward.hidden.index_select(0, r.accepted[0].clamp(min=0))
-            self.mtp.queue_(rows, r.emitted[0].clamp(min=0), r.path_len[:1])
-            self.mtp.propose_()
-            parts += [self.mtp.spine, self.mtp.topk.reshape(-1)]
+        if mtp is not None:
+            rows = forward.hidden.index_select(0, r.accepted[0].clamp(min=0))
+            mtp.queue_(rows, r.emitted[0].clamp(min=0), r.path_len[:1])
+            mtp.propose_()
+            parts += [mtp.spine, mtp.topk.reshape(-1)]
+        self.tables.prefix_len += r.path_len[:1]
         self._out.copy_(torch.cat(parts))
 
-    def _stage(self, name: str) -> Callable[[], None]:
-        return {"verify": self._verify, "publish": self._publish, "draft": self._draft}[name]
+    @torch.inference_mode()
+    def run_stages(self) -> None:
+        """One cycle's stages eagerly, in a graph's order (profilers count exactly what a graph
+        replays); the state advances as after a cycle."""
+        self._logits[self._slot] = self._stages(self._slot)
 
-    def run_stage(self, name: str) -> None:
-        """Launch one stage ("verify", "publish" or "draft"): its graph, or eagerly (benchmarks
-        time them one by one; `cycle` runs them in order)."""
-        graph = self._graphs.get(name)
+    # ---- graphs ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Run every stage (and the sampled walk's kernels) twice on a representative tree so that
+        every kernel is compiled before capture; the state is reset afterwards."""
+        warm = chain_topology([0] * min(self.rows, self.max_depth + 1))
+        self.tables.fill_feed(self._feed_arrays[0], warm)
+        self.tables.fill_feed(self._feed_arrays[1], warm)
+        self.walk.result.path_len.fill_(1)
+        self.walk.result.emitted.zero_()
+        side = torch.cuda.Stream(self.model.device)
+        side.wait_stream(torch.cuda.current_stream(self.model.device))
+        seeds = torch.zeros(1, dtype=torch.int64, device=self.model.device)
+        with torch.cuda.stream(side):
+            for slot in (0, 1):
+                logits = self._stages(slot)
+                # the sampled walk's kernels too (its first request would pay for them)
+                self.walk.sample_(torch.softmax(logits, -1), seeds, seeds)
+        torch.cuda.current_stream(self.model.device).wait_stream(side)
+        torch.cuda.synchronize(self.model.device)
+        self.tables.prefix_len.zero_()
+        if self.forcing is not None:
+            self.forcing.counter.zero_()
+        self.reset()
+
+    @torch.inference_mode()
+    def _capture(self, key: SamplerKey) -> None:
+        """Capture the cycle for the loaded sampler settings, once per result slot. A new key's
+        acceptance kernels are warmed first, with the buffers they write restored afterwards."""
+        start = time.perf_counter()
+        if self._graphs:
+            self._warm_acceptance()
+        if len({k for k, _ in self._graphs}) >= MAX_GRAPH_KEYS:
+            oldest = next(iter(self._graphs))[0]
+            for slot in (0, 1):
+                self._graphs.pop((oldest, slot), None)
+                self._logits.pop((oldest, slot), None)
+        before = torch.cuda.memory_reserved(self.model.device)
+        for slot in (0, 1):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._logits[(key, slot)] = self._stages(slot)
+            self._graphs[(key, slot)] = graph
+        torch.cuda.synchronize(self.model.device)
+        self.graph_bytes += torch.cuda.memory_reserved(self.model.device) - before
+        self.capture_seconds += time.perf_counter() - start
+        log.info(
+            "captured the %d-row cycle (depth <= %d, %s MTP%s) for sampler %s in %.0f ms: pool %.1f MiB",
+            self.rows, self.max_depth, "no" if self.device_mtp is None else f"{self.device_mtp.depth}-pass",
+            ", forced acceptance" if self.forcing is not None else "", key,
+            (time.perf_counter() - start) * 1e3, self.graph_bytes / 2**20,
+        )  # fmt: skip
+
+    def _warm_acceptance(self) -> None:
+        """Compile the loaded settings' acceptance kernels without changing what a request reads."""
+        live = self.acceptance.mutable() + self.walk.result.tensors()
+        if self.forcing is not None:
+            live.append(self.forcing.counter)
+        kept = [t.clone() for t in live]
+        logits = torch.zeros((self.rows, self.model.config.vocab_size), device=self.model.device)
+        self.acceptance.accept_(logits, self.tables)
+        for tensor, saved in zip(live, kept, strict=True):
+            tensor.copy_(saved)
+        torch.cuda.synchronize(self.model.device)
+
+    # ---- the cycle ---------------------------------------------------------------------------
+    def _launch(self, topology: TreeTopology | None) -> _Launch:
+        """Start one cycle (asynchronous on CUDA): the host's topology into the next feed slot
+        (None: a chained cycle whose tree the device forms), then the graph or the eager stages."""
+        slot, self._slot = self._slot, self._slot ^ 1
+        if topology is not None and not self.chained:
+            self.tables.fill_feed(self._feed_arrays[slot], topology)
+        key = self.acceptance.key
+        graph = self._graphs.get((key, slot))
         if graph is not None:
             graph.replay()
         else:
-            self._stage(name)()
+            self._logits[slot] = self._stages(slot)
+        done = self._done[slot]
+        if done is not None:
+            done.record()
+        return _Launch(slot, key, None if topology is None else topology.tokens)
 
-    @property
-    def last_logits(self) -> Tensor:
-        """fp32 logits [R, V] of the last verify stage (device)."""
-        assert self._logits is not None, "no verify stage has run"
-        return self._logits
+    def _wait(self, slot: int) -> None:
+        done = self._done[slot]
+        if done is not None:
+            done.synchronize()
 
-    def copy_results_async(self) -> None:
-        """Start the copy of the packed cycle results to the host (pinned; no wait)."""
-        self._out_host.copy_(self._out, non_blocking=True)
-
-    @torch.inference_mode()
-    def capture(self) -> None:
-        """Warm every stage up on a representative tree (compiling the kernels), then capture each
-        in a CUDA graph sharing one memory pool. The state is reset afterwards."""
-        warm = chain_tree([0] * min(self.rows, self.max_depth + 1), prefix_len=0, rows=self.rows)
-        self.tables.load_(warm)
-        before = torch.cuda.memory_reserved(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        seeds = torch.zeros(1, dtype=torch.int64, device=self.device)
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._verify()
-                assert self._logits is not None
-                # compile the sampled walk's kernels too (its first request would pay for it)
-                self.walk.sample_(torch.softmax(self._logits, -1), seeds, seeds)
-                self.walk.greedy_(self._logits)
-                self._publish()
-                self._draft()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        for name in STAGES:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._stage(name)()
-            self._graphs[name] = graph
-        torch.cuda.synchronize(self.device)
-        self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
-        self.reset()
-        log.info(
-            "captured CUDA graphs %s for %d-row trees (depth <= %d, %s MTP): %.1f MiB",
-            "/".join(STAGES), self.rows, self.max_depth,
-            "no" if self.mtp is None else f"{self.mtp.depth}-pass", self.graph_bytes / 2**20,
-        )  # fmt: skip
-
-    # ---- the cycle -------------------------------------------------------------------------
-    @torch.inference_mode()
-    def cycle(self, tree: TreeDescriptor, sampler: DeviceSampler) -> CycleResult:
-        """Verify `tree`, walk it with `sampler`, publish the accepted path and draft the next
-        proposal; one device->host synchronisation."""
-        if tree.prefix_len != self.state.length:
-            raise ValueError(f"tree prefix_len {tree.prefix_len} != committed length {self.state.length}")
-        check_capacity(self.state, tree.rows)
-        timer = _StageTimer(self.device)
-        self.tables.load_(tree)
-        timer.mark()
-        self.run_stage("verify")
-        timer.mark()
-        sampler.accept_(self.last_logits, self.tables)
-        self.run_stage("publish")
-        timer.mark()
-        self.run_stage("draft")
-        timer.mark()
-        self.copy_results_async()
-        timer.wait()
-        self.syncs += 1
-        out, width = self._out_host.tolist(), self.max_depth + 1
+    def _collect(self, launch: _Launch) -> CycleResult:
+        """Wait for a launched cycle (the one synchronisation) and read its results."""
+        slot = launch.slot
+        self._wait(slot)
+        out, width = self._results[slot].tolist(), self.max_depth + 1
         path_len = out[width]
         accepted, emitted = out[:path_len], out[width + 1 : width + 1 + path_len]
         self.state.length += path_len
         proposal = None
-        if self.mtp is not None:
-            self.mtp.advance_host(path_len)
-            d, k = self.mtp.depth, self.mtp.k
-            spine = out[2 * width + 1 : 2 * width + 1 + d]
+        if self.device_mtp is not None:
+            self.device_mtp.advance_host(path_len)
+            d, k = self.device_mtp.depth, self.device_mtp.k
             flat = out[2 * width + 1 + d :]
-            proposal = MTPProposal(spine, [flat[i * k : (i + 1) * k] for i in range(d)])
-        target, dispatch, drafter = timer.seconds()
+            proposal = MTPProposal(
+                out[2 * width + 1 : 2 * width + 1 + d], [flat[i * k : (i + 1) * k] for i in range(d)]
+            )
+        if self.cuda:
+            seconds = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(self._marks[slot])]
+        else:
+            seconds = [b - a for a, b in itertools.pairwise(self._host_marks[slot])]
+        spans = dict(zip(PHASE_MARKS, seconds, strict=True)) | {"cycle": sum(seconds)}
+        logits = self._logits[(launch.key, slot) if (launch.key, slot) in self._graphs else slot]
+        index = torch.tensor  # rows -> the raw logits of those rows, on the host (one more copy)
         return CycleResult(
-            accepted, emitted, proposal, {"target": target, "dispatch": dispatch, "drafter": drafter}
+            accepted,
+            emitted,
+            proposal,
+            spans,
+            lambda rows: logits[index(rows, device=logits.device)].cpu(),
+            1,
         )
 
     @torch.inference_mode()
-    def first_proposal(self, queued: int) -> MTPProposal:
-        """Run the MTP passes over the `queued` rows queued after prefill and read the proposal
-        (one synchronisation, before the first cycle)."""
-        assert self.mtp is not None
-        self.mtp.propose_()
-        self.mtp.advance_host(queued)
-        return MTPProposal(self.mtp.spine.tolist(), self.mtp.topk.tolist())
-
-
-class _StageTimer:
-    """Device time between marks: CUDA events on CUDA (read after the one synchronisation),
-    host time elsewhere (the CPU runs every stage synchronously)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[torch.cuda.Event | float] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
+    def cycle(  # type: ignore[override]
+        self,
+        topology: TreeTopology,
+        sampler: DeviceSampler,
+        *,
+        chain_next: bool = False,
+        follow: Follow | None = None,
+    ) -> CycleResult:
+        if sampler is not self.acceptance:
+            raise ValueError("the device cycle takes the sampler this runner made (`sampler()`)")
+        self.tables.check(topology)
+        launch, self._ahead = self._ahead, None
+        if launch is not None:
+            if launch.tokens != topology.tokens or launch.key != sampler.key:
+                self._wait(launch.slot)
+                raise RuntimeError(
+                    f"the cycle started ahead verifies {launch.tokens}, the engine drafted {topology.tokens}"
+                )
         else:
-            self.marks.append(time.perf_counter())
-
-    def wait(self) -> None:
-        """The cycle's synchronisation: wait for everything issued so far."""
-        if self.cuda:
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-
-    def seconds(self) -> tuple[float, ...]:
-        """Seconds between consecutive marks."""
-        pairs = zip(self.marks, self.marks[1:], strict=False)
-        if self.cuda:
-            return tuple(a.elapsed_time(b) / 1000 for a, b in pairs)  # type: ignore[union-attr]
-        return tuple(b - a for a, b in pairs)  # type: ignore[operator]
+            check_capacity(self.state, self.rows)
+            launch = self._launch(topology)
+        room = self.state.length + self.max_depth + 1 + self.rows <= self.capacity
+        # a chain's next tree is formed on the device: start it before this cycle's results are in
+        ahead = self._launch(None) if chain_next and self.chained and room else None
+        result = self._collect(launch)
+        following = None if follow is None else follow(result)
+        if ahead is not None:  # its tree: the last emitted token, then the new spine
+            spine = () if result.proposal is None else tuple(result.proposal.spine)
+            ahead.tokens = (result.emitted[-1], *spine)
+            self._ahead = ahead
+        elif following is not None and self.state.length + self.rows <= self.capacity:
+            self._ahead = self._launch(following)  # the host's next tree, before the results are emitted
+        return result

@@ -1,15 +1,17 @@
 """The synchronous engine: requests in, TokenEvents out, one step at a time.
 
 A step works on the active sequence: one prefill chunk, or one decode cycle, which reads like
-gpt-fast's loop:
+gpt-fast's loop and is the same for every kernel set (DESIGN §5):
 
-    tree    = draft(seq)                 # drafter: MTP passes, suffix lookups, the descriptor
-    forward = verify(tree)               # target: one forward over every tree row
-    walk    = accept(seq, forward)       # dispatch: the acceptance walk (logits rows on demand)
-    publish(seq, forward, walk)          # dispatch: replay + conv + KV publication, drafter inputs
+    tree   = draft(seq)                  # drafter: the topology below the pending root, from the
+                                         # last cycle's MTP proposal (+ suffix lookups for the tree)
+    result = runner.cycle(tree, sampler) # verify every row, accept (the walk), publish the path,
+                                         # draft the next MTP proposal; one synchronisation on a GPU
+    emit(seq, result)                    # stop conditions, events, logprobs, the suffix index
 
-The pending-token convention (DESIGN §3.5): the last emitted token is the next tree's root; its
-state is made by that tree's forward.
+The runner is `ModelRunner` (host kernels) or `DeviceRunner` (the GPU, captured graphs); the engine
+never asks which. The pending-token convention (DESIGN §3.5): the last emitted token is the next
+tree's root; its state is made by that tree's forward.
 """
 
 from __future__ import annotations
@@ -20,18 +22,20 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from lumotree.drafting.draft_vocab import load_draft_vocab
-from lumotree.engine.acceptance import Acceptance, RowSampler, history_counts, token_logprobs, walk
+from lumotree.drafting.drafter import Drafter
+from lumotree.drafting.mtp import MTPProposal
+from lumotree.drafting.suffix import SuffixDrafter
+from lumotree.engine.acceptance import RowSampler, history_counts, token_logprobs
 from lumotree.engine.config import EngineConfig
-from lumotree.engine.drafter import make_drafter
 from lumotree.engine.metrics import EngineMetrics
 from lumotree.engine.model_runner import ModelRunner
 from lumotree.engine.prefix_cache import PrefixCache
+from lumotree.engine.runner import CycleResult, Runner, Sampler
 from lumotree.engine.scheduler import Scheduler
 from lumotree.engine.sequence import GenerationRequest, Sequence, SequenceStatus, TokenEvent, TokenLogprob
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
@@ -39,14 +43,10 @@ from lumotree.model.checkpoint import model_eos_ids
 from lumotree.model.native.build import NativeBuildError, load_library
 from lumotree.model.native.model import unsupported_reason
 from lumotree.model.random_weights import preset_config, random_model
-from lumotree.model.tree_mode import TreeForward
 from lumotree.sampling import SamplingParams
-from lumotree.tree import TreeDescriptor
+from lumotree.sampling.forced import ForcedAcceptance
+from lumotree.tree import TreeTopology
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE
-
-if TYPE_CHECKING:  # the device path needs Triton, which CPU-only installs may lack
-    from lumotree.engine.device_runner import DeviceRunner
-    from lumotree.sampling.device_sampler import DeviceSampler
 
 log = logging.getLogger(__name__)
 MAX_LOGPROBS = 20
@@ -78,24 +78,19 @@ class LLMEngine:
         mcfg = self.model.config
         self._max_model_len = config.max_model_len or mcfg.max_position_embeddings
         self.geometry = config.geometry()
-        capacity = self._max_model_len + self.geometry.rows
-        self.device_runner: DeviceRunner | None = None
-        if config.kernels == "triton":
-            from lumotree.engine.device_runner import DeviceRunner
-
-            mtp = None if config.drafter == "ar" else (config.mtp_depth, 1 + self.geometry.siblings_per_depth)
-            self.device_runner = DeviceRunner(
-                self.model, capacity, self.geometry.rows, config.max_depth, mtp, not config.eager, draft_ids
-            )
-            self.runner: ModelRunner | DeviceRunner = self.device_runner
-        else:
-            kernels = CPU_FAST if config.kernels in ("cpu-fast", "cpu-native") else REFERENCE
-            native = (self.geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None
-            self.runner = ModelRunner(self.model, capacity, kernels, native, draft_ids)
-        native_model = self.runner.native if isinstance(self.runner, ModelRunner) else None
-        self.drafter = make_drafter(
-            config, self.model, capacity, self.device_runner, native_model, draft_ids=draft_ids
+        self.drafter = Drafter(
+            self.geometry,
+            SuffixDrafter(min_match=config.suffix_min_match, cache_tokens=config.suffix_cache_tokens),
         )
+        forced = None
+        if config.forced_acceptance is not None and self.drafter.kind != "ar":
+            forced = ForcedAcceptance.parse(config.forced_acceptance, self.drafter.kind)
+            log.warning(
+                "forced acceptance %r (mean %.2f accepted drafts a cycle): speed work, outputs are not "
+                "the model's", forced.spec, forced.mean,
+            )  # fmt: skip
+        self.forced = forced
+        self.runner = _build_runner(config, self.model, self._capacity(), self.drafter, draft_ids, forced)
         self.prefix_cache = (
             PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
         )
@@ -108,7 +103,13 @@ class LLMEngine:
         self._prompt_seen: Tensor | None = None
         self._last_hidden: Tensor | None = None  # target hidden row of the last prefilled token
         self._block_keys: list[bytes] = []
-        self._device_sampler: DeviceSampler | None = None
+        self._sampler: Sampler | None = None
+        self._proposal: MTPProposal | None = None  # the next tree's MTP drafts
+        self._next_tree: TreeTopology | None = None  # drafted at the end of the last cycle
+
+    def _capacity(self) -> int:
+        """KV rows of the state bank: the context, one tree, and the path of a cycle in flight."""
+        return self._max_model_len + self.geometry.rows + self.config.max_depth + 1
 
     # ---- properties the server reads ---------------------------------------------------------
     @property
@@ -225,23 +226,23 @@ class LLMEngine:
     # ---- prefill -----------------------------------------------------------------------------
     def _begin(self, seq: Sequence) -> None:
         """Make `seq` the active sequence: fresh state, prefix-cache restore, drafter start."""
-        self.runner.reset()
-        prompt, cached = seq.prompt, 0
+        prompt, usable = seq.prompt, 0
         self._last_hidden = None
-        self._device_sampler = None
+        self._sampler = self._proposal = self._next_tree = None
         self._block_keys = []
         if self.prefix_cache is not None:
             self._block_keys = self.prefix_cache.block_keys(prompt)
             usable = self.prefix_cache.lookup(self._block_keys, len(prompt))
             self._metrics.prefix_cache_queries += len(prompt)
-            if usable:
-                hidden = self.prefix_cache.restore(
-                    self._block_keys[:usable], self.runner.state, self.drafter.mtp_cache
-                )
-                self._last_hidden = hidden[None]
-                cached = usable * self.prefix_cache.block
-                self._metrics.prefix_cache_hits += cached
-        self.drafter.begin(prompt, cached)
+        cached = usable * self.prefix_cache.block if self.prefix_cache is not None else 0
+        self.runner.reset(max(cached - 1, 0))  # MTP row t needs token t+1: B cached tokens hold B-1 rows
+        if self.prefix_cache is not None and usable:
+            hidden = self.prefix_cache.restore(
+                self._block_keys[:usable], self.runner.state, self.runner.mtp_cache
+            )
+            self._last_hidden = hidden[None]
+            self._metrics.prefix_cache_hits += cached
+        self.drafter.begin(prompt)
         self._prompt_seen = history_counts(prompt, self.vocab_size) > 0
         seq.prefilled = seq.cached_prompt_tokens = cached
         seq.status = SequenceStatus.PREFILL
@@ -263,9 +264,9 @@ class LLMEngine:
             hidden = self.runner.prefill(prompt[start:end])
             # MTP rows are (h_t, x_{t+1}): the previous chunk's last row joins this chunk's rows
             if self._last_hidden is None:
-                self.drafter.rows(hidden[:-1], prompt[start + 1 : end], commit=True)
+                self.runner.commit_mtp_rows(hidden[:-1], prompt[start + 1 : end])
             else:
-                self.drafter.rows(torch.cat([self._last_hidden, hidden[:-1]]), prompt[start:end], commit=True)
+                self.runner.commit_mtp_rows(torch.cat([self._last_hidden, hidden[:-1]]), prompt[start:end])
             self._last_hidden = hidden[-1:]
             seq.prefilled = end
             cache = self.prefix_cache
@@ -273,7 +274,7 @@ class LLMEngine:
                 cache.store(
                     self._block_keys[: end // cache.block],
                     self.runner.state,
-                    self.drafter.mtp_cache,
+                    self.runner.mtp_cache,
                     hidden[-1],
                 )
         if end < len(prompt):
@@ -284,99 +285,92 @@ class LLMEngine:
         sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed)
         token = sampler.choose(logits, [[]])[0]
         seq.status = SequenceStatus.DECODE
-        return self._emit(seq, [token], [0], lambda rows: logits, self._last_hidden)
+        kept, reason = self._cut(seq, [token])
+        self.drafter.emitted(kept)
+        event = self._emit(seq, kept, reason, [0], lambda rows: logits)
+        if not seq.finished:  # the first proposal: drafting time, spread over the cycles' spans
+            started = time.perf_counter()
+            self._proposal = self.runner.start_decode(self._last_hidden, token)
+            self._metrics.spans["drafter"].seconds += time.perf_counter() - started
+            self._sampler = self.runner.sampler(seq.request.sampling, seq.seed, seq.prompt, seq.output)
+        return event
 
     def _require_prompt_seen(self) -> Tensor:
         assert self._prompt_seen is not None, "no active sequence"
         return self._prompt_seen
 
     # ---- the decode cycle --------------------------------------------------------------------
-    def draft(self, seq: Sequence) -> TreeDescriptor:
+    def draft(self, seq: Sequence) -> TreeTopology:
         """The draft tree below the pending root."""
-        return self.drafter.propose(seq.output[-1], self.runner.length)
-
-    def verify(self, tree: TreeDescriptor) -> TreeForward:
-        """One target forward over every tree row."""
-        return self.runner.verify(tree)
-
-    def accept(self, seq: Sequence, forward: TreeForward, row_logits: _RowLogits) -> Acceptance:
-        """The acceptance walk with the request's sampling (coins keyed by output position)."""
-        sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), seq.output, seq.seed)
-        return walk(forward.tree, row_logits.rows, sampler)
-
-    def publish(self, forward: TreeForward, acc: Acceptance) -> None:
-        """Publish the accepted path into the state bank (GDN replay, conv state, KV remap)."""
-        self.runner.publish(forward, acc.accepted)
+        return self.drafter.topology(seq.output[-1], self._proposal)
 
     def _decode_step(self, seq: Sequence) -> TokenEvent:
-        if self.device_runner is not None:
-            return self._device_decode_step(seq, self.device_runner)
-        m = self._metrics
-        with m.span("drafter"):
-            tree = self.draft(seq)
-        with m.span("target"):
-            forward = self.verify(tree)
-        row_logits = _RowLogits(self.runner, forward)
-        with m.span("dispatch"):
-            acc = self.accept(seq, forward, row_logits)
-            self.publish(forward, acc)
-        # logits rows were computed during the walk: that is target work, not dispatch
-        m.spans["target"].seconds += row_logits.seconds
-        m.spans["dispatch"].seconds -= row_logits.seconds
-        self._record_spec(seq, tree, len(acc.accepted))
-        hidden = forward.hidden[acc.accepted]
-        return self._emit(seq, acc.emitted, acc.accepted, row_logits.rows, hidden)
+        m, sampler = self._metrics, self._sampler
+        assert sampler is not None, "decoding before the prefill finished"
+        tree, self._next_tree = self._next_tree, None
+        if tree is None:  # a request's first cycle; later trees are drafted inside the last cycle
+            with m.span("drafter"):  # host side; the runner's own drafting time is added below
+                tree = self.draft(seq)
+        req, made = seq.request, len(seq.prompt) + len(seq.output)
+        longest = self.drafter.max_depth + 1  # tokens one cycle may emit
+        chain_next = min(req.max_tokens - len(seq.output), self._max_model_len - made) > longest
+        cut: list[tuple[list[int], str | None]] = []
 
-    def _device_decode_step(self, seq: Sequence, runner: DeviceRunner) -> TokenEvent:
-        """The decode cycle on the device path: the host builds the tree from the proposal the
-        last cycle drafted (plus the suffix drafter); the device verifies, walks, publishes and
-        drafts the next proposal; one synchronisation brings the results back."""
-        m = self._metrics
-        with m.span("drafter"):  # host side; the device's MTP passes are added below
-            tree = self.draft(seq)
-        if self._device_sampler is None:
-            self._device_sampler = runner.sampler(seq.request.sampling, seq.seed, seq.prompt, seq.output)
-        result = runner.cycle(tree, self._device_sampler)
-        for phase, seconds in result.device_seconds.items():
-            m.spans[phase].seconds += seconds
-        m.spans["target"].count += 1
-        m.spans["dispatch"].count += 1
-        m.device_syncs += 1
-        self._device_sampler.advance(len(result.emitted))
-        self.drafter.receive(result.proposal)
+        def follow(result: CycleResult) -> TreeTopology | None:
+            """As soon as the cycle's results arrive: the tokens kept (up to a stop condition) join
+            the suffix index and the next tree is drafted, which the runner may start at once,
+            before these tokens are emitted."""
+            kept, reason = self._cut(seq, result.emitted)
+            cut.append((kept, reason))
+            self.drafter.emitted(kept)
+            if reason:
+                return None
+            with m.span("drafter"):
+                self._next_tree = self.drafter.topology(kept[-1], result.proposal)
+            return self._next_tree
+
+        result = self.runner.cycle(tree, sampler, chain_next=chain_next, follow=follow)
+        for phase, seconds in result.spans.items():
+            span = m.spans[phase]
+            span.seconds += seconds
+            span.count += phase != "drafter"  # the drafter spans were counted around the drafting
+        m.device_syncs += result.syncs
+        sampler.advance(result.emitted)
+        self._proposal = result.proposal
         self._record_spec(seq, tree, len(result.accepted))
-        return self._emit(seq, result.emitted, result.accepted, runner.row_logits, None)
+        assert result.logits_of is not None
+        ((kept, reason),) = cut
+        return self._emit(seq, kept, reason, result.accepted, result.logits_of)
 
-    def _record_spec(self, seq: Sequence, tree: TreeDescriptor, path_len: int) -> None:
+    def _record_spec(self, seq: Sequence, tree: TreeTopology, path_len: int) -> None:
         """Count one cycle's drafts and accepted drafts (request and engine-wide)."""
         drafts, accepted = tree.n_active - 1, path_len - 1
         seq.spec.record(drafts, accepted, self.drafter.max_depth)
         self._metrics.spec.record(drafts, accepted, self.drafter.max_depth)
 
+    def _cut(self, seq: Sequence, tokens: list[int]) -> tuple[list[int], str | None]:
+        """The emitted tokens the request keeps, up to a stop condition, and its finish reason
+        (None: it goes on)."""
+        req, made = seq.request, len(seq.output)
+        for i, token in enumerate(tokens, 1):
+            if token in seq.stop_ids:
+                return tokens[:i], "stop"
+            if made + i >= req.max_tokens or len(seq.prompt) + made + i >= self._max_model_len:
+                return tokens[:i], "length"
+        return list(tokens), None
+
     def _emit(
         self,
         seq: Sequence,
-        tokens: list[int],
+        kept: list[int],
+        reason: str | None,
         rows: list[int],
         logits_of: Callable[[list[int]], Tensor],
-        hidden: Tensor | None,
     ) -> TokenEvent:
-        """Append emitted tokens up to a stop condition and report them. Row rows[i] produced
-        tokens[i]; logits_of(rows) -> their raw logits [n, V] (for logprobs); hidden [n, H] their
-        target hidden rows, which with the tokens after them are the drafter's next MTP inputs
-        (None: the device cycle queued them already)."""
-        req, kept, reason = seq.request, [], None
-        for token in tokens:
-            seq.output.append(token)
-            kept.append(token)
-            if token in seq.stop_ids:
-                reason = "stop"
-            elif (
-                len(seq.output) >= req.max_tokens or len(seq.prompt) + len(seq.output) >= self._max_model_len
-            ):
-                reason = "length"
-            if reason:
-                break
+        """Append the kept tokens (`_cut`) and report them. Row rows[i] produced kept[i];
+        logits_of(rows) -> their raw logits [n, V] (for logprobs)."""
+        req = seq.request
+        seq.output.extend(kept)
         self._metrics.generation_tokens += len(kept)
         now = time.monotonic()
         if seq.last_token_s is None:
@@ -387,11 +381,8 @@ class LLMEngine:
         logprobs: list[TokenLogprob] | None = None
         if req.logprobs is not None:
             logprobs = token_logprobs(logits_of(rows[: len(kept)]), kept, req.logprobs)
-        self.drafter.emitted(kept)
         if reason:
             self._finish(seq, reason)
-        elif hidden is not None:
-            self.drafter.rows(hidden, kept, commit=False)
         return seq.event(kept, logprobs)
 
 
@@ -421,19 +412,29 @@ def _build_model(config: EngineConfig, model_dir: Path, device: torch.device) ->
     return load_checkpoint(model_dir, dtype=config.torch_dtype, device=device)
 
 
-class _RowLogits:
-    """Logits rows of one tree forward, computed when first asked for (the asked rows in one
-    matmul: the vocabulary projection is memory-bound at a few rows) and timed: target work."""
+def _build_runner(
+    config: EngineConfig,
+    model: HybridLM,
+    capacity: int,
+    drafter: Drafter,
+    draft_ids: Tensor | None,
+    forced: ForcedAcceptance | None,
+) -> Runner:
+    """The runner of config.kernels for this drafter: its MTP passes (none for AR) rank
+    1 + siblings candidates per depth, over `draft_ids` when given."""
+    geometry = drafter.geometry
+    mtp = (geometry.depth_mtp, 1 + geometry.siblings_per_depth) if drafter.uses_mtp else None
+    if config.kernels == "triton":
+        from lumotree.engine.device_runner import (
+            DeviceRunner,  # needs Triton, which CPU-only installs may lack
+        )
 
-    def __init__(self, runner: ModelRunner, forward: TreeForward) -> None:
-        self.runner, self.forward = runner, forward
-        self.cache: dict[int, Tensor] = {}
-        self.seconds = 0.0
-
-    def rows(self, nodes: list[int]) -> Tensor:
-        missing = [n for n in nodes if n not in self.cache]
-        if missing:
-            start = time.perf_counter()
-            self.cache.update(zip(missing, self.runner.logits(self.forward.hidden[missing]), strict=True))
-            self.seconds += time.perf_counter() - start
-        return torch.stack([self.cache[n] for n in nodes])
+        return DeviceRunner(
+            model, capacity, geometry.rows, config.max_depth, mtp, drafter.kind != "tree",
+            not config.eager, draft_ids, forced,
+        )  # fmt: skip
+    kernels = CPU_FAST if config.kernels in ("cpu-fast", "cpu-native") else REFERENCE
+    native = (geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None
+    return ModelRunner(
+        model, capacity, config.max_depth, kernels, mtp, native, draft_ids, config.draft_head_dtype, forced
+    )

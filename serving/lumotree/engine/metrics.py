@@ -3,7 +3,9 @@ metric names).
 
 Phase spans (paper Tables III/IX): "target" = the verification forward and the logits the walk
 reads; "drafter" = MTP passes, suffix lookups and tree building; "dispatch" = acceptance walk, path
-handling and state publication; "prefill" = prompt chunks (not part of the decode cycle).
+handling and state publication; "prefill" = prompt chunks (not part of the decode cycle); "cycle" =
+the runner's whole decode cycle as it times it (device time on the GPU, wall time on the host), so
+that wall time per cycle seen by clients can be set against it.
 
 Latency histograms use vLLM 0.32's definitions and default buckets (vllm/v1/metrics/buckets.py),
 measured in the engine from a request's arrival (`add_request`): time to first token, inter-token
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 from lumotree.engine.sequence import SpecStats
 
-PHASES = ("target", "drafter", "dispatch", "prefill")
+PHASES = ("target", "drafter", "dispatch", "prefill", "cycle")
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,

@@ -1,72 +1,75 @@
-"""The model runner: the target model, the active request's state bank and the tensor-level steps
-(prefill chunks, tree verification, lazily computed logits rows, publication).
+"""The host runner: the decode cycle with the reference, CPU-fast or native kernels.
 
-One active sequence: the state bank (GDN recurrent + conv state per linear layer, KV cache per
-attention layer) is allocated once with room for max_model_len tokens plus one tree, and reset
-between requests.
+    cycle:  descriptor (build_tree of the drafter's topology) -> verify -> walk (logits rows on
+            demand) -> publish -> the next MTP proposal (the accepted path's rows)
 
-Padding rows give a GPU fixed shapes; on a CPU they only cost compute, so the runner verifies the
-active rows alone (`TreeDescriptor.without_padding`): padding is invisible to every stage by
-contract, so results are the same.
-
-With a `NativeModel` (the cpu-native kernels) verification, publication and logits rows run in the
-model's native C forward over the same state tensors; prefill stays in the model's PyTorch code.
+On a CPU padding rows only cost compute, so trees are built without them (padding is invisible
+to every stage by contract, so results are the same). With a `NativeModel` (the cpu-native
+kernels) verification, publication, logits rows and the MTP passes run in the model's native C
+forward over the same state tensors; prefill stays in the model's PyTorch code.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
+from lumotree.drafting.mtp import MTPDrafter, MTPSource
+from lumotree.drafting.native_mtp import NativeMTPDrafter
+from lumotree.engine.acceptance import RowSampler, forced_walk, history_counts, walk
+from lumotree.engine.runner import CycleResult, Follow, Runner
 from lumotree.model.model import HybridLM
 from lumotree.model.native.model import NativeModel
-from lumotree.model.state import GDNState, ModelState
 from lumotree.model.tree_mode import TreeForward, publish_tree_, verify_tree
-from lumotree.tree import TreeDescriptor
+from lumotree.sampling.forced import ForcedAcceptance
+from lumotree.sampling.logits import SamplingParams
+from lumotree.tree import TreeDescriptor, TreeTopology
 from lumotree.verify.kernel_sets import TreeKernels
 
 
-class ModelRunner:
-    """Tensor work for the engine; `capacity` = KV rows of the state bank. native=(tree rows, MTP
-    rows): verification, publication, logits and MTP passes run in the native forward instead, its
-    MTP proposals over `draft_ids` (a draft vocabulary; None: the whole vocabulary)."""
+class ModelRunner(Runner):
+    """The host cycle. native=(tree rows, MTP rows): verification, publication, logits and MTP passes
+    run in the native forward; mtp=(depth, k) of the MTP drafter or None (AR); draft_ids: the MTP
+    passes' draft vocabulary (None: the whole vocabulary); draft_dtype: the PyTorch passes'
+    projection precision; forced: a forced-acceptance schedule (speed work)."""
 
     def __init__(
         self,
         model: HybridLM,
         capacity: int,
+        max_depth: int,
         kernels: TreeKernels,
+        mtp: tuple[int, int] | None,
         native: tuple[int, int] | None = None,
         draft_ids: Tensor | None = None,
+        draft_dtype: str = "float32",
+        forced: ForcedAcceptance | None = None,
     ) -> None:
-        self.model, self.kernels, self.capacity = model, kernels, capacity
-        self.state: ModelState = model.new_state(capacity)
+        super().__init__(model, capacity, max_depth, None)
+        self.kernels, self.forced, self._forced_cycle = kernels, forced, 0
         self.native = NativeModel(model, self.state, *native, draft_ids=draft_ids) if native else None
-
-    @property
-    def length(self) -> int:
-        """Tokens materialised in the state (the next position)."""
-        return self.state.length
-
-    def reset(self) -> None:
-        """Empty state for a new request (KV rows past `length` are never read, so they stay)."""
-        for layer in self.state.layers:
-            if isinstance(layer, GDNState):
-                layer.recurrent.zero_()
-                layer.conv.zero_()
-        self.state.length = 0
-
-    @torch.inference_mode()
-    def prefill(self, tokens: list[int]) -> Tensor:
-        """Fold prompt tokens into the state (sequence mode). Returns post-norm hidden [n, H]."""
-        return self.model.prefill(torch.tensor(tokens, dtype=torch.long), self.state)
+        self.mtp: MTPSource | None = None
+        if mtp is not None:
+            depth, k = mtp
+            if self.native is not None:
+                self.mtp = NativeMTPDrafter(model, depth, k, capacity, self.native)
+            else:
+                self.mtp = MTPDrafter.for_engine(model, depth, k, capacity, draft_dtype, draft_ids)
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
-        """hidden [n, H] -> logits [n, V]."""
         if self.native is not None:
             return self.native.logits(hidden)
         return self.model.compute_logits(hidden)
+
+    def sampler(
+        self, params: SamplingParams, seed: int, prompt: Sequence[int], generated: Sequence[int]
+    ) -> RowSampler:
+        prompt_seen = history_counts(prompt, self.model.config.vocab_size) > 0
+        return RowSampler(params, prompt_seen, generated, seed)
 
     @torch.inference_mode()
     def verify(self, tree: TreeDescriptor) -> TreeForward:
@@ -79,7 +82,63 @@ class ModelRunner:
     def publish(self, forward: TreeForward, accepted: list[int]) -> None:
         """Publish the accepted path (logical nodes, root first) into the state."""
         if self.native is not None:
-            self.native.publish(forward.tree, accepted)
+            self.native.publish(forward.tree, accepted)  # type: ignore[arg-type]
             return
-        path = forward.tree.padded_path(accepted)
+        path = forward.tree.padded_path(accepted)  # type: ignore[union-attr]
         publish_tree_(self.state, forward, path, len(accepted), self.kernels)
+
+    def cycle(  # type: ignore[override]
+        self,
+        topology: TreeTopology,
+        sampler: RowSampler,
+        *,
+        chain_next: bool = False,
+        follow: Follow | None = None,
+    ) -> CycleResult:
+        start = time.perf_counter()
+        tree = topology.descriptor(prefix_len=self.length, max_depth=self.max_depth)
+        built = time.perf_counter()
+        forward = self.verify(tree)
+        rows = _RowLogits(self, forward)
+        verified = time.perf_counter()
+        if self.forced is None:
+            acc = walk(tree, rows.rows, sampler)
+        else:
+            acc = forced_walk(
+                tree, rows.rows, sampler, self.forced.counts[self._forced_cycle % len(self.forced.counts)]
+            )
+            self._forced_cycle += 1
+        self.publish(forward, acc.accepted)
+        published = time.perf_counter()
+        proposal = None
+        if self.mtp is not None:
+            proposal = self.mtp.propose(forward.hidden[acc.accepted], acc.emitted)
+        end = time.perf_counter()
+        spans = {  # logits rows computed during the walk are target work, not dispatch
+            "target": verified - built + rows.seconds,
+            "dispatch": published - verified - rows.seconds,
+            "drafter": built - start + end - published,
+            "cycle": end - start,
+        }
+        result = CycleResult(acc.accepted, acc.emitted, proposal, spans, rows.rows)
+        if follow is not None:  # the host runs cycles one by one: the engine keeps the next tree
+            follow(result)
+        return result
+
+
+class _RowLogits:
+    """Logits rows of one tree forward, computed when first asked for (the asked rows in one
+    matmul: the vocabulary projection is memory-bound at a few rows) and timed: target work."""
+
+    def __init__(self, runner: ModelRunner, forward: TreeForward) -> None:
+        self.runner, self.forward = runner, forward
+        self.cache: dict[int, Tensor] = {}
+        self.seconds = 0.0
+
+    def rows(self, nodes: list[int]) -> Tensor:
+        missing = [n for n in nodes if n not in self.cache]
+        if missing:
+            start = time.perf_counter()
+            self.cache.update(zip(missing, self.runner.logits(self.forward.hidden[missing]), strict=True))
+            self.seconds += time.perf_counter() - start
+        return torch.stack([self.cache[n] for n in nodes])

@@ -4,7 +4,8 @@ Modes, all sharing the layers' project -> mix -> output code:
 - `forward(input_ids)`: whole sequences from an empty state (training, scoring), batch allowed;
 - `prefill(tokens, state)`: T tokens of one request continuing from `state` (advanced in place);
 - `decode(token, state)`: one token (the recurrent GDN form);
-- `mtp_forward` (whole sequence) and `mtp_step` (cached, one request) for the MTP head.
+- `mtp_forward` (whole sequence) and `mtp_hidden` / `mtp_step` (one cached pass of one request,
+  `MTP.step`) for the MTP head.
 Parameter names equal the checkpoint tensor names (`model.*`, `lm_head.weight`, `mtp.*`).
 """
 
@@ -18,7 +19,7 @@ from torch import nn
 from lumotree.model.config import HybridConfig
 from lumotree.model.fused import ops
 from lumotree.model.layers import DecoderLayer
-from lumotree.model.mtp import MTP
+from lumotree.model.mtp import MTP, chain_attention
 from lumotree.model.norms import RMSNorm
 from lumotree.model.rope import RotaryEmbedding
 from lumotree.model.state import GDNState, KVCache, ModelState
@@ -180,23 +181,30 @@ class HybridLM(nn.Module):
         cos, sin = self.rotary(positions)
         return mtp(hidden, self.embed(next_tokens), cos, sin)
 
-    def mtp_step(
+    def mtp_hidden(
         self, hidden: torch.Tensor, tokens: torch.Tensor, mtp_state: ModelState, step_idx: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """One cached MTP pass for one request: hidden rows [T, hidden] and their next tokens [T] at
-        positions mtp_state.length.. -> (logits [T, vocab], new hidden [T, hidden]).
+        positions mtp_state.length.. -> MTP post-norm hidden rows [T, hidden].
 
         Writes the MTP KV rows and advances mtp_state.length by T; a drafter rolls speculative rows
         back by resetting `length` (rows beyond it are overwritten later).
         """
         mtp = self._require_mtp()
         start, seq = mtp_state.length, hidden.shape[0]
-        positions = torch.arange(start, start + seq, device=hidden.device)[None]
-        cos, sin = self.rotary(positions)
+        cos, sin = self.rotary(torch.arange(start, start + seq, device=hidden.device)[None])
         cache = mtp_state.layers[step_idx % len(mtp_state.layers)]
         assert isinstance(cache, KVCache)
-        out = mtp(hidden[None], self.embed(tokens.reshape(1, -1)), cos, sin, cache, start, step_idx)[0]
+        attend = chain_attention(cache, start, cos, sin)
+        out = mtp.step(hidden[None], self.embed(tokens.reshape(1, -1)), attend, step_idx)[0]
         mtp_state.length = start + seq
+        return out
+
+    def mtp_step(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, mtp_state: ModelState, step_idx: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mtp_hidden` with the logits of every row: (logits [T, vocab], new hidden [T, hidden])."""
+        out = self.mtp_hidden(hidden, tokens, mtp_state, step_idx)
         return self.compute_logits(out), out
 
     def _require_mtp(self) -> MTP:

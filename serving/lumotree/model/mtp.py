@@ -4,15 +4,15 @@ full-attention decoder layer, a final norm; logits come from the main model's (s
 Row t of the MTP stream takes the main model's post-norm hidden row h_t and the embedding of token
 x_{t+1}, sits at position t, and predicts x_{t+2}. Chained drafting feeds its output hidden row back in.
 
-`mtp_chain_step` is `HybridLM.mtp_step` for a drafter: grouped-query attention without repeating KV
-heads over the whole context, and logits for the last row only (the next draft); it computes the
-same values (tested).
+There is one cached MTP pass, `MTP.step`: every caller (the model's `mtp_step`, the PyTorch drafter,
+the device drafter's captured passes) runs it and passes only how its rows attend (`Attend`):
+`chain_attention` writes the rows' KV into a cache and attends causally over it with SDPA; the
+device drafter writes at device-held positions and attends with the tree-attention kernel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,10 @@ from lumotree.model.config import FULL, HybridConfig
 from lumotree.model.fused import ops
 from lumotree.model.layers import DecoderLayer
 from lumotree.model.norms import RMSNorm
-from lumotree.model.state import KVCache, ModelState
+from lumotree.model.state import KVCache
 
-if TYPE_CHECKING:  # model.py builds MTP, so it cannot be imported here at run time
-    from lumotree.model.model import HybridLM
+#: (the MTP layer's attention module, its normed input rows [1, T, H]) -> the mixed rows [1, T, H]
+Attend = Callable[[GatedAttention, Tensor], Tensor]
 
 
 class MTP(nn.Module):
@@ -44,72 +44,40 @@ class MTP(nn.Module):
         )
         self.norm = RMSNorm(hidden, eps=config.rms_norm_eps)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        embeds: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache | None = None,
-        start: int = 0,
-        step_idx: int = 0,
-    ) -> torch.Tensor:
-        """hidden, embeds: [B, T, hidden] -> post-norm MTP hidden [B, T, hidden].
+    def _inputs(self, hidden: Tensor, embeds: Tensor) -> Tensor:
+        return self.fc(
+            torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        )
 
-        Draft step `step_idx` uses layer step_idx % num_layers (as vLLM does). cache None: the rows
-        attend causally among themselves; else B == 1 and the layer's KV rows [start, start+T) are
-        written and [0, start+T) attended.
-        """
-        x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+    def forward(self, hidden: Tensor, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Whole sequences (training, scoring): hidden, embeds [B, T, hidden], the rows attending
+        causally among themselves -> post-norm MTP hidden [B, T, hidden]."""
+        return self.norm(self.layers[0](self._inputs(hidden, embeds), cos, sin))
+
+    def step(self, hidden: Tensor, embeds: Tensor, attend: Attend, step_idx: int = 0) -> Tensor:
+        """One cached pass over rows hidden, embeds [1, T, hidden] -> post-norm MTP hidden [1, T,
+        hidden]. Draft step `step_idx` uses layer step_idx % num_layers (as vLLM does)."""
         layer = self.layers[step_idx % len(self.layers)]
-        return self.norm(layer(self.fc(x), cos, sin, cache, start))
+        return self.norm(layer.with_mixer(self._inputs(hidden, embeds), lambda y: attend(layer.self_attn, y)))
 
 
-def _attention_chain(
-    attn: GatedAttention, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, start: int
-) -> Tensor:
-    """x [1, T, H] at positions start.. : write KV rows, attend causally over rows [0, start+T)."""
-    q, k, v, gate = attn.project(x, cos, sin)
-    seq = x.shape[1]
-    end = start + seq
-    cache.key[start:end] = k[0]
-    cache.value[start:end] = v[0]
-    mask = None if seq == 1 else causal_mask(seq, end, x.device)
-    o = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        cache.key[None, :end].transpose(1, 2),
-        cache.value[None, :end].transpose(1, 2),
-        attn_mask=mask,
-        enable_gqa=True,
-    )
-    return attn.output(o.transpose(1, 2), gate)
+def chain_attention(cache: KVCache, start: int, cos: Tensor, sin: Tensor) -> Attend:
+    """Rows at positions start.. (cos/sin for them): write their KV rows into `cache` and attend
+    causally over rows [0, start + T), grouped-query heads without repeating the KV heads."""
 
+    def attend(attn: GatedAttention, y: Tensor) -> Tensor:
+        q, k, v, gate = attn.project(y, cos, sin)
+        end = start + y.shape[1]
+        cache.key[start:end] = k[0]
+        cache.value[start:end] = v[0]
+        mask = None if y.shape[1] == 1 else causal_mask(y.shape[1], end, y.device)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            cache.key[None, :end].transpose(1, 2),
+            cache.value[None, :end].transpose(1, 2),
+            attn_mask=mask,
+            enable_gqa=True,
+        )
+        return attn.output(o.transpose(1, 2), gate)
 
-@torch.inference_mode()
-def mtp_chain_step(
-    model: HybridLM,
-    hidden: Tensor,
-    tokens: Tensor,
-    mtp_state: ModelState,
-    step_idx: int = 0,
-    lm_head: Callable[[Tensor], Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """HybridLM.mtp_step for drafting: hidden rows [T, H] and their next tokens [T] at positions
-    mtp_state.length.. -> (logits [V] of the last row, MTP hidden rows [T, H]). Writes the MTP KV
-    rows and advances mtp_state.length by T. lm_head: the vocabulary projection to use (default
-    the model's)."""
-    mtp = model.mtp
-    if mtp is None:
-        raise ValueError("this model has no MTP module")
-    start, seq = mtp_state.length, hidden.shape[0]
-    cos, sin = model.rotary(torch.arange(start, start + seq, device=hidden.device)[None])
-    layer = mtp.layers[step_idx % len(mtp.layers)]
-    cache = mtp_state.layers[step_idx % len(mtp_state.layers)]
-    assert isinstance(cache, KVCache)
-    x = torch.cat(
-        [mtp.pre_fc_norm_embedding(model.embed(tokens[None])), mtp.pre_fc_norm_hidden(hidden[None])], -1
-    )
-    h = layer.with_mixer(mtp.fc(x), lambda y: _attention_chain(layer.self_attn, y, cos, sin, cache, start))
-    out = mtp.norm(h)[0]
-    mtp_state.length = start + seq
-    return (lm_head or model.compute_logits)(out[-1]), out
+    return attend

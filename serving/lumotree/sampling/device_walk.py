@@ -15,6 +15,7 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.drafting.fused_selection import rank_rows_, selection_scratch
+from lumotree.sampling.forced import ForcedAcceptance
 from lumotree.sampling.walk import WalkResult
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.device_tree import DeviceTree
@@ -154,6 +155,60 @@ class DeviceWalk:
             rows=self.walks * self.rows,
         )
         self._walk(self.rows)
+
+
+@triton.jit
+def force_path_kernel(
+    schedule_ptr,
+    n_schedule,
+    counter_ptr,
+    spine_nodes_ptr,
+    tokens_ptr,
+    choice_ptr,
+    accepted_ptr,
+    path_len_ptr,
+    emitted_ptr,
+    final_ptr,
+    WIDTH: tl.constexpr,
+    WP: tl.constexpr,
+):
+    d = tl.arange(0, WP)
+    cycle = tl.load(counter_ptr)
+    want = tl.load(schedule_ptr + cycle % n_schedule)
+    nodes = tl.load(spine_nodes_ptr + d, mask=d < WIDTH, other=-1)
+    have = tl.sum((nodes >= 0).to(tl.int64), axis=0) - 1
+    count = tl.minimum(want, have)
+    last = tl.sum(tl.where(d == count, nodes, 0), axis=0)
+    following = tl.load(spine_nodes_ptr + d + 1, mask=(d + 1 < WIDTH) & (d < count), other=0)
+    drafted = tl.load(tokens_ptr + following, mask=d < count, other=-1)
+    chosen = tl.load(choice_ptr + last)
+    tl.store(accepted_ptr + d, tl.where(d <= count, nodes, -1), mask=d < WIDTH)
+    tl.store(emitted_ptr + d, tl.where(d < count, drafted, tl.where(d == count, chosen, -1)), mask=d < WIDTH)
+    tl.store(path_len_ptr, count + 1)
+    tl.store(final_ptr, last)
+    tl.store(counter_ptr, cycle + 1)
+
+
+class DeviceForcing:
+    """A forced-acceptance schedule (`forced.py`) on the device and a cycle counter: `force_`
+    rewrites the walk's one path (its host reference: `forced.forced_path`)."""
+
+    def __init__(self, forced: ForcedAcceptance, device: torch.device) -> None:
+        self.forced = forced
+        self.schedule = torch.tensor(forced.counts, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def force_(
+        self, spine_nodes: Tensor, tokens: Tensor, choice: Tensor, accepted: Tensor, path_len: Tensor,
+        emitted: Tensor, final_row: Tensor,
+    ) -> None:  # fmt: skip
+        """spine_nodes [D+1] (-1 past the spine), tokens [R], choice [R] (the walk's choices) ->
+        accepted [D+1], path_len [1], emitted [D+1], final_row [1] (graph-capturable)."""
+        width = accepted.shape[-1]
+        force_path_kernel[(1,)](
+            self.schedule, self.schedule.numel(), self.counter, spine_nodes, tokens, choice, accepted,
+            path_len, emitted, final_row, WIDTH=width, WP=triton.next_power_of_2(width), num_warps=1,
+        )  # fmt: skip
 
 
 def _clone(result: WalkResult) -> WalkResult:

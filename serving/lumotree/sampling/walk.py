@@ -35,6 +35,9 @@ class WalkResult:
     emitted: Tensor
     final_row: Tensor
 
+    def tensors(self) -> list[Tensor]:
+        return [self.accepted, self.path_len, self.emitted, self.final_row]
+
 
 def _walk(tree: TreeDescriptor, walks: int, choose: Callable[[Tensor, Tensor], Tensor]) -> WalkResult:
     """choose(walk_ids [w], nodes [w]) -> tokens [w] for the walks still running."""

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from lumotree.engine import DRAFTER_KINDS, AsyncEngine, EngineConfig
+from lumotree.engine import DRAFTER_KINDS, EngineConfig, EngineProcess
 from lumotree.model import default_model_path
 from lumotree.server.app import create_app
 from lumotree.server.context import ServingContext
@@ -52,7 +52,12 @@ def serve(
         str | None, typer.Option(help="The model name clients send (default: the folder name).")
     ] = None,
     max_model_len: Annotated[
-        int | None, typer.Option(min=2, help="Prompt + output tokens per request (default: the model's).")
+        int | None,
+        typer.Option(
+            min=2,
+            envvar="LUMOTREE_MAX_MODEL_LEN",
+            help="Prompt + output tokens per request (default: the model's).",
+        ),
     ] = None,
     dtype: Annotated[
         str,
@@ -74,8 +79,19 @@ def serve(
     random_weights: Annotated[
         str | None,
         typer.Option(
+            envvar="LUMOTREE_RANDOM_WEIGHTS",
             help="Serve a random-weight model of a shape preset (e.g. qwen3.5-27b) built on the device "
-            "instead of --model's weights (its tokenizer is still used): for speed work."
+            "instead of --model's weights (its tokenizer is still used): for speed work.",
+        ),
+    ] = None,
+    forced_acceptance: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LUMOTREE_FORCED_ACCEPTANCE",
+            help="Speed work only: every drafting cycle accepts a spine prefix of lengths from this "
+            "schedule instead of the walk's ('paper': 4.05 accepted drafts a tree cycle, 3.17 a chain "
+            "cycle; a mean like 3.4; counts like 0,4,5; hist:FILE.json), so a random-weight model "
+            "publishes realistic paths. Outputs are then not the model's. Ignored with --drafter ar.",
         ),
     ] = None,
     draft_vocab: Annotated[
@@ -115,10 +131,10 @@ def serve(
             model=folder, drafter=drafter, mtp_depth=mtp_depth, max_model_len=max_model_len,  # type: ignore[arg-type]
             dtype=dtype, threads=threads, seed=seed, device=device, kernels=kernels,  # type: ignore[arg-type]
             eager=eager, random_weights=random_weights, tree_shape=tree_shape,  # type: ignore[arg-type]
-            draft_vocab=draft_vocab,
+            draft_vocab=draft_vocab, forced_acceptance=forced_acceptance,
         )  # fmt: skip
-        engine = AsyncEngine.from_config(config)
-    except (FileNotFoundError, ValueError) as exc:
+        engine = EngineProcess(config, logging.getLevelName(log_level.upper()))
+    except (FileNotFoundError, ValueError, TimeoutError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     ctx = ServingContext.for_model(
@@ -131,10 +147,11 @@ def serve(
     )
     log.info(
         "serving %s as %r: drafter %s (%d rows), max_model_len %d, dtype %s, device %s (%s kernels%s), "
-        "on http://%s:%d%s",
+        "engine process %s, on http://%s:%d%s%s",
         random_weights or folder, ctx.model_name, drafter, engine.geometry.rows, engine.max_model_len, dtype,
-        engine.device, engine.kernels, ", eager" if eager else "", host, port,
+        engine.device, engine.kernels, ", eager" if eager else "", engine.pid, host, port,
         " (API key required)" if api_key else "",
+        f"; FORCED ACCEPTANCE {forced_acceptance!r}, outputs not the model's" if forced_acceptance else "",
     )  # fmt: skip
     hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None
     http = create_app(

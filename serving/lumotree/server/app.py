@@ -103,8 +103,9 @@ def create_app(
         responses={200: {"content": None}, 503: {"model": ErrorResponse, "description": "engine died"}},
     )
     async def health() -> Response:
-        if ctx.engine_dead is not None:
-            return error_response(APIError(503, ctx.engine_dead, code="engine_dead"))
+        dead = ctx.engine_dead or getattr(ctx.engine, "dead", None)
+        if dead is not None:
+            return error_response(APIError(503, dead, code="engine_dead"))
         return Response(status_code=200)
 
     @app.get("/version")

@@ -46,7 +46,6 @@ class DeviceTrees:
         if hit is not None and hit[0] is tree:
             return hit[1]
         table = DeviceTree(tree.rows, tree.max_depth, device).load_(tree)
-        table.cast_()
         if len(self._loaded) >= LOADED_TREES:
             self._loaded.pop(next(iter(self._loaded)))
         self._loaded[id(tree)] = (tree, table)  # the descriptor kept alive: its id stays unique

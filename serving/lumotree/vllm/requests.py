@@ -4,7 +4,7 @@ proposed for the request's next step.
 
 The MTP drafter's rows follow the engine's protocol (lumotree.drafting.mtp): prefill rows are
 (h_t, x_{t+1}) committed chunk by chunk; after each sampled step the accepted nodes' target rows
-are queued with the tokens that follow them.
+are kept with the tokens that follow them until the next proposal's first pass takes them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lumotree.drafting.drafter import Drafter
+from lumotree.drafting.mtp import MTPDrafter
 from lumotree.engine.acceptance import history_counts
-from lumotree.engine.drafter import ARDrafter
 from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
 
@@ -90,8 +91,10 @@ class RequestState:
     """What LumoTree keeps about one request between vLLM steps (drafting=False: the request asked
     for no drafts; its steps verify root-only trees, as the "ar" drafter's do)."""
 
-    def __init__(self, drafter: ARDrafter, params: object, vocab: int, max_model_len: int) -> None:
-        self.drafter = drafter
+    def __init__(
+        self, drafter: Drafter, mtp: MTPDrafter | None, params: object, vocab: int, max_model_len: int
+    ) -> None:
+        self.drafter, self.mtp = drafter, mtp
         self.sampling = core_sampling(params)
         seed = getattr(params, "seed", None)
         self.seed = int(seed) if seed is not None else _SEEDS.getrandbits(63)
@@ -108,25 +111,43 @@ class RequestState:
         self.pending: TreeDescriptor | None = None
         self.last_hidden: Tensor | None = None  # target row of the last prefilled token
         self.stopped = False
+        self._rows: list[tuple[Tensor, list[int]]] = []  # true MTP rows for the next proposal
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A sequence (re)starts from an empty state with this prompt."""
-        self.drafter.begin(prompt, 0)
+        self.drafter.begin(prompt)
+        if self.mtp is not None:
+            self.mtp.reset()
         self.prompt_seen = history_counts(prompt, self.vocab) > 0
-        self.pending, self.last_hidden, self.stopped = None, None, False
+        self.pending, self.last_hidden, self.stopped, self._rows = None, None, False, []
 
     def prefill_rows(self, hidden: Tensor, chunk: Sequence[int]) -> None:
         """A prefilled chunk's tokens and target rows [n, H]: MTP rows (h_t, x_{t+1}), the
         previous chunk's last row joined to this chunk's first token."""
-        if self.last_hidden is None:
-            self.drafter.rows(hidden[:-1], chunk[1:], commit=True)
-        else:
-            self.drafter.rows(torch.cat([self.last_hidden, hidden[:-1]]), chunk, commit=True)
+        if self.mtp is not None:
+            if self.last_hidden is None:
+                self.mtp.commit(hidden[:-1], chunk[1:])
+            else:
+                self.mtp.commit(torch.cat([self.last_hidden, hidden[:-1]]), chunk)
         self.last_hidden = hidden[-1:]
 
     def sampled(self, hidden: Tensor, kept: Sequence[int], stopped: bool) -> None:
         """Tokens vLLM keeps from a step (each produced by a row of `hidden` [n, H])."""
         self.drafter.emitted(kept)
         self.stopped = stopped
-        if not stopped:
-            self.drafter.rows(hidden[: len(kept)], kept, commit=False)
+        if not stopped and self.mtp is not None:
+            self._rows.append((hidden[: len(kept)], list(kept)))
+
+    def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
+        """The next tree below the pending `root` (its MTP passes take the rows kept since the last)."""
+        proposal = None
+        if self.mtp is not None:
+            hidden = torch.cat([h for h, _ in self._rows])
+            proposal = self.mtp.propose(hidden, [t for _, tokens in self._rows for t in tokens])
+            self._rows = []
+        topology = self.drafter.topology(root, proposal)
+        rows = self.drafter.geometry.rows if self.drafter.kind == "tree" else None
+        self.pending = topology.descriptor(
+            prefix_len=prefix_len, rows=rows, max_depth=self.drafter.geometry.max_depth
+        )
+        return self.pending

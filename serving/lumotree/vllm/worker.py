@@ -15,8 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lumotree.drafting.suffix import OutputCache
-from lumotree.engine.drafter import make_drafter
+from lumotree.drafting.drafter import Drafter
+from lumotree.drafting.mtp import MTPDrafter
+from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.model.model import HybridLM
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
@@ -58,8 +59,18 @@ class LumoTreeWorker:
         req = runner.requests[req_id]  # type: ignore[attr-defined]
         config = self.settings.engine_config(self.max_rows)
         capacity = runner.max_model_len + self.max_rows  # type: ignore[attr-defined]
-        drafter = make_drafter(config, self.mtp_model, capacity, outputs=self.outputs)  # type: ignore[arg-type]
-        return RequestState(drafter, req.sampling_params, runner.input_batch.vocab_size, runner.max_model_len)  # type: ignore[attr-defined]
+        geometry = config.geometry()
+        suffix = SuffixDrafter(
+            config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=self.outputs
+        )
+        drafter = Drafter(geometry, suffix)
+        mtp = None
+        if drafter.uses_mtp:
+            assert self.mtp_model is not None
+            depth, k = geometry.depth_mtp, 1 + geometry.siblings_per_depth
+            mtp = MTPDrafter.for_engine(self.mtp_model, depth, k, capacity, config.draft_head_dtype, None)
+        vocab = runner.input_batch.vocab_size  # type: ignore[attr-defined]
+        return RequestState(drafter, mtp, req.sampling_params, vocab, runner.max_model_len)  # type: ignore[attr-defined]
 
     # ---- vLLM layers -------------------------------------------------------------------------
     def _index(self, runner: object) -> None:
@@ -217,8 +228,7 @@ class LumoTreeWorker:
                 drafts.append([])  # failed, finished, no drafts asked for, or mid-prompt
                 continue
             # every token but the pending root (the last output) is in the state now
-            tree = state.drafter.propose(req.output_token_ids[-1], req.num_tokens - 1)
-            state.pending = tree
+            tree = state.propose(req.output_token_ids[-1], req.num_tokens - 1)
             drafts.append(physical_tokens(tree)[1:])
         return drafts
 

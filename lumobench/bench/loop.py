@@ -1,0 +1,150 @@
+"""The real loop against the cycle its kernels allow: the server's own tokens/s and wall time per
+cycle, measured by the harness, next to the same server's device-timed cycle (issue 23).
+
+    python -m lumobench.bench.loop corpus loop-4k.jsonl --context 4096 --tokens 256
+    LUMOTREE_RANDOM_WEIGHTS=qwen3.5-27b LUMOTREE_FORCED_ACCEPTANCE=paper ... \\
+        lumobench replay loop-4k.jsonl --api generate --sequential --arm ... --out RUNS
+    python -m lumobench.bench.loop table RUNS/*-lumotree-ar RUNS/*-lumotree-mtp5 RUNS/*-lumotree \\
+        --out results/h200/loop
+
+`corpus` writes token-id prompts (SGLang `/generate`: a random-weight model's tokens need no text,
+and `/generate` times the first token by its count, not by decoded text) of `--context` tokens with
+greedy, ignore_eos sampling of `--tokens` tokens. `table` reads the harness's run directories, one
+per arm, and writes `loop.json` (+ `.md`):
+
+    {"arms": {"ar": {"loop_ms", "cycle_ms", "loop_over_cycle", "accepted_per_cycle",
+                     "tokens_per_s", ...}, "mtp5": {...}, "tree": {...}},
+     "ratios": {...}, "command": ..., "commit": ...}
+
+loop_ms = the harness's decode wall time (Σ t_end - t_first over requests, Eq. 5's denominator)
+over the server's decode cycles in that time (its `lumotree:phase_seconds{phase="cycle"}` count);
+cycle_ms = the same server's device-timed cycle (the mean of that metric: CUDA events inside the
+cycle's graph); tokens_per_s = the harness's Eq. 5 pooled rate. With forced acceptance (speed work)
+the outputs are not a model's, so "same output" is not reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lumobench.metrics import phase_totals
+from lumobench.report import build_report, load_run
+
+app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
+ARM_KEYS = {"lumotree-ar": "ar", "lumotree-mtp5": "mtp5", "lumotree": "tree"}
+
+
+@app.command()
+def corpus(
+    out: Annotated[Path, typer.Argument(help="Corpus file to write (JSONL).")],
+    context: Annotated[int, typer.Option(min=1, help="Prompt tokens of every request.")] = 4096,
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens generated per request (ignore_eos).")] = 256,
+    requests: Annotated[int, typer.Option(min=1, help="Requests in the corpus.")] = 6,
+    vocab: Annotated[int, typer.Option(min=2, help="Prompt ids are drawn below this.")] = 8192,
+) -> None:
+    """Write a corpus of token-id prompts for the loop measurement."""
+    rng = random.Random(context)
+    sampling = {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}
+    with out.open("w") as f:
+        for i in range(requests):
+            record = {
+                "id": f"loop-{context}-{i}",
+                "messages": [{"role": "user", "content": "token ids, see input_ids"}],
+                "input_ids": [rng.randrange(3, vocab) for _ in range(context)],
+                "extra_body": {"sampling_params": sampling},
+            }
+            f.write(json.dumps(record) + "\n")
+    typer.echo(f"wrote {out}: {requests} requests of {context} prompt tokens, {tokens} tokens each")
+
+
+def arm_loop(path: Path) -> dict:
+    """One arm's loop figures from its run directory (see the module docstring)."""
+    run, meta, _ = load_run(path)
+    report = build_report([path])[0]
+    seconds = cycles = 0.0
+    for _, _, before, after in run.metric_segments():
+        s, c = phase_totals(before, after).get("cycle", (0.0, 0.0))
+        seconds, cycles = seconds + s, cycles + c
+    if not cycles or not report.decode_s:
+        raise typer.BadParameter(f"{path}: no decode cycles measured (no cycle metric or no completed rows)")
+    return {
+        "arm": meta.arm.name,
+        "run_dir": str(path),
+        "loop_ms": 1e3 * report.decode_s / cycles,
+        "cycle_ms": 1e3 * seconds / cycles,
+        "loop_over_cycle": report.decode_s / seconds,
+        "accepted_per_cycle": report.accepted_per_event or 0.0,
+        "tokens_per_s": report.pooled_tokens_per_s,
+        "tokens": report.tokens,
+        "cycles": int(cycles),
+        "completed": report.completed,
+        "phase_ms": report.phase_ms,
+    }
+
+
+def markdown(doc: dict) -> str:
+    lines = [
+        "# The real loop on the H200: server wall time per cycle against its device-timed cycle",
+        "",
+        f"Command: `{doc['command']}` at commit {doc['commit']}.",
+        "loop = the harness's decode wall time over the server's decode cycles; cycle = the same server's "
+        "device-timed cycle (CUDA events inside its graph); tok/s = Eq. 5 pooled rate.",
+        "",
+        "| arm | loop ms | cycle ms | loop / cycle | accepted / cycle | tok/s | cycles |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key, a in doc["arms"].items():
+        lines.append(
+            f"| {key} | {a['loop_ms']:.3f} | {a['cycle_ms']:.3f} | {a['loop_over_cycle']:.3f} "
+            f"| {a['accepted_per_cycle']:.2f} | {a['tokens_per_s']:.1f} | {a['cycles']} |"
+        )
+    lines += ["", *(f"- {name}: {value:.3f}" for name, value in doc["ratios"].items())]
+    return "\n".join(lines) + "\n"
+
+
+@app.command()
+def table(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories of the lumotree arms (any order).")],
+    out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")] = Path(
+        "results/h200/loop"
+    ),
+) -> None:
+    """Assemble loop.json / loop.md from the run directories of one loop measurement."""
+    arms: dict[str, dict] = {}
+    for path in runs:
+        figures = arm_loop(path)
+        arms[ARM_KEYS.get(figures["arm"], figures["arm"])] = figures
+    rate = {k: a["tokens_per_s"] for k, a in arms.items()}
+    ratios = {}
+    if {"ar", "tree"} <= rate.keys():
+        ratios["tree_over_ar"] = rate["tree"] / rate["ar"]
+    if {"mtp5", "tree"} <= rate.keys():
+        ratios["tree_over_mtp5"] = rate["tree"] / rate["mtp5"]
+    commit = (
+        os.environ.get("LUMOBENCH_COMMIT")
+        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    doc = {
+        "arms": arms,
+        "ratios": ratios,
+        "command": os.environ.get("LUMOBENCH_COMMAND")
+        or "python -m lumobench.bench.loop " + shlex.join(sys.argv[1:]),
+        "commit": commit or None,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(doc))
+    typer.echo(markdown(doc))
+
+
+if __name__ == "__main__":
+    app()
