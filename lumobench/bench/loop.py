@@ -16,11 +16,13 @@ per arm, and writes `loop.json` (+ `.md`):
                      "tokens_per_s", ...}, "mtp5": {...}, "tree": {...}},
      "ratios": {...}, "command": ..., "commit": ...}
 
-loop_ms = the harness's decode wall time (Σ t_end - t_first over requests, Eq. 5's denominator)
-over the server's decode cycles in that time (its `lumotree:phase_seconds{phase="cycle"}` count);
-cycle_ms = the same server's device-timed cycle (the mean of that metric: CUDA events inside the
-cycle's graph); tokens_per_s = the harness's Eq. 5 pooled rate. With forced acceptance (speed work)
-the outputs are not a model's, so "same output" is not reported.
+loop_ms = the harness's wall time per decode cycle: over every completed request, the time from the
+stream chunk that brought its first token to the one that brought its last, over the chunks that
+brought new tokens after the first (the server streams one chunk per cycle); cycle_ms = the same
+server's device-timed cycle (the mean of its `lumotree:phase_seconds{phase="cycle"}`: CUDA events
+inside the cycle's graph on a GPU, the runner's wall time on a CPU); tokens_per_s = the harness's
+Eq. 5 pooled rate. With forced acceptance (speed work) the outputs are not a model's, so "same
+output" is not reported.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import typer
 
 from lumobench.metrics import phase_totals
 from lumobench.report import build_report, load_run
+from lumobench.results import RequestRow
 
 app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
 ARM_KEYS = {"lumotree-ar": "ar", "lumotree-mtp5": "mtp5", "lumotree": "tree"}
@@ -66,26 +69,49 @@ def corpus(
     typer.echo(f"wrote {out}: {requests} requests of {context} prompt tokens, {tokens} tokens each")
 
 
+def client_cycles(rows: list[RequestRow]) -> tuple[float, int]:
+    """(seconds, cycles) the client saw: per request, from the chunk with its first token to the
+    chunk with its last, and the token-bearing chunks after the first."""
+    seconds, cycles = 0.0, 0
+    for row in rows:
+        if row.status != "completed" or not row.chunk_tokens or not row.chunk_ns:
+            continue
+        times, seen = [], 0
+        for tokens, ns in zip(row.chunk_tokens, row.chunk_ns, strict=False):
+            if tokens > seen:
+                times.append(ns)
+                seen = tokens
+        if len(times) > 1:
+            seconds += (times[-1] - times[0]) / 1e9
+            cycles += len(times) - 1
+    return seconds, cycles
+
+
 def arm_loop(path: Path) -> dict:
     """One arm's loop figures from its run directory (see the module docstring)."""
-    run, meta, _ = load_run(path)
+    run, meta, rows = load_run(path)
     report = build_report([path])[0]
-    seconds = cycles = 0.0
+    device_s = server_cycles = 0.0
     for _, _, before, after in run.metric_segments():
         s, c = phase_totals(before, after).get("cycle", (0.0, 0.0))
-        seconds, cycles = seconds + s, cycles + c
-    if not cycles or not report.decode_s:
-        raise typer.BadParameter(f"{path}: no decode cycles measured (no cycle metric or no completed rows)")
+        device_s, server_cycles = device_s + s, server_cycles + c
+    wall_s, cycles = client_cycles(rows)
+    if not server_cycles or not cycles:
+        raise typer.BadParameter(
+            f"{path}: no decode cycles measured (no cycle metric or no per-chunk counts)"
+        )
+    loop_ms, cycle_ms = 1e3 * wall_s / cycles, 1e3 * device_s / server_cycles
     return {
         "arm": meta.arm.name,
         "run_dir": str(path),
-        "loop_ms": 1e3 * report.decode_s / cycles,
-        "cycle_ms": 1e3 * seconds / cycles,
-        "loop_over_cycle": report.decode_s / seconds,
+        "loop_ms": loop_ms,
+        "cycle_ms": cycle_ms,
+        "loop_over_cycle": loop_ms / cycle_ms,
         "accepted_per_cycle": report.accepted_per_event or 0.0,
         "tokens_per_s": report.pooled_tokens_per_s,
         "tokens": report.tokens,
-        "cycles": int(cycles),
+        "cycles": cycles,
+        "server_cycles": int(server_cycles),
         "completed": report.completed,
         "phase_ms": report.phase_ms,
     }

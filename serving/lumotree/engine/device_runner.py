@@ -132,10 +132,17 @@ class DeviceRunner(Runner):
         self._pool = torch.cuda.graph_pool_handle() if graphs and self.cuda else None
         self._ahead: _Launch | None = None
         self._slot = 0
+        self._first_hidden = torch.zeros((1, model.config.hidden_size), dtype=model.dtype, device=device)
+        self._first_graph: torch.cuda.CUDAGraph | None = None
         self.graph_bytes = 0
         self.capture_seconds = 0.0
         if self._pool is not None:
             self._warm_up()
+            self._baseline = torch.cuda.memory_reserved(device)
+            if self.device_mtp is not None:
+                self._first_graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self._first_graph, pool=self._pool):
+                    self._first_proposal()
             self._capture(sampler_key(self.acceptance.params))
 
     # ---- state -----------------------------------------------------------------------------
@@ -169,12 +176,30 @@ class DeviceRunner(Runner):
 
     @torch.inference_mode()
     def start_decode(self, hidden: Tensor, token: int) -> MTPProposal | None:
-        """Also seed the device counters: the committed length, and the 'last cycle' a chained
-        first tree reads (the first token emitted by a root-only path)."""
+        """Seed the device counters (the committed length, and the 'last cycle' a chained first
+        tree reads: the first token emitted by a root-only path), then draft the first proposal
+        from the prompt's last row (a captured graph; one synchronisation reads it)."""
+        r, mtp = self.walk.result, self.device_mtp
         self.tables.prefix_len.fill_(self.state.length)
-        self.walk.result.emitted[0, 0] = token
-        self.walk.result.path_len.fill_(1)
-        return super().start_decode(hidden, token)
+        r.emitted[0, 0] = token
+        r.path_len.fill_(1)
+        if mtp is None:
+            return None
+        self._first_hidden.copy_(hidden.reshape(self._first_hidden.shape))
+        if self._first_graph is not None:
+            self._first_graph.replay()
+        else:
+            self._first_proposal()
+        spine, topk = mtp.spine.tolist(), mtp.topk.tolist()
+        mtp.advance_host(1)
+        return MTPProposal(spine, topk)
+
+    def _first_proposal(self) -> None:
+        """The MTP passes after the prompt: pass 1 over (the last prompt row, the first token)."""
+        r, mtp = self.walk.result, self.device_mtp
+        assert mtp is not None
+        mtp.queue_(self._first_hidden, r.emitted[0, :1], r.path_len[:1])
+        mtp.propose_()
 
     def sampler(
         self, params: SamplingParams, seed: int, prompt: Sequence[int], generated: Sequence[int]
@@ -250,6 +275,8 @@ class DeviceRunner(Runner):
                 logits = self._stages(slot)
                 # the sampled walk's kernels too (its first request would pay for them)
                 self.walk.sample_(torch.softmax(logits, -1), seeds, seeds)
+            if self.device_mtp is not None:
+                self._first_proposal()
         torch.cuda.current_stream(self.model.device).wait_stream(side)
         torch.cuda.synchronize(self.model.device)
         self.tables.prefix_len.zero_()
@@ -269,14 +296,14 @@ class DeviceRunner(Runner):
             for slot in (0, 1):
                 self._graphs.pop((oldest, slot), None)
                 self._logits.pop((oldest, slot), None)
-        before = torch.cuda.memory_reserved(self.model.device)
         for slot in (0, 1):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 self._logits[(key, slot)] = self._stages(slot)
             self._graphs[(key, slot)] = graph
         torch.cuda.synchronize(self.model.device)
-        self.graph_bytes += torch.cuda.memory_reserved(self.model.device) - before
+        # what the graphs hold: the reserved memory beyond what the runner held before any capture
+        self.graph_bytes = max(0, torch.cuda.memory_reserved(self.model.device) - self._baseline)
         self.capture_seconds += time.perf_counter() - start
         log.info(
             "captured the %d-row cycle (depth <= %d, %s MTP%s) for sampler %s in %.0f ms: pool %.1f MiB",
@@ -320,11 +347,11 @@ class DeviceRunner(Runner):
         if done is not None:
             done.synchronize()
 
-    def _collect(self, launch: _Launch) -> CycleResult:
-        """Wait for a launched cycle (the one synchronisation) and read its results."""
-        slot = launch.slot
-        self._wait(slot)
-        out, width = self._results[slot].tolist(), self.max_depth + 1
+    def _collect(self, launch: _Launch) -> tuple[list[int], list[int], MTPProposal | None]:
+        """Wait for a launched cycle (the one synchronisation) and read its results: accepted
+        nodes, emitted tokens, the next proposal."""
+        self._wait(launch.slot)
+        out, width = self._results[launch.slot].tolist(), self.max_depth + 1
         path_len = out[width]
         accepted, emitted = out[:path_len], out[width + 1 : width + 1 + path_len]
         self.state.length += path_len
@@ -336,21 +363,24 @@ class DeviceRunner(Runner):
             proposal = MTPProposal(
                 out[2 * width + 1 : 2 * width + 1 + d], [flat[i * k : (i + 1) * k] for i in range(d)]
             )
+        return accepted, emitted, proposal
+
+    def _result(
+        self, launch: _Launch, collected: tuple[list[int], list[int], MTPProposal | None]
+    ) -> CycleResult:
+        """The cycle's result with its phase times (read once the next cycle is on its way)."""
+        slot = launch.slot
         if self.cuda:
             seconds = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(self._marks[slot])]
         else:
             seconds = [b - a for a, b in itertools.pairwise(self._host_marks[slot])]
         spans = dict(zip(PHASE_MARKS, seconds, strict=True)) | {"cycle": sum(seconds)}
         logits = self._logits[(launch.key, slot) if (launch.key, slot) in self._graphs else slot]
-        index = torch.tensor  # rows -> the raw logits of those rows, on the host (one more copy)
-        return CycleResult(
-            accepted,
-            emitted,
-            proposal,
-            spans,
-            lambda rows: logits[index(rows, device=logits.device)].cpu(),
-            1,
-        )
+
+        def logits_of(rows: list[int]) -> Tensor:  # the raw logits of tree rows, on the host
+            return logits[torch.tensor(rows, device=logits.device)].cpu()
+
+        return CycleResult(*collected, spans, logits_of, 1)
 
     @torch.inference_mode()
     def cycle(  # type: ignore[override]
@@ -377,12 +407,12 @@ class DeviceRunner(Runner):
         room = self.state.length + self.max_depth + 1 + self.rows <= self.capacity
         # a chain's next tree is formed on the device: start it before this cycle's results are in
         ahead = self._launch(None) if chain_next and self.chained and room else None
-        result = self._collect(launch)
-        following = None if follow is None else follow(result)
+        collected = self._collect(launch)
+        following = None if follow is None else follow(CycleResult(*collected))
         if ahead is not None:  # its tree: the last emitted token, then the new spine
-            spine = () if result.proposal is None else tuple(result.proposal.spine)
-            ahead.tokens = (result.emitted[-1], *spine)
+            _, emitted, proposal = collected
+            ahead.tokens = (emitted[-1], *(() if proposal is None else proposal.spine))
             self._ahead = ahead
         elif following is not None and self.state.length + self.rows <= self.capacity:
             self._ahead = self._launch(following)  # the host's next tree, before the results are emitted
-        return result
+        return self._result(launch, collected)
