@@ -41,6 +41,7 @@ import typer
 from lumobench.metrics import phase_totals
 from lumobench.report import build_report, load_run
 from lumobench.results import RequestRow
+from lumotree.drafting.draft_vocab import save_draft_vocab
 
 app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
 ARM_KEYS = {"lumotree-ar": "ar", "lumotree-mtp5": "mtp5", "lumotree": "tree"}
@@ -67,6 +68,19 @@ def corpus(
             }
             f.write(json.dumps(record) + "\n")
     typer.echo(f"wrote {out}: {requests} requests of {context} prompt tokens, {tokens} tokens each")
+
+
+@app.command("draft-vocab")
+def draft_vocab(
+    out: Annotated[Path, typer.Argument(help="Draft vocabulary file to write (JSON).")],
+    size: Annotated[int, typer.Option(min=1, help="Token ids in it.")] = 32768,
+    vocab: Annotated[int, typer.Option(min=2, help="The model's vocabulary size.")] = 248320,
+) -> None:
+    """A draft vocabulary of `size` ids drawn at random (a random-weight model has no frequent
+    tokens: any subset streams the same bytes), for `--draft-vocab` in speed work."""
+    ids = random.Random(size).sample(range(vocab), min(size, vocab))
+    save_draft_vocab(out, ids, vocab, f"{size} random ids (speed work)")
+    typer.echo(f"wrote {out}: {len(ids)} of {vocab} ids")
 
 
 def client_cycles(rows: list[RequestRow]) -> tuple[float, int]:

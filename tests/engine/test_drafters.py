@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lumotree.drafting.draft_vocab import draft_head
 from lumotree.drafting.drafter import paper_topology
@@ -85,17 +87,56 @@ def test_tree_drafter_hangs_rescue_branches_where_a_continuation_leaves_the_tree
     tree = paper_topology(suffix, geometry, 9, MTPProposal(spine, topk))
     # continuations of (1, 2): [50, 70, 71, ...] leaves after 50; [50, 51, 60, ...] leaves after 51
     rescues = [RescueBranch((50,), (70, 71, 72, 73)), RescueBranch((50, 51), (60, 61))]
-    assert tree == build_paper_tree(9, spine, topk, (), rescues, prefix_len=0, config=geometry).topology()
-    paths = {_token_path(tree, node) for node in range(tree.n_active)}
-    assert {(50, 70, 71, 72, 73), (50, 51, 60, 61)} <= paths and len(paths) == tree.n_active
+    want = build_paper_tree(9, spine, topk, (), rescues, prefix_len=0, config=geometry).topology()
+    assert _token_paths(tree) == _token_paths(want) and tree.n_active == want.n_active
+    assert {(50, 70, 71, 72, 73), (50, 51, 60, 61)} <= _token_paths(tree)
 
 
-def _token_path(tree: TreeTopology, node: int) -> tuple[int, ...]:
-    path = []
-    while node > 0:
-        path.append(tree.tokens[node])
-        node = tree.parents[node]
-    return tuple(reversed(path))
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_tree_drafter_builds_the_paper_tree_of_its_proposals(data: st.DataObject) -> None:
+    """Against `build_paper_tree` with the rescue branches placed by a plain reference (where each
+    continuation leaves the tree built so far): the same root-to-node token paths, under every row
+    budget, with histories that repeat (so tails and rescues exist)."""
+    vocab = data.draw(st.integers(4, 12))
+    history = data.draw(st.lists(st.integers(0, vocab - 1), min_size=2, max_size=60))
+    spine = data.draw(st.lists(st.integers(0, vocab - 1), min_size=5, max_size=5))
+    topk = [
+        [s, *data.draw(st.lists(st.integers(0, vocab - 1), min_size=2, max_size=2, unique=True))]
+        for s in spine
+    ]
+    geometry = GeometryConfig(rows=data.draw(st.integers(3, 32)))
+    suffix = SuffixDrafter(min_match=2)
+    suffix.begin(history)
+    got = paper_topology(suffix, geometry, 0, MTPProposal(spine, topk))
+    tails = suffix.continuations(spine, geometry.tail_len, 1)
+    tail = tails[0].continuation if tails else ()
+    mirror = build_paper_tree(0, spine, topk, tail, [], prefix_len=0, config=geometry).topology()
+    rescues: list[RescueBranch] = []
+    for match in suffix.continuations((), geometry.max_depth, 2 * len(geometry.rescue_lens)):
+        paths = _token_paths(mirror)
+        cont = match.continuation
+        at = next((i for i in range(len(cont), -1, -1) if tuple(cont[:i]) in paths | {()}), 0)
+        branch = tuple(cont[at : at + geometry.rescue_lens[len(rescues)]])
+        if not branch:
+            continue
+        rescues.append(RescueBranch(tuple(cont[:at]), branch))
+        mirror = build_paper_tree(0, spine, topk, tail, rescues, prefix_len=0, config=geometry).topology()
+        if len(rescues) == len(geometry.rescue_lens):
+            break
+    assert _token_paths(got) == _token_paths(mirror)
+
+
+def _token_paths(tree: TreeTopology) -> set[tuple[int, ...]]:
+    """Every node's tokens from below the root to itself (a tree whatever its node order)."""
+    paths: set[tuple[int, ...]] = set()
+    for node in range(1, tree.n_active):
+        path = []
+        while node > 0:
+            path.append(tree.tokens[node])
+            node = tree.parents[node]
+        paths.add(tuple(reversed(path)))
+    return paths
 
 
 def test_tree_cycles_use_the_paper_geometry(demo_prompts: list[GenerationRequest]) -> None:

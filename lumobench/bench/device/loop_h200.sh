@@ -15,6 +15,7 @@
 #   REQUESTS   requests per arm                                                 default 4
 #   FORCED     the forced-acceptance schedule (lumotree.sampling.forced)       default paper
 #   ARMS       the arms                                    default "lumotree-ar lumotree-mtp5 lumotree"
+#   DRAFT_VOCAB  ids of a random draft vocabulary for the MTP passes (0: none)    default 0
 #   REPLAY_S   time limit of the replay in seconds                              default 480
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
@@ -32,8 +33,13 @@ python3 -m lumobench.bench.loop corpus "$corpus" --context "${CONTEXT:-4096}" --
     --requests "${REQUESTS:-4}"
 export LUMOTREE_RANDOM_WEIGHTS=qwen3.5-27b LUMOTREE_DTYPE=bfloat16 LUMOTREE_FORCED_ACCEPTANCE=${FORCED:-paper}
 export LUMOTREE_MAX_MODEL_LEN=$(( ${CONTEXT:-4096} + ${TOKENS:-256} + 64 ))
+if (( ${DRAFT_VOCAB:-0} > 0 )); then
+    python3 -m lumobench.bench.loop draft-vocab /tmp/draft-vocab.json --size "$DRAFT_VOCAB"
+    export LUMOTREE_DRAFT_VOCAB=/tmp/draft-vocab.json
+fi
 command="LUMOTREE_RANDOM_WEIGHTS=qwen3.5-27b LUMOTREE_DTYPE=bfloat16 LUMOTREE_FORCED_ACCEPTANCE=${FORCED:-paper} \
-lumobench replay loop.jsonl --api generate --sequential ${selected[*]} (context ${CONTEXT:-4096}, ${TOKENS:-256} tokens)"
+lumobench replay loop.jsonl --api generate --sequential ${selected[*]} (context ${CONTEXT:-4096}, ${TOKENS:-256} tokens\
+, draft vocabulary ${DRAFT_VOCAB:-0})"
 timeout "${REPLAY_S:-480}" python3 -m lumobench.cli replay "$corpus" --api generate --sequential \
     "${selected[@]}" --out "$runs" > "$OUT/loop-replay.log" 2>&1
 LUMOBENCH_COMMAND="$command" python3 -m lumobench.bench.loop table "$runs"/*/ --out "$OUT/loop" \

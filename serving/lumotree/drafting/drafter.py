@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from lumotree.drafting.geometry import GeometryConfig, grow_mtp_part
+from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.mtp import MTPProposal
 from lumotree.drafting.suffix import SuffixDrafter
-from lumotree.tree import TreeBuilder, TreeTopology, chain_topology
+from lumotree.tree import TreeTopology, chain_topology
 
 DrafterKind = Literal["ar", "mtp", "tree"]
 
@@ -80,21 +80,64 @@ def paper_topology(
     """The paper tree below `root`: the proposal's spine and siblings, the suffix drafter's
     principal tail after the spine, and rescue branches: the best suffix continuations of the root
     that leave the tree so far, each hung below the node where it leaves, the i-th cut to
-    geo.rescue_lens[i] (`build_paper_tree` with those branches gives the same tree)."""
+    geo.rescue_lens[i]. The same nodes and budget as `build_paper_tree` with those branches, in the
+    order root, spine and tail, siblings by depth, rescue branches (no breadth-first reordering:
+    this runs between two cycles, and every stage reads the topology whatever its order)."""
     tails = suffix.continuations(proposal.spine, geo.tail_len, 1)
-    builder = TreeBuilder(root, max_nodes=geo.rows, max_depth=geo.max_depth)
-    grow_mtp_part(builder, proposal.spine, proposal.topk, tails[0].continuation if tails else (), geo)
+    tail = tails[0].continuation if tails else ()
+    tree = _Trie(root, geo.rows, geo.max_depth)
+    spine = [0]
+    for token in [*proposal.spine[: geo.depth_mtp], *tail[: geo.tail_len]]:
+        node = tree.add(spine[-1], token)
+        if node is None:
+            break
+        spine.append(node)
+    for d, (token, ranked) in enumerate(zip(proposal.spine[: geo.depth_mtp], proposal.topk, strict=False)):
+        if d >= len(spine):
+            break
+        for sibling in [t for t in ranked if t != token][: geo.siblings_per_depth]:
+            tree.add(spine[d], sibling)
     placed = 0
     if geo.rescue_lens:
         for match in suffix.continuations((), geo.max_depth, 2 * len(geo.rescue_lens)):
             cont, node, at = match.continuation, 0, 0
-            while at < len(cont) and (child := builder.children[node].get(cont[at])) is not None:
+            while at < len(cont) and (child := tree.children[node].get(cont[at])) is not None:
                 node, at = child, at + 1
             branch = cont[at : at + geo.rescue_lens[placed]]
             if not branch:
                 continue
-            builder.extend(node, branch)
+            for token in branch:
+                next_node = tree.add(node, token)
+                if next_node is None:
+                    break
+                node = next_node
             placed += 1
             if placed == len(geo.rescue_lens):
                 break
-    return builder.topology()
+    return TreeTopology(tuple(tree.tokens), tuple(tree.parents), tuple(tree.depths), tree.merges)
+
+
+class _Trie:
+    """A token trie in insertion order with `TreeBuilder`'s budget and merge rules."""
+
+    def __init__(self, root: int, max_nodes: int, max_depth: int) -> None:
+        self.tokens, self.parents, self.depths = [int(root)], [-1], [0]
+        self.children: list[dict[int, int]] = [{}]
+        self.max_nodes, self.max_depth, self.merges = max_nodes, max_depth, 0
+
+    def add(self, parent: int, token: int) -> int | None:
+        """The child of `parent` with `token` (an existing one is a merge); None over the budget."""
+        token = int(token)
+        node = self.children[parent].get(token)
+        if node is not None:
+            self.merges += 1
+            return node
+        if len(self.tokens) >= self.max_nodes or self.depths[parent] >= self.max_depth:
+            return None
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.children.append({})
+        self.children[parent][token] = node
+        return node

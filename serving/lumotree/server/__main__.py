@@ -97,9 +97,10 @@ def serve(
     draft_vocab: Annotated[
         Path | None,
         typer.Option(
+            envvar="LUMOTREE_DRAFT_VOCAB",
             help="A draft vocabulary file (python -m lumotree.drafting.draft_vocab): MTP drafts come "
             "from its token ids only, each drafting pass reading those rows of the vocabulary "
-            "projection; outputs are unchanged (verification scores every token)."
+            "projection; outputs are unchanged (verification scores every token).",
         ),
     ] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch threads of the engine.")] = 1,
@@ -151,7 +152,9 @@ def serve(
         random_weights or folder, ctx.model_name, drafter, engine.geometry.rows, engine.max_model_len, dtype,
         engine.device, engine.kernels, ", eager" if eager else "", engine.pid, host, port,
         " (API key required)" if api_key else "",
-        f"; FORCED ACCEPTANCE {forced_acceptance!r}, outputs not the model's" if forced_acceptance else "",
+        f"; FORCED ACCEPTANCE {forced_acceptance!r}, outputs not the model's"
+        if forced_acceptance and drafter != "ar"
+        else "",
     )  # fmt: skip
     hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None
     http = create_app(
