@@ -195,11 +195,11 @@ def kv_bytes_per_token(model: HybridLM) -> int:
     return layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
 
 
-def history(length: int, period: int = 97) -> list[int]:
+def history(length: int, vocab: int, period: int = 97) -> list[int]:
     """A repetitive token history: the suffix drafter finds continuations in it, so the paper tree
     gets a principal tail and rescue branches (random-weight MTP drafts alone would leave it a bare
     MTP part)."""
-    pattern = random.Random(period).sample(range(1000, 60000), period)
+    pattern = random.Random(period).sample(range(3, min(vocab, 60000)), period)
     return [pattern[i % period] for i in range(length)]
 
 
@@ -209,7 +209,7 @@ def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) 
     mean accepted drafts."""
     suffix = SuffixDrafter()
     drafter = Drafter(arm.geometry, suffix)
-    prompt = history(ctx)
+    prompt = history(ctx, runner.model.config.vocab_size)
     drafter.begin(prompt)
     root = prompt[-1]
     proposal = runner.start_decode(torch.zeros(1, runner.model.config.hidden_size, device=runner.model.device,
@@ -297,9 +297,9 @@ def attention_over_floor(
     return ms / floor_ms
 
 
-def kernel_profile(runner: DeviceRunner, top: int = 12) -> dict:
-    """One eager cycle of an AR runner under the profiler: kernels launched, GEMM time and the rest
-    (device time of the kernels themselves; launch gaps excluded), and the costliest kernels."""
+def kernel_times(runner: DeviceRunner) -> dict[str, list[float]]:
+    """The device ms of every kernel of one eager cycle (the runner's stages in a graph's order)
+    under the profiler, by kernel name; launch gaps excluded."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.inference_mode():  # as the engine runs it: no autograd, so the fused path applies
@@ -312,6 +312,13 @@ def kernel_profile(runner: DeviceRunner, top: int = 12) -> dict:
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels.setdefault(event.name, []).append(event.device_time_total / 1e3)
+    return kernels
+
+
+def kernel_profile(runner: DeviceRunner, top: int = 12) -> dict:
+    """One eager cycle under the profiler: kernels launched, GEMM time and the rest, and the
+    costliest kernels."""
+    kernels = kernel_times(runner)
     gemm = {n: t for n, t in kernels.items() if any(g in n.lower() for g in GEMM_KERNELS)}
     ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
     return {

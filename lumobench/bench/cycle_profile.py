@@ -1,0 +1,146 @@
+"""Where a decode cycle's time goes, for a model small enough that launches, not bytes, set the pace
+(the shipped lumo-tiny-coder on a GPU): per arm, the device-timed phases of the captured cycle, the
+in-process loop around it, and the kernels of one eager cycle by family (count and device time), so
+the gap between the graph's time and its kernels' time is what launching them costs.
+
+    python -m lumobench.bench.cycle_profile --out results/h200/cycle-tiny     (CUDA only)
+
+Each arm runs the engine's loop on `DeviceRunner` as `lumobench.bench.cycle` does (forced
+acceptance at the paper's means, so every arm publishes paths of realistic length; the shipped
+model's own acceptance is the replay's, `lumobench replay corpora/demo.jsonl`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from lumobench.bench.cycle import ARMS, Arm, build_runner, fill_state_, kernel_times, run_arm
+from lumotree.model import HybridLM, default_model_path, load_checkpoint
+from lumotree.sampling import SamplingParams
+
+#: kernel families by the first name fragment that matches (lowercase), in this order
+FAMILIES = (
+    ("tree tables", ("derive_tables",)),
+    ("GEMMs", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "skinny")),
+    ("attention", ("attention", "attn", "merge")),
+    ("GDN", ("gdn", "tree_wy", "replay", "scan")),
+    ("conv", ("conv",)),
+    ("selection and walk", ("rank", "select", "walk", "force", "topk", "sort", "softmax")),
+    ("norms, RoPE, gates", ("norm", "rope", "sigmoid", "silu", "gate")),
+    ("copies and indexing", ("copy", "index", "cat", "gather", "scatter", "fill")),
+)
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    return next((fam for fam, keys in FAMILIES if any(k in low for k in keys)), "other elementwise")
+
+
+def profile_arm(model: HybridLM, arm: Arm, ctx: int, cycles: int, warmup: int) -> dict:
+    """One arm: device phases and loop (medians over `cycles`), and one eager cycle's kernels."""
+    runner = build_runner(model, ctx, arm, graphs=True, cycles=cycles + warmup)
+    fill_state_(runner, ctx)
+    timed = run_arm(runner, arm, ctx, cycles, warmup)
+    fill_state_(runner, ctx)
+    hidden = torch.zeros(
+        1, runner.model.config.hidden_size, device=runner.model.device, dtype=runner.model.dtype
+    )
+    runner.start_decode(hidden, 3)
+    runner.sampler(SamplingParams(temperature=0.0), 0, [3], [3])
+    kernels = kernel_times(runner)
+    families: dict[str, dict[str, float]] = {}
+    for name, times in kernels.items():
+        entry = families.setdefault(family(name), {"count": 0, "ms": 0.0})
+        entry["count"] += len(times)
+        entry["ms"] += sum(times)
+    busy = sum(f["ms"] for f in families.values())
+    return timed | {
+        "kernels": sum(int(f["count"]) for f in families.values()),
+        "kernel_ms": busy,
+        "launch_gaps_ms": timed["cycle_ms"] - busy,
+        "families": dict(sorted(families.items(), key=lambda kv: -kv[1]["ms"])),
+    }
+
+
+def markdown(doc: dict) -> str:
+    lines = [
+        f"# Where a decode cycle goes: {doc['model']} ({doc['dtype']}), {doc['context']} tokens of context",
+        "",
+        f"Command: `{doc['command']}` at commit {doc['commit']}.",
+        "Device phases: CUDA events inside the captured cycle (medians); loop: wall per cycle of the "
+        "runner driven back to back in-process; kernels: one eager cycle under the profiler (device "
+        "time of the kernels alone), so cycle - kernels = what launching them inside the graph costs.",
+        "",
+        "| arm | tables + verify ms | accept + publish ms | draft ms | cycle ms | loop ms | kernels "
+        "| kernel ms | launch gaps ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, a in doc["arms"].items():
+        lines.append(
+            f"| {name} | {a['verify_ms']:.3f} | {a['accept_publish_ms']:.3f} | {a['draft_ms']:.3f} "
+            f"| {a['cycle_ms']:.3f} | {a['loop_ms']:.3f} | {a['kernels']} | {a['kernel_ms']:.3f} "
+            f"| {a['launch_gaps_ms']:.3f} |"
+        )
+    lines += ["", "Kernels of one cycle by family (count, device ms):", ""]
+    names = list(doc["arms"])
+    lines += ["| family | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    fams = sorted({f for a in doc["arms"].values() for f in a["families"]})
+    for fam in fams:
+        cells = []
+        for name in names:
+            f = doc["arms"][name]["families"].get(fam)
+            cells.append(f"{int(f['count'])}, {f['ms']:.3f}" if f else "")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")] = Path(
+        "results/h200/cycle-tiny"
+    ),
+    model: Annotated[Path | None, typer.Option(help="Checkpoint (default: lumo-tiny-coder).")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "bfloat16",
+    context: Annotated[int, typer.Option(min=1, help="Committed context tokens.")] = 1024,
+    iters: Annotated[int, typer.Option(min=1, help="Timed cycles per arm.")] = 100,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up cycles.")] = 20,
+) -> None:
+    """Profile the AR step, the chain MTP-5 cycle and the paper tree cycle of a small model."""
+    if not torch.cuda.is_available():
+        typer.echo("error: the cycle profile needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        typer.echo(f"error: --dtype takes float32 or bfloat16, got {dtype!r}", err=True)
+        raise typer.Exit(2)
+    folder = model or default_model_path()
+    net = load_checkpoint(folder, dtype=dtypes[dtype], device=torch.device("cuda"))
+    arms = [Arm("ar", ARMS["ar"], 0.0), Arm("mtp5", ARMS["mtp5"], 3.17), Arm("tree", ARMS["tree"], 4.05)]
+    commit = (
+        os.environ.get("LUMOBENCH_COMMIT")
+        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    doc = {
+        "model": folder.name,
+        "dtype": dtype,
+        "context": context,
+        "arms": {arm.name: profile_arm(net, arm, context, iters, warmup) for arm in arms},
+        "command": "python -m lumobench.bench.cycle_profile " + shlex.join(sys.argv[1:]),
+        "commit": commit or None,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(doc))
+    typer.echo(markdown(doc))
+
+
+if __name__ == "__main__":
+    typer.run(main)
