@@ -8,8 +8,9 @@ Per context length: the AR step (1 row), the chain MTP-5 cycle (6 rows) and the 
 (32 rows). Each arm is the engine's loop without the engine around it: the runner built as the
 engine builds it, its drafter (`lumotree.drafting.drafter.Drafter`, the tree's suffix drafter primed
 with a repetitive history so that tails and rescue branches appear) forming each tree from the last
-cycle's results, and `runner.cycle(tree, sampler, chain_next=True)` back to back, as the engine
-calls it (AR and chain cycles launched ahead). Random weights accept nothing, so the runner runs
+cycle's results, and `runner.cycle(tree, sampler, chain_next=True, follow=...)` back to back, as
+the engine calls it (AR and chain cycles launched ahead, the tree's next cycle started as soon as
+its topology is drafted). Random weights accept nothing, so the runner runs
 with a forced-acceptance schedule (the paper's mean 4.05 accepted drafts per tree event and 3.17
 per MTP-5 event, as `--tree-accepted` / `--mtp-accepted`; `lumotree.sampling.forced`): publication
 and drafting work on paths of realistic length. Reported per arm, medians over the timed cycles:
@@ -55,13 +56,14 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.random_trees import paper_tree
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
+from lumotree.engine.runner import CycleResult
 from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
 from lumotree.sampling import SamplingParams
 from lumotree.sampling.forced import ForcedAcceptance, mean_schedule
-from lumotree.tree import TreeDescriptor
+from lumotree.tree import TreeDescriptor, TreeTopology
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
@@ -212,18 +214,26 @@ def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) 
     prompt = history(ctx, runner.model.config.vocab_size)
     drafter.begin(prompt)
     root = prompt[-1]
-    proposal = runner.start_decode(torch.zeros(1, runner.model.config.hidden_size, device=runner.model.device,
-                                               dtype=runner.model.dtype), root)  # fmt: skip
+    hidden = torch.zeros(
+        1, runner.model.config.hidden_size, device=runner.model.device, dtype=runner.model.dtype
+    )
+    proposal = runner.start_decode(hidden, root)
     sampler = runner.sampler(SamplingParams(temperature=0.0), 0, prompt, [root])
     spans: dict[str, list[float]] = {}
     walls, accepted = [], []
+    tree = drafter.topology(root, proposal)
+
+    def follow(result: CycleResult) -> TreeTopology:
+        """As the engine does: the next tree as soon as the results are in (started at once)."""
+        nonlocal tree
+        drafter.emitted(result.emitted)
+        tree = drafter.topology(result.emitted[-1], result.proposal)
+        return tree
+
     for i in range(warmup + cycles):
         start = time.perf_counter()
-        tree = drafter.topology(root, proposal)
-        result = runner.cycle(tree, sampler, chain_next=True)
+        result = runner.cycle(tree, sampler, chain_next=True, follow=follow)
         sampler.advance(result.emitted)
-        drafter.emitted(result.emitted)
-        root, proposal = result.emitted[-1], result.proposal
         if i >= warmup:
             walls.append(time.perf_counter() - start)
             accepted.append(len(result.accepted) - 1)
