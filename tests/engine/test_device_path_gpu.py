@@ -95,7 +95,8 @@ def _corpus_counts() -> Counter[int]:
 
 def test_a_decode_cycle_synchronises_only_once(demo_prompts: list[GenerationRequest]) -> None:
     """After the first cycle (the first proposal is read right after prefill), decode cycles make
-    no synchronising call but the one explicit event wait: torch's sync debug mode would raise."""
+    no synchronising call but the one explicit event wait (torch's sync debug mode would raise) and
+    allocate no device memory (the captured cycle's buffers are its graph pool's)."""
     engine = LLMEngine(EngineConfig(drafter="tree"))
     greedy = demo_prompts[0]
     sampled = GenerationRequest(
@@ -106,7 +107,7 @@ def test_a_decode_cycle_synchronises_only_once(demo_prompts: list[GenerationRequ
         first = engine.metrics().spans["target"].count
         while engine.metrics().spans["target"].count == first:  # prefill, then the first cycle
             engine.step()
-        before = engine.metrics().device_syncs
+        before, allocated = engine.metrics().device_syncs, torch.cuda.memory_allocated()
         torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(3):
@@ -114,6 +115,7 @@ def test_a_decode_cycle_synchronises_only_once(demo_prompts: list[GenerationRequ
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert engine.metrics().device_syncs == before + 3
+        assert torch.cuda.memory_allocated() == allocated  # no device memory allocated per cycle
         while engine.has_unfinished():
             engine.step()
 

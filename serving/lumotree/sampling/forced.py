@@ -15,7 +15,8 @@ A schedule is written as one of
     "3.4"              a mean for every drafter
     "0,4,5,7"          the counts themselves, cycled
     "hist:FILE.json"   {"accepted_per_pos": [...], "num_drafts": N} (a replay's spec counters, e.g.
-                       the tiny model's): the counts in the proportions of that histogram
+                       the tiny model's), or one such entry per drafter kind ({"tree": {...},
+                       "mtp": {...}}): the counts in the proportions of that histogram
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class ForcedAcceptance:
         if text == "paper":
             return cls(mean_schedule(PAPER_MEANS[drafter]), spec)
         if text.startswith("hist:"):
-            return cls(histogram_schedule(Path(text[5:])), spec)
+            return cls(histogram_schedule(Path(text[5:]), drafter), spec)
         try:
             values = [float(v) for v in text.split(",")]
         except ValueError:
@@ -80,13 +81,14 @@ def mean_schedule(mean: float, length: int = SCHEDULE_LEN) -> tuple[int, ...]:
     return tuple(base + ((i + 1) * more // length - i * more // length) for i in range(length))
 
 
-def histogram_schedule(path: Path, length: int = SCHEDULE_LEN) -> tuple[int, ...]:
+def histogram_schedule(path: Path, drafter: str, length: int = SCHEDULE_LEN) -> tuple[int, ...]:
     """Counts in the proportions of a spec histogram: accepted_per_pos[d] events accepted at least
-    d + 1 drafts out of num_drafts events."""
+    d + 1 drafts out of num_drafts events (the drafter's own entry when the file has one per kind)."""
     try:
         doc = json.loads(path.read_text())
+        doc = doc.get(drafter, doc)
         per_pos, events = [int(v) for v in doc["accepted_per_pos"]], int(doc["num_drafts"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ForcedAcceptanceError(f"forced acceptance histogram {path}: {exc}") from None
     if events <= 0 or any(b > a for a, b in zip([events, *per_pos], per_pos, strict=False)):
         raise ForcedAcceptanceError(f"forced acceptance histogram {path}: counts must fall with depth")
