@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
-from lumotree.engine.config import SHAPE_COUNTS
+from lumotree.engine.config import NATIVE_TREE_SHAPE, SHAPE_COUNTS
 from lumotree.model.native import build
 from lumotree.sampling import SamplingParams
 
@@ -32,7 +32,7 @@ def test_auto_runs_the_native_forward_and_falls_back_to_cpu_fast_when_it_cannot_
     request = GenerationRequest("r", prompt.prompt_token_ids, SamplingParams(0.0), 12)
     native = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
     assert native.config.kernels == "cpu-native" and native.runner.native is not None
-    assert native.config.tree_shape == "compact"
+    assert native.config.tree_shape == NATIVE_TREE_SHAPE[build.isa()]
     monkeypatch.setattr("lumotree.engine.llm_engine.load_library", _cannot_build)
     with caplog.at_level(logging.WARNING, logger="lumotree.engine.llm_engine"):
         fallback = LLMEngine(EngineConfig(drafter="tree", max_model_len=4096))
@@ -45,14 +45,14 @@ def test_auto_runs_the_native_forward_and_falls_back_to_cpu_fast_when_it_cannot_
         LLMEngine(EngineConfig(kernels="cpu-native", max_model_len=4096))
 
 
-def test_the_tree_shape_follows_the_kernels_unless_counts_were_given() -> None:
+def test_the_tree_shape_follows_the_kernels_unless_counts_were_given(monkeypatch: pytest.MonkeyPatch) -> None:
     paper, compact = SHAPE_COUNTS["paper"], SHAPE_COUNTS["compact"]
 
     def counts(config: EngineConfig) -> tuple[int, int, int, tuple[int, ...]]:
         return (config.mtp_depth, config.siblings, config.tail_len, config.rescue_lens)
 
-    assert counts(EngineConfig(kernels="cpu-native").shaped()) == compact
-    assert EngineConfig(kernels="cpu-native").shaped().geometry().rows == 1 + 2 + 4 + 2
+    assert counts(EngineConfig(kernels="cpu-native", tree_shape="compact").shaped()) == compact
+    assert EngineConfig(kernels="cpu-native", tree_shape="compact").shaped().geometry().rows == 1 + 2 + 4 + 2
     assert counts(EngineConfig(kernels="cpu-fast").shaped()) == paper
     assert counts(EngineConfig(kernels="cpu-native", tree_shape="paper").shaped()) == paper
     assert counts(EngineConfig(kernels="cpu-fast", tree_shape="compact").shaped()) == compact
@@ -60,6 +60,16 @@ def test_the_tree_shape_follows_the_kernels_unless_counts_were_given() -> None:
     assert counts(custom.shaped()) == (3, 1, 6, (4, 2))  # counts given: kept
     chain = EngineConfig(kernels="cpu-native", drafter="mtp")
     assert chain.shaped() == chain
+    # the native forward's shape is the one measured fastest on this machine's ISA path
+    for isa in NATIVE_TREE_SHAPE:
+        monkeypatch.setattr("lumotree.engine.config.native_isa", lambda isa=isa: isa)
+        chosen = EngineConfig(kernels="cpu-native").shaped()
+        assert chosen.tree_shape == NATIVE_TREE_SHAPE[isa]
+        assert counts(chosen) == SHAPE_COUNTS[NATIVE_TREE_SHAPE[isa]]
+    monkeypatch.setattr("lumotree.engine.config.NATIVE_TREE_SHAPE", {"avx2": "small"})
+    monkeypatch.setattr("lumotree.engine.config.native_isa", lambda: "avx2")
+    assert counts(EngineConfig(kernels="cpu-native").shaped()) == SHAPE_COUNTS["small"]
+    assert counts(EngineConfig(kernels="cpu-native", tree_shape="paper").shaped()) == paper  # asked for: kept
     with pytest.raises(ValueError, match="tree_shape must be one of"):
         EngineConfig(tree_shape="huge")  # type: ignore[arg-type]
 

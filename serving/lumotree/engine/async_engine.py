@@ -24,6 +24,7 @@ from lumotree.engine.config import EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.metrics import EngineMetrics
 from lumotree.engine.sequence import GenerationRequest, TokenEvent
+from lumotree.model.native.build import isa as native_isa
 
 log = logging.getLogger(__name__)
 _Target = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | BaseException]"]
@@ -80,6 +81,19 @@ class AsyncEngine:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.engine.eos_token_ids
+
+    def info(self) -> dict[str, object]:
+        """How the engine runs here: drafter, kernels, the native forward's ISA path, the tree shape
+        (chosen for this machine unless one was asked for) and verification rows."""
+        cfg = self.engine.config
+        return {
+            "drafter": cfg.drafter,
+            "kernels": cfg.kernels,
+            "native_isa": native_isa() if cfg.kernels == "cpu-native" else None,
+            "tree_shape": cfg.tree_shape if cfg.drafter == "tree" else None,
+            "rows": self.geometry.rows,
+            "device": str(self.device),
+        }
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Submit `req` and yield its events until the finished one. Raises ValueError (bad

@@ -129,6 +129,11 @@ def serve(
         api_key,
         config=dataclasses.asdict(config),
     )
+    ctx.engine_info = engine.info()
+    log.info(
+        "engine: %s",
+        ", ".join(f"{k} {v}" for k, v in ctx.engine_info.items() if v is not None),
+    )
     log.info(
         "serving %s as %r: drafter %s (%d rows), max_model_len %d, dtype %s, device %s (%s kernels%s), "
         "on http://%s:%d%s",
