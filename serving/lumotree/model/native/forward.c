@@ -603,24 +603,51 @@ static void key_scores(const float* cache, int HKV, int kh, int D, const int64_t
     }
 }
 
-/* value sums acc[g][D] += sum_j p[g][j] v_j over cache rows rows[0..n) (or first..first+n) */
+#define VALUE_MAX_PB 8
+/* value sums acc[g][D] += sum_j p[g][j] v_j over cache rows rows[0..n) (or first..first+n), for
+ * pb queries at once with nd = D / VL vectors each; with constant pb and nd the accumulators stay in
+ * registers (each lane is one FMA chain over j either way) */
+static inline __attribute__((always_inline)) void value_block(const float* cache, int HKV, int kh, int D,
+                                                             const int64_t* rows, int64_t first, int64_t n,
+                                                             const float* p, int64_t ldp, float* acc_out,
+                                                             const int nd, const int pb) {
+    vf acc[VALUE_MAX_PB][256 / VL];
+    for (int g = 0; g < pb; g++)
+        for (int c = 0; c < nd; c++) acc[g][c] = vload(acc_out + (int64_t)g * D + c * VL);
+    for (int64_t j = 0; j < n; j++) {
+        const float* vrow = cache + ((rows ? rows[j] : first + j) * HKV + kh) * D;
+        for (int g = 0; g < pb; g++) {
+            vf pj = vset1(p[g * ldp + j]);
+            for (int c = 0; c < nd; c++) acc[g][c] = vfma(pj, vload(vrow + c * VL), acc[g][c]);
+        }
+    }
+    for (int g = 0; g < pb; g++)
+        for (int c = 0; c < nd; c++) vstore(acc_out + (int64_t)g * D + c * VL, acc[g][c]);
+}
+
+static inline __attribute__((always_inline)) void value_blocks(const float* cache, int HKV, int kh, int D,
+                                                              const int64_t* rows, int64_t first, int64_t n,
+                                                              const float* p, int nq, int64_t ldp,
+                                                              float* acc_out, const int nd, const int pb) {
+    int g0 = 0;
+    for (; g0 + pb <= nq; g0 += pb)
+        value_block(cache, HKV, kh, D, rows, first, n, p + g0 * ldp, ldp, acc_out + (int64_t)g0 * D, nd, pb);
+    for (; g0 < nq; g0++)
+        value_block(cache, HKV, kh, D, rows, first, n, p + g0 * ldp, ldp, acc_out + (int64_t)g0 * D, nd, 1);
+}
+
+/* queries per value block: the accumulators fill about three quarters of the register file (AVX2:
+ * 16 vectors, AVX-512 and NEON: 32), so each pass over the value rows serves as many queries as fit */
+#define VALUE_ACC (VL == 8 ? 12 : 24)
+#define VALUE_PB(D) (VALUE_ACC * VL / (D) >= VALUE_MAX_PB ? VALUE_MAX_PB : VALUE_ACC * VL / (D) >= 1 ? VALUE_ACC * VL / (D) : 1)
+
 static void value_sums(const float* cache, int HKV, int kh, int D, const int64_t* rows, int64_t first, int64_t n,
                        const float* p, int nq, int64_t ldp, float* acc_out) {
-    int nd = D / VL;
-    for (int g0 = 0; g0 < nq; g0 += PB) {
-        int gb = nq - g0 < PB ? nq - g0 : PB;
-        vf acc[PB][256 / VL];
-        for (int g = 0; g < gb; g++)
-            for (int c = 0; c < nd; c++) acc[g][c] = vload(acc_out + (int64_t)(g0 + g) * D + c * VL);
-        for (int64_t j = 0; j < n; j++) {
-            const float* vrow = cache + ((rows ? rows[j] : first + j) * HKV + kh) * D;
-            for (int g = 0; g < gb; g++) {
-                vf pj = vset1(p[(g0 + g) * ldp + j]);
-                for (int c = 0; c < nd; c++) acc[g][c] = vfma(pj, vload(vrow + c * VL), acc[g][c]);
-            }
-        }
-        for (int g = 0; g < gb; g++)
-            for (int c = 0; c < nd; c++) vstore(acc_out + (int64_t)(g0 + g) * D + c * VL, acc[g][c]);
+    switch (D) { /* constant trip counts keep the accumulators in registers */
+    case 64: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, 64 / VL, VALUE_PB(64)); break;
+    case 128: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, 128 / VL, VALUE_PB(128)); break;
+    case 256: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, 256 / VL, 1); break;
+    default: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, D / VL, 1);
     }
 }
 
