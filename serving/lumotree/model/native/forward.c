@@ -929,3 +929,30 @@ int lt_mtp_propose(const Model* m, Rows* r, const float* hidden, const int64_t* 
     }
     return 0;
 }
+
+/* ---- sampling coins --------------------------------------------------------------------------
+ * Philox4x32-10 as lumotree.sampling.rng (Triton's tl.philox): key = the 64-bit seed, counter =
+ * (token, position lo, position hi, 0); the first output word becomes a float32 in [0, 1) by
+ * Triton's rule. Integer arithmetic and one float multiply: bitwise equal to the NumPy version.
+ * out[i, j] = the coin of token tokens[i, j] at output position positions[i]. */
+void lt_philox_coins(uint64_t seed, const int64_t* positions, const int64_t* tokens, int32_t n, int32_t k,
+                     float* out) {
+    for (int i = 0; i < n; i++) {
+        uint64_t pos = (uint64_t)positions[i];
+        for (int j = 0; j < k; j++) {
+            uint32_t x0 = (uint32_t)tokens[(int64_t)i * k + j], x1 = (uint32_t)pos, x2 = (uint32_t)(pos >> 32), x3 = 0;
+            uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+            for (int r = 0; r < 10; r++) {
+                uint64_t pb = (uint64_t)0xCD9E8D57u * x2, pa = (uint64_t)0xD2511F53u * x0;
+                x0 = (uint32_t)(pb >> 32) ^ x1 ^ k0;
+                x1 = (uint32_t)pb;
+                x2 = (uint32_t)(pa >> 32) ^ x3 ^ k1;
+                x3 = (uint32_t)pa;
+                k0 += 0x9E3779B9u;
+                k1 += 0xBB67AE85u;
+            }
+            int32_t s = (int32_t)x0;
+            out[(int64_t)i * k + j] = (float)(s < 0 ? ~s : s) * 4.6566127342e-10f;
+        }
+    }
+}
