@@ -144,7 +144,12 @@ def _total(runs: list[ArmRun], key: str) -> float:
 
 
 def summarise(
-    kind: str, runs: list[ArmRun], bytes_: dict[str, int], bandwidth: float, depth: int
+    kind: str,
+    runs: list[ArmRun],
+    bytes_: dict[str, int],
+    bandwidth: float,
+    depth: int,
+    weight_scale: float = 1.0,
 ) -> dict[str, Any]:
     """Over all runs: pooled rate (and the per-run range), acceptance, mean spans, the weight-read floor."""
     spans = {
@@ -165,7 +170,11 @@ def summarise(
         (_total(runs, "generation_tokens") - _total(runs, "requests")) / cycles if cycles else 0.0
     )
     passes = 0 if kind == "ar" else depth
-    cycle_bytes = bytes_["layers"] + bytes_["lm_head"] + passes * (bytes_["mtp"] + bytes_["lm_head"])
+    # weight_scale: the bytes the kernels stream per byte of the model's weights (the native forward
+    # reads bfloat16 panels of a float32 model: 0.5)
+    cycle_bytes = weight_scale * (
+        bytes_["layers"] + bytes_["lm_head"] + passes * (bytes_["mtp"] + bytes_["lm_head"])
+    )
     drafts = spec["num_drafts"]
     return {
         "arm": ARMS[kind],
@@ -262,7 +271,7 @@ def engine_command(
         raise typer.Exit(2)
     for target in marches:
         try:
-            with _march(target):
+            with native_march(target):
                 build.load_library()
         except build.NativeBuildError as exc:
             console.print(f"[red]error:[/] {exc}")
@@ -289,7 +298,7 @@ def engine_command(
             engines = {}
             for key in keys:
                 target, k, kind, shape, vocab = key
-                with _march(target):  # the engine's native model binds this build's library
+                with native_march(target):  # the engine's native model binds this build's library
                     engines[key] = LLMEngine(
                         EngineConfig(
                             model=folder,
@@ -318,7 +327,8 @@ def engine_command(
     for key in keys:
         target, k, kind, _, vocab = key
         engine = engines[key]
-        arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp)
+        scale = 2 / probe.model.dtype.itemsize if engine.config.kernels == "cpu-native" else 1.0
+        arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp, scale)
         if kind == "tree" and len(shapes) > 1:
             arm["arm"] += f"[{engine.config.tree_shape}]"
         if kind != "ar" and len(vocabs) > 1:
@@ -327,7 +337,7 @@ def engine_command(
         if len(sets) > 1:
             arm["arm"] += f"[{k}]"
         native = engine.config.kernels == "cpu-native"
-        with _march(target):
+        with native_march(target):
             arm["native_isa"] = build.isa() if native else None
         if len(marches) > 1:
             arm["arm"] += f"[{arm['native_isa'] or k}]"
@@ -375,7 +385,7 @@ def engine_command(
     }
     _print_table(arms, bandwidth)
     for k, n in same.items():
-        console.print(f"{k}: same output in every arm on {n}/{len(requests)} requests")
+        console.print(f"{escape(k)}: same output in every arm on {n}/{len(requests)} requests")
     console.print(f"vs AR: over {arms[0]['arm']}")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -384,7 +394,7 @@ def engine_command(
 
 
 @contextmanager
-def _march(target: str) -> Iterator[None]:
+def native_march(target: str) -> Iterator[None]:
     """$LUMOTREE_NATIVE_MARCH set to `target` inside the block (the engine reads it when it loads
     the native library)."""
     before = os.environ.get(build.MARCH_ENV)

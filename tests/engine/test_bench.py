@@ -101,3 +101,15 @@ def test_bench_engine_runs_the_drafting_arms_once_per_draft_vocabulary(tmp_path:
     missing = str(tmp_path / "no.json")
     bad = CliRunner().invoke(app, ["bench", "engine", str(corpus), "--draft-vocab", missing])
     assert bad.exit_code == 2 and "--draft-vocab takes" in bad.output
+
+
+def test_bench_prefill_times_every_arm_against_ar(tmp_path: Path) -> None:
+    out = tmp_path / "prefill.json"
+    args = ["bench", "prefill", str(DEMO), "--tokens", "200", "--reps", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text())
+    assert written["prompt_tokens"] == 200
+    assert [a["arm"] for a in written["arms"]] == ["lumotree-ar", "lumotree-mtp5", "lumotree"]
+    assert all(len(a["seconds"]) == 2 and a["min_s"] > 0 for a in written["arms"])
+    assert written["arms"][0]["min_vs_ar"] == 1.0

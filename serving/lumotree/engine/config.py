@@ -28,6 +28,7 @@ SHAPE_COUNTS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
     # forward (paper tree: 10.5 ms target span against 1.6 ms for AR, 0.84x AR overall; this shape
     # was the fastest tried: results/cpu/tree-shapes.md)
     "compact": (2, 0, 4, (2,)),
+    # the compact tree's neighbours in the sweep behind NATIVE_TREE_SHAPE (7 and 13 rows)
     "small": (2, 0, 4, ()),
     "medium": (3, 1, 4, (2,)),
 }
@@ -44,10 +45,10 @@ class EngineConfig:
 
     drafter: "ar" (no drafts), "mtp" (chain of `mtp_depth` MTP spine drafts) or "tree" (the paper
     geometry: MTP spine + `siblings` runner-ups per depth + suffix tail + rescue branches).
-    tree_shape: the tree's counts. "paper" (5-depth spine, 2 siblings, tail 6, rescues 4 and 2) or
-    "compact" (SHAPE_COUNTS) replace mtp_depth/siblings/tail_len/rescue_lens; "auto" keeps the
-    counts given, except that the paper's counts become NATIVE_TREE_SHAPE's for the native CPU
-    forward's ISA path on this machine.
+    tree_shape: the tree's counts. "paper" (5-depth spine, 2 siblings, tail 6, rescues 4 and 2),
+    "compact", "small" or "medium" (SHAPE_COUNTS) replace mtp_depth/siblings/tail_len/rescue_lens;
+    "auto" keeps the counts given, except that the paper's counts become NATIVE_TREE_SHAPE's for the
+    native CPU forward's ISA path on this machine.
     rows: verification rows of a tree (None: on a CPU exactly the geometry's capacity, 1 + max
     drafts; with the triton kernels the paper's 32, fixed shapes for GPU tiles and CUDA graphs).
     max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
