@@ -373,6 +373,7 @@ static void mlp(const Model* m, const Layer* L, const Rows* r, float* h, float* 
 #define HI2 (2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31)
 #define LO1 (0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
 #define HI1 (1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31)
+#define STAGES(OP) OP(8, LO8, HI8) OP(4, LO4, HI4) OP(2, LO2, HI2) OP(1, LO1, HI1) /* widest first */
 #elif VL == 8
 #define LO4 (0, 1, 2, 3, 8, 9, 10, 11)
 #define HI4 (4, 5, 6, 7, 12, 13, 14, 15)
@@ -380,25 +381,20 @@ static void mlp(const Model* m, const Layer* L, const Rows* r, float* h, float* 
 #define HI2 (2, 3, 10, 11, 6, 7, 14, 15)
 #define LO1 (0, 8, 2, 10, 4, 12, 6, 14)
 #define HI1 (1, 9, 3, 11, 5, 13, 7, 15)
+#define STAGES(OP) OP(4, LO4, HI4) OP(2, LO2, HI2) OP(1, LO1, HI1)
 #else
 #define LO2 (0, 1, 4, 5)
 #define HI2 (2, 3, 6, 7)
 #define LO1 (0, 4, 2, 6)
 #define HI1 (1, 5, 3, 7)
+#define STAGES(OP) OP(2, LO2, HI2) OP(1, LO1, HI1)
 #endif
 
 /* out lane i = the sum of v[i]'s VL lanes (a fixed order); v is clobbered */
 static inline vf reduce_lanes(vf v[VL]) {
 #define ADD(b, lo, hi) \
     for (int i = 0; i < (b); i++) v[i] = SHUF(v[i], v[i + (b)], lo) + SHUF(v[i], v[i + (b)], hi);
-#if VL == 16
-    ADD(8, LO8, HI8)
-#endif
-#if VL >= 8
-    ADD(4, LO4, HI4)
-#endif
-    ADD(2, LO2, HI2)
-    ADD(1, LO1, HI1)
+    STAGES(ADD)
 #undef ADD
     return v[0];
 }
@@ -412,14 +408,7 @@ static inline void transpose_lanes(vf v[VL]) {
             v[i] = SHUF(x, y, lo);                                                                  \
             v[i + (b)] = SHUF(x, y, hi);                                                            \
         }
-#if VL == 16
-    SWAP(8, LO8, HI8)
-#endif
-#if VL >= 8
-    SWAP(4, LO4, HI4)
-#endif
-    SWAP(2, LO2, HI2)
-    SWAP(1, LO1, HI1)
+    STAGES(SWAP)
 #undef SWAP
 }
 
