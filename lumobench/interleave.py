@@ -159,7 +159,7 @@ def _start(
             m.server, m.dead = None, str(exc).splitlines()[0]
             on_note(f"arm {arm.name} did not start: {m.dead}")
             continue
-        m.plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
+        _, m.plan.meta.engine_version, m.plan.meta.engine_config = probe_endpoint(arm.base_url, arm.api_key)
         m.plan.meta.model = m.plan.target.model or m.server.served_model
         m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
         m.plan.run.write_meta(m.plan.meta)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -107,8 +108,11 @@ def _normalise_endpoint(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def probe_endpoint(base_url: str, api_key: str | None = None) -> tuple[str | None, str | None]:
-    """(first served model id, engine version) of a running server; raises if it cannot be reached."""
+def probe_endpoint(
+    base_url: str, api_key: str | None = None
+) -> tuple[str | None, str | None, dict[str, Any]]:
+    """(first served model id, engine version, engine configuration) of a running server (the last two
+    from /version when it has them); raises if it cannot be reached."""
     try:
         with httpx.Client(base_url=base_url, timeout=10, headers=auth_headers(api_key)) as client:
             resp = client.get("/v1/models")
@@ -119,12 +123,13 @@ def probe_endpoint(base_url: str, api_key: str | None = None) -> tuple[str | Non
                 )
             model = resp.json()["data"][0]["id"] if resp.status_code == 200 else None
             version = client.get("/version")
-            engine = version.json().get("version") if version.status_code == 200 else None
+            body = version.json() if version.status_code == 200 else {}
+            engine, config = body.get("version"), body.get("engine")
     except httpx.HTTPError as exc:
         raise LumobenchError(f"cannot reach endpoint {base_url}: {exc}") from None
-    except (ValueError, KeyError, IndexError):
-        return None, None
-    return model, engine
+    except (ValueError, KeyError, IndexError, AttributeError):
+        return None, None, {}
+    return model, engine, config if isinstance(config, dict) else {}
 
 
 def _new_meta(
@@ -263,7 +268,7 @@ def plan_new(
             running = resolve_arm(config, source, model=model, api_key_env=api_key_env)
             _check_limits(running, records, corpus)
         key = running.api_key if running else api_key_from_env(api_key_env, "--endpoint")
-        served, engine = probe_endpoint(base, key)
+        served, engine, engine_config = probe_endpoint(base, key)
         redactor = (arm_redactor(running) if running else Redactor()) | Redactor.for_launch(api_key=key)
         target = Target(
             base_url=base,
@@ -292,7 +297,7 @@ def plan_new(
             concurrency,
             redactor,
         )
-        meta.engine_version = engine
+        meta.engine_version, meta.engine_config = engine, engine_config
         meta.api_key_env = running.api_key_env if running else api_key_env
         (run,) = _create_run_dirs(out, [(out / meta.run_id, meta, redactor)])
         return [Plan(run, meta, records, target, None)]

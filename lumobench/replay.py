@@ -255,7 +255,7 @@ def _launch_and_replay(
     try:
         with launched(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting)) as server:
             ui.arm_started()
-            plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
+            _, plan.meta.engine_version, plan.meta.engine_config = probe_endpoint(arm.base_url, arm.api_key)
             plan.meta.model = plan.target.model or server.served_model
             plan.target = replace(plan.target, model=plan.meta.model)
             plan.run.write_meta(plan.meta)

@@ -121,6 +121,9 @@ class RunMeta(BaseModel):
     api: Literal["chat", "generate"] = "chat"
     model: str | None = None  # served model name sent in requests
     engine_version: str | None = None
+    # what the engine reports at /version beside its version (LumoTree: drafter, kernels, the native
+    # forward's ISA path, the tree shape it chose for this machine, rows)
+    engine_config: dict[str, Any] = Field(default_factory=dict)
     corpus: str
     corpus_sha256: str
     manifest: str | None = None

@@ -16,6 +16,8 @@ With several --kernels every arm runs under each kernel set, all interleaved per
 then over the first set's AR arm, and each set reports whether its arms gave the same tokens.
 
     lumobench bench engine --tree-shape compact --tree-shape paper     (one tree arm per shape)
+    lumobench bench engine --march native --march haswell   (every arm on each ISA path of the native
+                                        forward: -march=haswell is the AVX2 + FMA build on any x86-64)
     lumobench bench engine --kernels cpu-fast --draft-vocab none --draft-vocab dv.json
                                         (MTP and tree arms per draft vocabulary, side by side)
 """
@@ -29,6 +31,8 @@ import shlex
 import sys
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +52,7 @@ from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.model import HybridLM, default_model_path
 from lumotree.model.chat_template import model_chat_template
+from lumotree.model.native import build
 from lumotree.sampling import SamplingParams
 
 ARMS = {"ar": "lumotree-ar", "mtp": "lumotree-mtp5", "tree": "lumotree"}
@@ -139,7 +144,12 @@ def _total(runs: list[ArmRun], key: str) -> float:
 
 
 def summarise(
-    kind: str, runs: list[ArmRun], bytes_: dict[str, int], bandwidth: float, depth: int
+    kind: str,
+    runs: list[ArmRun],
+    bytes_: dict[str, int],
+    bandwidth: float,
+    depth: int,
+    weight_scale: float = 1.0,
 ) -> dict[str, Any]:
     """Over all runs: pooled rate (and the per-run range), acceptance, mean spans, the weight-read floor."""
     spans = {
@@ -160,7 +170,11 @@ def summarise(
         (_total(runs, "generation_tokens") - _total(runs, "requests")) / cycles if cycles else 0.0
     )
     passes = 0 if kind == "ar" else depth
-    cycle_bytes = bytes_["layers"] + bytes_["lm_head"] + passes * (bytes_["mtp"] + bytes_["lm_head"])
+    # weight_scale: the bytes the kernels stream per byte of the model's weights (the native forward
+    # reads bfloat16 panels of a float32 model: 0.5)
+    cycle_bytes = weight_scale * (
+        bytes_["layers"] + bytes_["lm_head"] + passes * (bytes_["mtp"] + bytes_["lm_head"])
+    )
     drafts = spec["num_drafts"]
     return {
         "arm": ARMS[kind],
@@ -225,6 +239,13 @@ def engine_command(
             "or none; repeat it for those arms once per vocabulary."
         ),
     ] = None,
+    march: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="-march of the native forward's build (native, haswell = AVX2 + FMA, ...); repeat it to "
+            "run every arm on each ISA path side by side (default: $LUMOTREE_NATIVE_MARCH or native)."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark AR, chain MTP-5 and LumoTree on CPU in one process (see the module docstring)."""
     if not corpus.is_file():
@@ -244,36 +265,49 @@ def engine_command(
     if missing or len(set(vocabs)) != len(vocabs):
         console.print(f"[red]error:[/] --draft-vocab takes distinct files or none; not a file: {missing}")
         raise typer.Exit(2)
+    marches = march or [build.march()]
+    if len(set(marches)) != len(marches):
+        console.print("[red]error:[/] --march takes distinct values")
+        raise typer.Exit(2)
+    for target in marches:
+        try:
+            with native_march(target):
+                build.load_library()
+        except build.NativeBuildError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
     torch.set_num_threads(1)
     folder = model or default_model_path()
     requests = load_requests(corpus, folder, max_tokens, greedy)
     bandwidth = read_bandwidth_gbs()
     load_before = os.getloadavg()
-    # (kernel set, drafter, tree shape, draft vocabulary)
+    # (-march, kernel set, drafter, tree shape, draft vocabulary)
     keys = [
-        (k, kind, shape, vocab)
+        (target, k, kind, shape, vocab)
+        for target in marches
         for k in sets
         for kind in ARMS
         for shape in (shapes if kind == "tree" else ["auto"])
         for vocab in (vocabs if kind != "ar" else ["none"])
     ]
-    totals: dict[tuple[str, str, str, str], list[ArmRun]] = {key: [] for key in keys}
-    outputs: dict[tuple[str, str, str, str], dict[str, list[int]]] = {key: {} for key in keys}
+    totals: dict[tuple[str, ...], list[ArmRun]] = {key: [] for key in keys}
+    outputs: dict[tuple[str, ...], dict[str, list[int]]] = {key: {} for key in keys}
     with Progress(console=console) as progress:
         task = progress.add_task("requests", total=runs * len(requests))
         for _ in range(runs):
-            engines = {
-                (k, kind, shape, vocab): LLMEngine(
-                    EngineConfig(
-                        model=folder,
-                        drafter=kind,
-                        kernels=k,
-                        tree_shape=shape,  # type: ignore[arg-type]
-                        draft_vocab=None if vocab == "none" else vocab,
+            engines = {}
+            for key in keys:
+                target, k, kind, shape, vocab = key
+                with native_march(target):  # the engine's native model binds this build's library
+                    engines[key] = LLMEngine(
+                        EngineConfig(
+                            model=folder,
+                            drafter=kind,  # type: ignore[arg-type]
+                            kernels=k,  # type: ignore[arg-type]
+                            tree_shape=shape,  # type: ignore[arg-type]
+                            draft_vocab=None if vocab == "none" else vocab,
+                        )
                     )
-                )
-                for k, kind, shape, vocab in keys
-            }
             current = {key: ArmRun() for key in keys}
             for req in requests:
                 for key, engine in engines.items():
@@ -287,13 +321,14 @@ def engine_command(
             for key, engine in engines.items():
                 current[key].metrics = _metrics_json(engine, len(requests))
                 totals[key].append(current[key])
-    probe = engines[(sets[0], "tree", shapes[0], vocabs[0])]
+    probe = engines[(marches[0], sets[0], "tree", shapes[0], vocabs[0])]
     bytes_ = weight_bytes(probe.model)
     arms = []
     for key in keys:
-        k, kind, _, vocab = key
+        target, k, kind, _, vocab = key
         engine = engines[key]
-        arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp)
+        scale = 2 / probe.model.dtype.itemsize if engine.config.kernels == "cpu-native" else 1.0
+        arm = summarise(kind, totals[key], bytes_, bandwidth, engine.geometry.depth_mtp, scale)
         if kind == "tree" and len(shapes) > 1:
             arm["arm"] += f"[{engine.config.tree_shape}]"
         if kind != "ar" and len(vocabs) > 1:
@@ -301,7 +336,14 @@ def engine_command(
         arm["draft_vocab"] = None if vocab == "none" else vocab
         if len(sets) > 1:
             arm["arm"] += f"[{k}]"
+        native = engine.config.kernels == "cpu-native"
+        with native_march(target):
+            arm["native_isa"] = build.isa() if native else None
+        if len(marches) > 1:
+            arm["arm"] += f"[{arm['native_isa'] or k}]"
+        arm["march"] = target if native else None
         arm["kernels"] = engine.config.kernels  # what "auto" became on this machine
+        arm["tree_shape"] = engine.config.tree_shape if kind == "tree" else None
         arm["rows"] = engine.geometry.rows
         arms.append(arm)
     ar_rate = arms[0]["pooled_tokens_per_s"]
@@ -309,13 +351,20 @@ def engine_command(
     for arm in arms:
         arm["speedup_vs_ar"] = arm["pooled_tokens_per_s"] / ar_rate
         arm["cpu_time_speedup_vs_ar"] = arm["pooled_tokens_per_cpu_s"] / ar_cpu_rate
-    same = {k: _same_outputs([outputs[key] for key in keys if key[0] == k]) for k in sets}
+    same = {
+        f"{k}[{target}]" if len(marches) > 1 else k: _same_outputs(
+            [outputs[key] for key in keys if key[:2] == (target, k)]
+        )
+        for target in marches
+        for k in sets
+    }
     result = {
         "command": _command_line(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(),
             "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(),
@@ -336,12 +385,38 @@ def engine_command(
     }
     _print_table(arms, bandwidth)
     for k, n in same.items():
-        console.print(f"{k}: same output in every arm on {n}/{len(requests)} requests")
+        console.print(f"{escape(k)}: same output in every arm on {n}/{len(requests)} requests")
     console.print(f"vs AR: over {arms[0]['arm']}")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
+
+
+@contextmanager
+def native_march(target: str) -> Iterator[None]:
+    """$LUMOTREE_NATIVE_MARCH set to `target` inside the block (the engine reads it when it loads
+    the native library)."""
+    before = os.environ.get(build.MARCH_ENV)
+    os.environ[build.MARCH_ENV] = target
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[build.MARCH_ENV]
+        else:
+            os.environ[build.MARCH_ENV] = before
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _same_outputs(arms: list[dict[str, list[int]]]) -> int:

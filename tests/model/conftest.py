@@ -1,11 +1,18 @@
-"""Tiny random configs and checkpoints shared by the model tests."""
+"""Tiny random configs and checkpoints shared by the model tests, and the native forward's ISA paths."""
 
 from __future__ import annotations
+
+import platform
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
-from lumotree.model import FULL, LINEAR, HybridConfig, HybridLM
+from lumotree.model import FULL, LINEAR, HybridConfig, HybridLM, ModelState
+from lumotree.model.native import build, remote
+from lumotree.model.native.model import NativeModel
 
 
 def tiny_config(**changes) -> HybridConfig:
@@ -55,3 +62,47 @@ def _perturbed_model_factory():
 @pytest.fixture
 def tiny_model() -> HybridLM:
     return perturbed_model(tiny_config())
+
+
+# ---- the native forward's ISA paths --------------------------------------------------------------
+# native_path runs a test on each: the host's own build (-march=native), the AVX2 + FMA build
+# (-march=haswell, on any x86-64 machine: what an AVX2-only CPU runs) and the ARM64 NEON build,
+# cross-compiled and run under qemu-user through remote.py (skipped, saying so, where the cross
+# compiler or qemu is missing; .ci/run installs them).
+PATHS = ("host", "avx2", "neon-qemu")
+CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+NativeFactory = Callable[..., NativeModel]
+
+
+def _is_x86() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+@pytest.fixture(scope="session")
+def neon_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """driver.c built for ARM64 (static, so qemu-user needs no ARM libraries)."""
+    missing = [tool for tool in (CROSS_CC, QEMU) if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (apt-get install gcc-aarch64-linux-gnu qemu-user)")
+    return remote.build_driver(CROSS_CC, "armv8-a", tmp_path_factory.mktemp("neon") / "driver", static=True)
+
+
+@pytest.fixture(params=PATHS)
+def native_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NativeFactory]:
+    """native_path(model, state, **kwargs) -> a NativeModel on this test's ISA path."""
+    path = request.param
+    driver: Path | None = None
+    if path == "avx2":
+        if not _is_x86():
+            pytest.skip("the AVX2 path builds on x86-64 only")
+        monkeypatch.setenv(build.MARCH_ENV, "haswell")
+    elif path == "neon-qemu":
+        driver = request.getfixturevalue("neon_driver")
+
+    def make(model: HybridLM, state: ModelState, **kwargs: object) -> NativeModel:
+        native = NativeModel(model, state, **kwargs)  # type: ignore[arg-type]
+        if driver is not None:
+            remote.attach(native, [QEMU, str(driver)])
+        return native
+
+    yield make

@@ -2,13 +2,15 @@
 verification within the paired rule of a float64 run (every tree shape, scratch and outputs
 poisoned first), rows bitwise independent of the tree they sit in (a tree row equals the
 autoregressive decode of its path, and publishing the path leaves the state autoregressive decoding
-leaves), publication, logits and the MTP step equal to the model's, and the models it refuses."""
+leaves), publication, logits and the MTP step equal to the model's, and the models it refuses; each
+on every ISA path (`native_path` in conftest.py: host, AVX2, ARM64 NEON under qemu-user)."""
 
 from __future__ import annotations
 
 import copy
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.native_mtp import NativeMTPDrafter
 from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.model import GDNState, HybridConfig, HybridLM, KVCache, ModelState
+from lumotree.model.native import remote
 from lumotree.model.native.model import NativeModel, unsupported_reason
 from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor, chain_tree
@@ -26,6 +29,7 @@ from lumotree.verify.paired import paired_check
 
 PROMPT = 40
 ModelFactory = Callable[..., HybridLM]
+NativeFactory = Callable[..., NativeModel]
 
 
 @pytest.fixture(name="bf16_model")
@@ -69,7 +73,9 @@ def _tree(shape: str, seed: int, vocab: int) -> TreeDescriptor:
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_native_verify_is_within_the_paired_rule_of_float64(shape: str, bf16_model: ModelFactory) -> None:
+def test_native_verify_is_within_the_paired_rule_of_float64(
+    shape: str, bf16_model: ModelFactory, native_path: NativeFactory
+) -> None:
     model = bf16_model()
     truth = copy.deepcopy(model).double()
     for seed in range(2):
@@ -85,7 +91,7 @@ def test_native_verify_is_within_the_paired_rule_of_float64(shape: str, bf16_mod
             ],
             state.length,
         )
-        native = NativeModel(model, state, tree_rows=32, max_rows=32)
+        native = native_path(model, state, tree_rows=32, max_rows=32)
         _poison(native, state)
         n = tree.n_active
         out = torch.full((n, model.config.hidden_size), float("nan"))
@@ -132,15 +138,15 @@ def _paths(tree: TreeDescriptor) -> list[list[int]]:
 
 @pytest.mark.parametrize("shape", ["chain", "deep_and_wide", "paper"])
 def test_tree_rows_are_bitwise_the_autoregressive_decode_of_their_path(
-    shape: str, bf16_model: ModelFactory
+    shape: str, bf16_model: ModelFactory, native_path: NativeFactory
 ) -> None:
     model = bf16_model(seed=1)
     tree = _tree(shape, 0, model.config.vocab_size)
     for path in _paths(tree):
         state = _prefilled(model, 1)
         ar_state = copy.deepcopy(state)
-        native = NativeModel(model, state, tree_rows=32, max_rows=32)
-        ar = NativeModel(model, ar_state, tree_rows=32, max_rows=32)
+        native = native_path(model, state, tree_rows=32, max_rows=32)
+        ar = native_path(model, ar_state, tree_rows=32, max_rows=32)
         rows = native.verify(tree)
         native.publish(tree, path)
         for depth, node in enumerate(path):
@@ -157,13 +163,15 @@ def test_tree_rows_are_bitwise_the_autoregressive_decode_of_their_path(
 
 
 @pytest.mark.parametrize("shape", ["chain", "wide_fan", "paper"])
-def test_native_publication_equals_the_reference_publication(shape: str, bf16_model: ModelFactory) -> None:
+def test_native_publication_equals_the_reference_publication(
+    shape: str, bf16_model: ModelFactory, native_path: NativeFactory
+) -> None:
     model = bf16_model(seed=2)
     tree = _tree(shape, 1, model.config.vocab_size)
     for path in _paths(tree):
         state = _prefilled(model, 2)
         ref_state = copy.deepcopy(state)
-        native = NativeModel(model, state, tree_rows=32, max_rows=32)
+        native = native_path(model, state, tree_rows=32, max_rows=32)
         native.verify(tree)
         native.publish(tree, path)
         with torch.inference_mode():
@@ -191,10 +199,12 @@ def test_publish_refuses_a_tree_it_did_not_verify_last(bf16_model: ModelFactory)
         native.publish(first, [0, 1])
 
 
-def test_native_logits_and_mtp_step_equal_the_models(bf16_model: ModelFactory) -> None:
+def test_native_logits_and_mtp_step_equal_the_models(
+    bf16_model: ModelFactory, native_path: NativeFactory
+) -> None:
     model = bf16_model(seed=3)
     state = _prefilled(model, 3)
-    native = NativeModel(model, state, tree_rows=32, max_rows=64)
+    native = native_path(model, state, tree_rows=32, max_rows=64)
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(6, model.config.hidden_size, generator=gen)
     with torch.inference_mode():
@@ -229,13 +239,13 @@ def test_unsupported_models_are_refused_with_the_reason(
 
 @pytest.mark.parametrize("draft_vocab", [False, True])
 def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(
-    bf16_model: ModelFactory, draft_vocab: bool
+    bf16_model: ModelFactory, draft_vocab: bool, native_path: NativeFactory
 ) -> None:
     """Also with a draft vocabulary (every third id): the native proposals rank its rows only and
     equal the PyTorch drafter's over whole-vocabulary logits that are -inf outside it."""
     model = bf16_model(seed=4)
     ids = torch.arange(1, model.config.vocab_size, 3) if draft_vocab else None
-    native = NativeModel(model, model.new_state(8), tree_rows=8, max_rows=64, draft_ids=ids)
+    native = native_path(model, model.new_state(8), tree_rows=8, max_rows=64, draft_ids=ids)
     ours = NativeMTPDrafter(model, depth=4, topk=3, capacity=64, native=native)
     head = None if ids is None else subset_head(model.lm_head.weight, ids)
     theirs = MTPDrafter(model, depth=4, topk=3, capacity=64, head=head)
@@ -249,3 +259,31 @@ def test_native_mtp_drafter_proposes_what_the_pytorch_drafter_proposes(
         assert ours.committed == theirs.committed
         if ids is not None:
             assert {t for ranked in proposal.topk for t in ranked} <= set(ids.tolist())
+
+
+def test_remote_calls_replay_the_in_process_library_bit_for_bit(
+    bf16_model: ModelFactory, tmp_path: Path
+) -> None:
+    """remote.py (what the NEON path's tests run through under qemu) with the host's own driver:
+    verification, publication, logits and an MTP proposal equal the in-process library's."""
+    model = bf16_model(seed=5)
+    driver = remote.build_driver("cc", "native", tmp_path / "driver")
+    here, there = _prefilled(model, 5), _prefilled(model, 5)
+    ours = NativeModel(model, here, tree_rows=32, max_rows=32)
+    theirs = NativeModel(model, there, tree_rows=32, max_rows=32)
+    remote.attach(theirs, [str(driver)])
+    tree = _tree("paper", 2, model.config.vocab_size)
+    assert torch.equal(ours.verify(tree), theirs.verify(tree))
+    path = _paths(tree)[-1]
+    ours.publish(tree, path)
+    theirs.publish(tree, path)
+    for a, b in zip(here.layers, there.layers, strict=True):
+        pairs = [(a.recurrent, b.recurrent), (a.conv, b.conv)] if isinstance(a, GDNState) else []
+        pairs += [] if isinstance(a, GDNState) else [(a.key, b.key), (a.value, b.value)]
+        assert all(torch.equal(x, y) for x, y in pairs)
+    hidden = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(ours.logits(hidden), theirs.logits(hidden))
+    tokens = torch.tensor([1, 2, 3])
+    assert ours.mtp_propose(hidden, tokens, model.new_mtp_state(16), 3, 2) == theirs.mtp_propose(
+        hidden, tokens, model.new_mtp_state(16), 3, 2
+    )

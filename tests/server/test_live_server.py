@@ -17,6 +17,8 @@ from lumobench.metrics import parse_prometheus
 from lumobench.plan import Timeouts, plan_new
 from lumobench.replay import execute
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
+from lumotree.engine.config import NATIVE_TREE_SHAPE, EngineConfig
+from lumotree.model.native.build import isa as native_isa
 
 from .live import LIVE_MAX_LEN as MAX_LEN
 from .live import lumotree_server
@@ -229,6 +231,11 @@ def test_replay_of_the_demo_corpus_reports_acceptance_from_metrics(url: str, tmp
         v for _, v in parse_prometheus(before)["vllm:generation_tokens_total"]
     )
     assert served == sum(r["completion_tokens"] for r in rows)
+    # run.json records how the engine ran: the native forward's ISA path and the shape it chose for it
+    engine = json.loads((run_dir / "run.json").read_text())["engine_config"]
+    assert engine["kernels"] == "cpu-native" and engine["native_isa"] == native_isa()
+    assert engine["tree_shape"] == NATIVE_TREE_SHAPE[native_isa()]
+    assert engine["rows"] == EngineConfig(kernels="cpu-native").shaped().geometry().rows
 
 
 def test_foreign_host_names_huge_bodies_and_invalid_text_get_4xx(url: str) -> None:

@@ -28,10 +28,14 @@ from lumotree.sampling.logits_fast import probabilities_rows
 from lumotree.sampling.rng import philox4x32, position_words, seed_key, uint_to_uniform_float
 from lumotree.tree import TreeDescriptor
 
+#: (seed, output position(s), tokens [k] or [n, k]) -> float32 coins of the tokens' shape
+Coins = Callable[[int, "int | Sequence[int]", Tensor], Tensor]
+
 
 def support_coins(seed: int, positions: int | Sequence[int], tokens: Tensor) -> Tensor:
     """The core's `uniform_coins` at the given tokens only: tokens [k] of one output position, or
-    [n, k] of n positions -> float32 coins of the same shape."""
+    [n, k] of n positions -> float32 coins of the same shape (NumPy; the native forward computes
+    the same bits, `lumotree.model.native.coins.philox_coins`)."""
     lo, hi = position_words(np.asarray(positions, dtype=np.int64)[..., None])
     word, _, _, _ = philox4x32(np.int64(seed_key(seed)), tokens.numpy(), lo, hi, 0)
     return torch.from_numpy(uint_to_uniform_float(word).reshape(tokens.shape))
@@ -56,8 +60,9 @@ class RowSampler:
         prompt_seen: Tensor,
         generated: Sequence[int],
         seed: int,
+        coins: Coins = support_coins,
     ) -> None:
-        self.params, self.prompt_seen, self.seed = params, prompt_seen, seed
+        self.params, self.prompt_seen, self.seed, self.coins = params, prompt_seen, seed, coins
         self.position = len(generated)
         self.vocab = int(prompt_seen.shape[0])
         needs_history = (
@@ -101,7 +106,7 @@ class RowSampler:
             return [
                 self._race(row, row.nonzero()[:, 0], pos) for row, pos in zip(probs, positions, strict=True)
             ]
-        coins = support_coins(self.seed, positions, cand)
+        coins = self.coins(self.seed, positions, cand)
         pc = probs.gather(-1, cand)
         score = torch.where(pc > 0, pc / -torch.log(coins), torch.tensor(-1.0))
         return cand.gather(-1, score.argmax(dim=-1, keepdim=True))[:, 0].tolist()
@@ -109,7 +114,7 @@ class RowSampler:
     def _race(self, probs: Tensor, support: Tensor, position: int) -> int:
         """The exponential race of one row over its support (ascending token ids)."""
         p = probs[support]
-        score = p / -torch.log(support_coins(self.seed, position, support))
+        score = p / -torch.log(self.coins(self.seed, position, support))
         return int(support[int(score.argmax())])
 
 

@@ -39,6 +39,7 @@ from lumotree.engine.config import EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
 from lumotree.engine.metrics import EngineMetrics
 from lumotree.engine.sequence import GenerationRequest, TokenEvent
+from lumotree.model.native.build import isa as native_isa
 
 log = logging.getLogger(__name__)
 _Target = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | BaseException]"]
@@ -59,12 +60,18 @@ class EngineInfo:
     kernels: str
     geometry: GeometryConfig  # the draft tree's counts after the tree shape was chosen for the kernels
     eos_token_ids: tuple[int, ...]
+    drafter: str
+    tree_shape: str | None  # the tree drafter's shape (None for AR and chain MTP)
+    native_isa: str | None  # the native CPU forward's ISA path (None with other kernels)
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineInfo:
+        cfg = engine.config
         return cls(
             engine.tokenizer_path, engine.model_name, engine.max_model_len, str(engine.device),
-            engine.config.kernels, engine.geometry, engine.eos_token_ids,
+            cfg.kernels, engine.geometry, engine.eos_token_ids, cfg.drafter,
+            cfg.tree_shape if cfg.drafter == "tree" else None,
+            native_isa() if cfg.kernels == "cpu-native" else None,
         )  # fmt: skip
 
 
@@ -72,42 +79,55 @@ class EngineClient(ABC):
     """Streams of events for requests run by an engine loop elsewhere (see the module docstring)."""
 
     def __init__(self, info: EngineInfo) -> None:
-        self.info = info
+        self.info_ = info
         self._targets: dict[str, _Target] = {}
         self._dead: BaseException | None = None
 
     @property
     def tokenizer_path(self) -> Path:
-        return self.info.tokenizer_path
+        return self.info_.tokenizer_path
 
     @property
     def model_name(self) -> str:
-        return self.info.model_name
+        return self.info_.model_name
 
     @property
     def max_model_len(self) -> int:
-        return self.info.max_model_len
+        return self.info_.max_model_len
 
     @property
     def device(self) -> torch.device:
-        return torch.device(self.info.device)
+        return torch.device(self.info_.device)
 
     @property
     def kernels(self) -> str:
-        return self.info.kernels
+        return self.info_.kernels
 
     @property
     def geometry(self) -> GeometryConfig:
-        return self.info.geometry
+        return self.info_.geometry
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return self.info.eos_token_ids
+        return self.info_.eos_token_ids
 
     @property
     def dead(self) -> str | None:
         """Why no request can run any more (None while the engine loop lives)."""
         return None if self._dead is None else f"the engine failed: {self._dead!r}"
+
+    def info(self) -> dict[str, object]:
+        """How the engine runs here: drafter, kernels, the native forward's ISA path, the tree shape
+        (chosen for this machine unless one was asked for) and verification rows."""
+        i = self.info_
+        return {
+            "drafter": i.drafter,
+            "kernels": i.kernels,
+            "native_isa": i.native_isa,
+            "tree_shape": i.tree_shape,
+            "rows": i.geometry.rows,
+            "device": i.device,
+        }
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Submit `req` and yield its events until the finished one. Raises ValueError (bad

@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 
 from lumotree.drafting.geometry import GeometryConfig
+from lumotree.model.native.build import isa as native_isa
 from lumotree.tree import DEFAULT_ROWS, MAX_DEPTH
 
 DrafterKind = Literal["ar", "mtp", "tree"]
@@ -17,8 +18,8 @@ DRAFTER_KINDS: tuple[str, ...] = ("ar", "mtp", "tree")
 KernelSet = Literal["auto", "cpu-native", "cpu-fast", "reference", "triton"]
 KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-native", "cpu-fast", "reference", "triton")
 CPU_KERNEL_SETS: tuple[str, ...] = ("auto", "cpu-native", "cpu-fast", "reference")
-TreeShape = Literal["auto", "paper", "compact"]
-TREE_SHAPES: tuple[str, ...] = ("auto", "paper", "compact")
+TreeShape = Literal["auto", "paper", "compact", "small", "medium"]
+TREE_SHAPES: tuple[str, ...] = ("auto", "paper", "compact", "small", "medium")
 #: (mtp_depth, siblings, tail_len, rescue_lens) of the named tree shapes
 SHAPE_COUNTS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
     # the paper's geometry, 28 rows: on a GPU the extra verification rows are nearly free
@@ -27,7 +28,14 @@ SHAPE_COUNTS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
     # forward (paper tree: 10.5 ms target span against 1.6 ms for AR, 0.84x AR overall; this shape
     # was the fastest tried: results/cpu/tree-shapes.md)
     "compact": (2, 0, 4, (2,)),
+    # the compact tree's neighbours in the sweep behind NATIVE_TREE_SHAPE (7 and 13 rows)
+    "small": (2, 0, 4, ()),
+    "medium": (3, 1, 4, (2,)),
 }
+#: the shape `auto` picks on the native CPU forward, by its ISA path: the fastest tree of an
+#: interleaved sweep on each (results/cpu/cpu-classes.md); NEON (not measured on ARM hardware: qemu
+#: times nothing) takes the AVX2 choice, the narrower of the two measured
+NATIVE_TREE_SHAPE: dict[str, str] = {"avx512": "compact", "avx2": "compact", "neon": "compact"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -37,9 +45,10 @@ class EngineConfig:
 
     drafter: "ar" (no drafts), "mtp" (chain of `mtp_depth` MTP spine drafts) or "tree" (the paper
     geometry: MTP spine + `siblings` runner-ups per depth + suffix tail + rescue branches).
-    tree_shape: the tree's counts. "paper" (5-depth spine, 2 siblings, tail 6, rescues 4 and 2) or
-    "compact" (SHAPE_COUNTS) replace mtp_depth/siblings/tail_len/rescue_lens; "auto" keeps the
-    counts given, except that the paper's counts become the compact ones on the native CPU forward.
+    tree_shape: the tree's counts. "paper" (5-depth spine, 2 siblings, tail 6, rescues 4 and 2),
+    "compact", "small" or "medium" (SHAPE_COUNTS) replace mtp_depth/siblings/tail_len/rescue_lens;
+    "auto" keeps the counts given, except that the paper's counts become NATIVE_TREE_SHAPE's for the
+    native CPU forward's ISA path on this machine.
     rows: verification rows of a tree (None: on a CPU exactly the geometry's capacity, 1 + max
     drafts; with the triton kernels the paper's 32, fixed shapes for GPU tiles and CUDA graphs).
     max_model_len: prompt + output tokens of one request (None: the model's max_position_embeddings).
@@ -144,7 +153,7 @@ class EngineConfig:
         if shape == "auto":
             if (self.mtp_depth, self.siblings, self.tail_len, self.rescue_lens) != SHAPE_COUNTS["paper"]:
                 return self  # counts were given: they are kept
-            shape = "compact" if self.kernels == "cpu-native" else "paper"
+            shape = NATIVE_TREE_SHAPE[native_isa()] if self.kernels == "cpu-native" else "paper"
         depth, siblings, tail, rescues = SHAPE_COUNTS[shape]
         return replace(
             self, tree_shape=shape, mtp_depth=depth, siblings=siblings, tail_len=tail, rescue_lens=rescues

@@ -36,8 +36,10 @@ def serve(
         str,
         typer.Option(
             help="The tree of --drafter tree: paper (28 rows: 5-depth MTP spine, 2 siblings, suffix "
-            "tail 6, rescues 4 and 2), compact (9 rows: spine 2, tail 4, rescue 2) or auto (compact "
-            "on the native CPU forward, where each row costs, else paper)."
+            "tail 6, rescues 4 and 2), compact (9 rows: spine 2, tail 4, rescue 2), small (7 rows: "
+            "compact without the rescue), medium (13 rows: spine 3, 1 sibling, tail 4, rescue 2) or "
+            "auto (on the native CPU forward, where each row costs, the shape measured fastest for "
+            "its ISA path; else paper)."
         ),
     ] = "auto",
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
@@ -145,6 +147,11 @@ def serve(
         served_model_name,
         api_key,
         config=dataclasses.asdict(config),
+    )
+    ctx.engine_info = engine.info()
+    log.info(
+        "engine: %s",
+        ", ".join(f"{k} {v}" for k, v in ctx.engine_info.items() if v is not None),
     )
     log.info(
         "serving %s as %r: drafter %s (%d rows), max_model_len %d, dtype %s, device %s (%s kernels%s), "

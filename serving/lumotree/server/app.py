@@ -109,8 +109,10 @@ def create_app(
         return Response(status_code=200)
 
     @app.get("/version")
-    async def version() -> dict[str, str]:
-        return {"version": __version__}
+    async def version() -> dict[str, object]:
+        """The version, and the engine's configuration on this machine (kernels, native ISA path,
+        tree shape, rows): lumobench records it in run.json."""
+        return {"version": __version__, "engine": ctx.engine_info}
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text (vLLM metric names)")
     async def prometheus() -> PlainTextResponse:

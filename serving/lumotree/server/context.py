@@ -36,6 +36,8 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     #: why the engine can take no more requests (its thread died); /health then answers 503
     engine_dead: str | None = None
+    #: what /version reports beside the version: how the engine runs on this machine
+    engine_info: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def for_model(

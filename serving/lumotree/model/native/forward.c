@@ -15,61 +15,114 @@
  * Built with -ffp-contract=off: the compiler never fuses a multiply and an add by itself; FMAs are
  * explicit (vfma) and the same in every caller.
  *
- * Layouts: weights packed by lt_pack_bf16 into [N/16][K][16] bfloat16 panels (N padded to 16);
+ * One implementation for every ISA path: vectors are GCC vector types of the machine's register
+ * width (VL floats: 16 with AVX-512, 8 with AVX2, 4 with NEON; wider types live in memory on a
+ * narrower machine, which made the AVX2 build 3-6x slower), and only vfma, the weight unpack and
+ * the GEMM's register tiles differ per ISA. Sums across lanes (hsum, the GDN reductions, softmax)
+ * follow the lane count, so the paths agree within float32 rounding, not bit for bit; GEMM outputs
+ * and attention scores are single FMA chains and agree exactly.
+ *
+ * Layouts: weights packed by lt_pack_bf16 into [N/16][K][16] bfloat16 panels (N padded to 16), each
+ * panel row's 16 values stored in the order 0, 8, 1, 9, ..., 7, 15 (so a 32-bit lane holds columns
+ * j and j + 8: a shift and a mask unpack them, see vload_bf16x16);
  * GDN recurrent state [HV, V, K]; conv state [C, W-1] oldest first; KV cache [T, Hkv, D] token-major.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
-#error "the native CPU forward needs AVX2+FMA or AVX-512"
-#endif
+/* The ISA paths differ only in the small kernels below (vfma, the GEMM's register tile and its
+ * weight unpack); everything else is plain C over GCC vector types, compiled for each. */
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define LT_ISA "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LT_ISA "avx2"
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define LT_ISA "neon"
+#else
+#error "the native CPU forward needs AVX2+FMA, AVX-512 or ARM64 NEON"
+#endif
 
-/* ---- 16-lane float vectors ------------------------------------------------------------------- */
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
-typedef uint32_t vu __attribute__((vector_size(64)));
+/* the kernel path this library was built for: avx512, avx2 or neon */
+const char* lt_isa(void) { return LT_ISA; }
+
+/* ---- VL-lane float vectors ------------------------------------------------------------------ */
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX2__)
+#define VL 8
+#else
+#define VL 4
+#endif
+#define VB (16 / VL) /* vectors per 16-float block: a panel row, a key block's head chunk */
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 
 static inline vf vload(const float* p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void vstore(float* p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf vset1(float x) { return (vf){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-static inline vf vzero(void) { return vset1(0.0f); }
+static inline vf vset1(float x) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX2__)
+    return (vf)_mm256_set1_ps(x);
+#else
+    return (vf)vdupq_n_f32(x);
+#endif
+}
+static inline vf vzero(void) { return (vf){}; }
 
 static inline vf vfma(vf a, vf b, vf c) { /* a * b + c, one rounding */
 #if defined(__AVX512F__)
     return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX2__)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-    union { vf v; __m256 h[2]; } x = {a}, y = {b}, z = {c}, r;
-    r.h[0] = _mm256_fmadd_ps(x.h[0], y.h[0], z.h[0]);
-    r.h[1] = _mm256_fmadd_ps(x.h[1], y.h[1], z.h[1]);
-    return r.v;
+    return (vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
 #endif
 }
 
-static inline vf vload_bf16(const uint16_t* p) {
-    vh h;
+/* A panel row (16 bfloat16 in the packed order) -> out[VB]. With AVX-512 one zero-extension keeps
+ * the packed lane order (columns 0, 8, 1, 9, ...; vstore16 puts them in place once per tile); the
+ * narrower paths split each 32-bit lane: << 16 gives column j, & 0xffff0000 column j + 8. */
+static inline void vload_bf16x16(const uint16_t* p, vf* out) {
+#if defined(__AVX512F__)
+    __m256i h;
     memcpy(&h, p, sizeof h);
-    vu w = __builtin_convertvector(h, vu) << 16;
-    vf out;
-    memcpy(&out, &w, sizeof out);
-    return out;
+    out[0] = (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+#else
+    for (int i = 0; i < VB / 2; i++) {
+        vu w;
+        memcpy(&w, p + i * 2 * VL, sizeof w);
+        out[i] = (vf)(w << 16);
+        out[i + VB / 2] = (vf)(w & 0xffff0000u);
+    }
+#endif
 }
 
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
+/* 16 GEMM outputs of one row (vectors as vload_bf16x16 makes them) -> y[0..16) in column order */
+static inline void vstore16(float* y, const vf* acc) {
+#if defined(__AVX512F__)
+    vstore(y, __builtin_shufflevector(acc[0], acc[0], 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+#else
+    for (int i = 0; i < VB; i++) vstore(y + i * VL, acc[i]);
+#endif
+}
+
 static inline float hsum(vf v) { /* fixed pairwise order: halves, quarters, ... */
-    vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-            __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
+    float t[VL];
+    memcpy(t, &v, sizeof t);
+    for (int w = VL / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
+    return t[0];
 }
 
 static inline float hmax(vf v) {
     float m = v[0];
-    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+    for (int i = 1; i < VL; i++) m = v[i] > m ? v[i] : m;
     return m;
 }
 static inline vf vselect(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
@@ -101,7 +154,7 @@ static inline vf vexp(vf x) {
 /* silu over n floats in place or out of place: y = x / (1 + exp(-x)) */
 static void silu_n(const float* x, float* y, int n) {
     int j = 0;
-    for (; j + 16 <= n; j += 16) {
+    for (; j + VL <= n; j += VL) {
         vf v = vload(x + j);
         vstore(y + j, v / (vset1(1.0f) + vexp(-v)));
     }
@@ -113,47 +166,51 @@ static inline float softplus1(float x) { return x > 20.0f ? x : log1pf(expf(x));
 
 /* ---- GEMM: y[m, n] = sum_k x[m, k] w[n, k] --------------------------------------------------- */
 void lt_pack_bf16(const uint16_t* w, int32_t n, int32_t k, int32_t n_pad, uint16_t* out) {
-    /* w [n, k] row-major -> panels [n_pad/16][k][16]; rows n..n_pad-1 are zero */
+    /* w [n, k] row-major -> panels [n_pad/16][k][16] in the packed order; rows n..n_pad-1 are zero */
     for (int b = 0; b < n_pad / 16; b++)
         for (int kk = 0; kk < k; kk++)
             for (int j = 0; j < 16; j++) {
-                int row = b * 16 + j;
-                out[((int64_t)b * k + kk) * 16 + j] = row < n ? w[(int64_t)row * k + kk] : 0;
+                int row = b * 16 + j, at = j < 8 ? 2 * j : 2 * (j - 8) + 1;
+                out[((int64_t)b * k + kk) * 16 + at] = row < n ? w[(int64_t)row * k + kk] : 0;
             }
 }
 
 #define GEMM_TILE(MR, NB)                                                                            \
     static void tile_##MR##x##NB(const float* x, int ldx, int k, const uint16_t* w, int64_t panel,  \
                                  float* y, int ldy) {                                                \
-        vf acc[MR][NB];                                                                              \
+        vf acc[MR][NB * VB];                                                                         \
         for (int m = 0; m < MR; m++)                                                                 \
-            for (int b = 0; b < NB; b++) acc[m][b] = vzero();                                        \
+            for (int j = 0; j < NB * VB; j++) acc[m][j] = vzero();                                   \
         for (int kk = 0; kk < k; kk++) {                                                             \
-            vf wv[NB];                                                                               \
-            for (int b = 0; b < NB; b++) wv[b] = vload_bf16(w + b * panel + (int64_t)kk * 16);       \
+            vf wv[NB * VB];                                                                          \
+            for (int b = 0; b < NB; b++) vload_bf16x16(w + b * panel + (int64_t)kk * 16, wv + b * VB); \
             for (int m = 0; m < MR; m++) {                                                           \
                 vf xv = vset1(x[(int64_t)m * ldx + kk]);                                             \
-                for (int b = 0; b < NB; b++) acc[m][b] = vfma(xv, wv[b], acc[m][b]);                 \
+                for (int j = 0; j < NB * VB; j++) acc[m][j] = vfma(xv, wv[j], acc[m][j]);            \
             }                                                                                        \
         }                                                                                            \
         for (int m = 0; m < MR; m++)                                                                 \
-            for (int b = 0; b < NB; b++) vstore(y + (int64_t)m * ldy + b * 16, acc[m][b]);           \
+            for (int b = 0; b < NB; b++) vstore16(y + (int64_t)m * ldy + b * 16, acc[m] + b * VB);   \
     }
-#if defined(__AVX512F__) /* 32 vector registers: 6 rows x 4 panels of accumulators */
+typedef void (*tile_fn)(const float*, int, int, const uint16_t*, int64_t, float*, int);
+/* Register tiles (rows x panels) per row count: accumulators + one panel row of weights + the
+ * broadcast fit the register file (32 vectors with AVX-512 and NEON, 16 with AVX2). */
 #define MR_MAX 6
-#define NB 4
-GEMM_TILE(1, 4) GEMM_TILE(2, 4) GEMM_TILE(3, 4) GEMM_TILE(4, 4) GEMM_TILE(5, 4) GEMM_TILE(6, 4)
+#define GROUP 4 /* panels a column group spans: its weights stay in cache while every row block passes */
 GEMM_TILE(1, 1) GEMM_TILE(2, 1) GEMM_TILE(3, 1) GEMM_TILE(4, 1) GEMM_TILE(5, 1) GEMM_TILE(6, 1)
-typedef void (*tile_fn)(const float*, int, int, const uint16_t*, int64_t, float*, int);
-static const tile_fn TILE_WIDE[7] = {0, tile_1x4, tile_2x4, tile_3x4, tile_4x4, tile_5x4, tile_6x4};
 static const tile_fn TILE_ONE[7] = {0, tile_1x1, tile_2x1, tile_3x1, tile_4x1, tile_5x1, tile_6x1};
-#else /* AVX2: 16 registers, a vf is two: 3 rows x 2 panels */
-#define MR_MAX 3
-#define NB 2
-GEMM_TILE(1, 2) GEMM_TILE(2, 2) GEMM_TILE(3, 2) GEMM_TILE(1, 1) GEMM_TILE(2, 1) GEMM_TILE(3, 1)
-typedef void (*tile_fn)(const float*, int, int, const uint16_t*, int64_t, float*, int);
-static const tile_fn TILE_WIDE[4] = {0, tile_1x2, tile_2x2, tile_3x2};
-static const tile_fn TILE_ONE[4] = {0, tile_1x1, tile_2x1, tile_3x1};
+#if defined(__AVX512F__) /* a panel is 1 vector: 6 x 4 tiles */
+GEMM_TILE(1, 4) GEMM_TILE(2, 4) GEMM_TILE(3, 4) GEMM_TILE(4, 4) GEMM_TILE(5, 4) GEMM_TILE(6, 4)
+static const tile_fn TILE_WIDE[7] = {0, tile_1x4, tile_2x4, tile_3x4, tile_4x4, tile_5x4, tile_6x4};
+static const int NB_WIDE[7] = {0, 4, 4, 4, 4, 4, 4};
+#elif defined(__AVX2__) /* a panel is 2 vectors of 16 registers: 1 x 4, 2 x 2, then one panel */
+GEMM_TILE(1, 4) GEMM_TILE(2, 2)
+static const tile_fn TILE_WIDE[7] = {0, tile_1x4, tile_2x2, tile_3x1, tile_4x1, tile_5x1, tile_6x1};
+static const int NB_WIDE[7] = {0, 4, 2, 1, 1, 1, 1};
+#else /* NEON: a panel is 4 vectors of 32 registers: 1 x 4, 2 x 2, then one panel */
+GEMM_TILE(1, 4) GEMM_TILE(2, 2)
+static const tile_fn TILE_WIDE[7] = {0, tile_1x4, tile_2x2, tile_3x1, tile_4x1, tile_5x1, tile_6x1};
+static const int NB_WIDE[7] = {0, 4, 2, 1, 1, 1, 1};
 #endif
 
 /* x [m, k] (row stride ldx), w packed [n_pad/16][k][16], y [m, n_pad] (row stride ldy >= n_pad) */
@@ -161,13 +218,16 @@ void lt_gemm(const float* x, int32_t m, int32_t ldx, int32_t k, const uint16_t* 
              int32_t ldy) {
     int64_t panel = (int64_t)k * 16;
     int blocks = n_pad / 16;
-    for (int m0 = 0; m0 < m; m0 += MR_MAX) {
-        int mr = m - m0 < MR_MAX ? m - m0 : MR_MAX;
-        const float* xr = x + (int64_t)m0 * ldx;
-        float* yr = y + (int64_t)m0 * ldy;
-        int b = 0;
-        for (; b + NB <= blocks; b += NB) TILE_WIDE[mr](xr, ldx, k, w + b * panel, panel, yr + b * 16, ldy);
-        for (; b < blocks; b++) TILE_ONE[mr](xr, ldx, k, w + b * panel, panel, yr + b * 16, ldy);
+    for (int b0 = 0; b0 < blocks; b0 += GROUP) {
+        int b1 = b0 + GROUP < blocks ? b0 + GROUP : blocks;
+        for (int m0 = 0; m0 < m; m0 += MR_MAX) {
+            int mr = m - m0 < MR_MAX ? m - m0 : MR_MAX, nb = NB_WIDE[mr];
+            const float* xr = x + (int64_t)m0 * ldx;
+            float* yr = y + (int64_t)m0 * ldy;
+            int b = b0;
+            for (; b + nb <= b1; b += nb) TILE_WIDE[mr](xr, ldx, k, w + b * panel, panel, yr + b * 16, ldy);
+            for (; b < b1; b++) TILE_ONE[mr](xr, ldx, k, w + b * panel, panel, yr + b * 16, ldy);
+        }
     }
 }
 
@@ -255,7 +315,7 @@ int64_t lt_work_floats(int32_t rows, int32_t hidden, int32_t wide, int32_t inter
 static void rms_norm(const float* x, const float* w1, int n, float eps, float* y) {
     vf acc = vzero();
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + VL <= n; i += VL) {
         vf v = vload(x + i);
         acc = vfma(v, v, acc);
     }
@@ -267,7 +327,7 @@ static void rms_norm(const float* x, const float* w1, int n, float eps, float* y
 
 static float dot(const float* a, const float* b, int n) { /* n a multiple of 16 */
     vf acc = vload(a) * vload(b);
-    for (int i = 16; i < n; i += 16) acc = vfma(vload(a + i), vload(b + i), acc);
+    for (int i = VL; i < n; i += VL) acc = vfma(vload(a + i), vload(b + i), acc);
     return hsum(acc);
 }
 
@@ -299,9 +359,12 @@ static void mlp(const Model* m, const Layer* L, const Rows* r, float* h, float* 
         for (int j = 0; j < H; j++) h[(int64_t)i * H + j] += tmp[(int64_t)i * L->down.n_pad + j];
 }
 
-/* Butterfly stage over 16 vectors: combine vector i with i + b lane-block by lane-block. Used as a
- * swap it transposes a 16x16 block; used with an add it sums 16 vectors' lanes at once. */
+/* Butterfly stage over VL vectors: combine vector i with i + b lane-block by lane-block. Used as a
+ * swap it transposes a VL x VL block; used with an add it sums VL vectors' lanes at once. LOb / HIb
+ * take, from each 2b-lane group of x then y, the low (high) b lanes. */
 #define UNPAREN(...) __VA_ARGS__
+#define SHUF(x, y, idx) __builtin_shufflevector(x, y, UNPAREN idx)
+#if VL == 16
 #define LO8 (0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
 #define HI8 (8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
 #define LO4 (0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
@@ -310,78 +373,91 @@ static void mlp(const Model* m, const Layer* L, const Rows* r, float* h, float* 
 #define HI2 (2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31)
 #define LO1 (0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
 #define HI1 (1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31)
-#define SHUF(x, y, idx) __builtin_shufflevector(x, y, UNPAREN idx)
+#define STAGES(OP) OP(8, LO8, HI8) OP(4, LO4, HI4) OP(2, LO2, HI2) OP(1, LO1, HI1) /* widest first */
+#elif VL == 8
+#define LO4 (0, 1, 2, 3, 8, 9, 10, 11)
+#define HI4 (4, 5, 6, 7, 12, 13, 14, 15)
+#define LO2 (0, 1, 8, 9, 4, 5, 12, 13)
+#define HI2 (2, 3, 10, 11, 6, 7, 14, 15)
+#define LO1 (0, 8, 2, 10, 4, 12, 6, 14)
+#define HI1 (1, 9, 3, 11, 5, 13, 7, 15)
+#define STAGES(OP) OP(4, LO4, HI4) OP(2, LO2, HI2) OP(1, LO1, HI1)
+#else
+#define LO2 (0, 1, 4, 5)
+#define HI2 (2, 3, 6, 7)
+#define LO1 (0, 4, 2, 6)
+#define HI1 (1, 5, 3, 7)
+#define STAGES(OP) OP(2, LO2, HI2) OP(1, LO1, HI1)
+#endif
 
-/* out lane i = the sum of v[i]'s 16 lanes (a fixed order); v is clobbered */
-static inline vf reduce16(vf v[16]) {
-    for (int i = 0; i < 8; i++) v[i] = SHUF(v[i], v[i + 8], LO8) + SHUF(v[i], v[i + 8], HI8);
-    for (int i = 0; i < 4; i++) v[i] = SHUF(v[i], v[i + 4], LO4) + SHUF(v[i], v[i + 4], HI4);
-    for (int i = 0; i < 2; i++) v[i] = SHUF(v[i], v[i + 2], LO2) + SHUF(v[i], v[i + 2], HI2);
-    return SHUF(v[0], v[1], LO1) + SHUF(v[0], v[1], HI1);
+/* out lane i = the sum of v[i]'s VL lanes (a fixed order); v is clobbered */
+static inline vf reduce_lanes(vf v[VL]) {
+#define ADD(b, lo, hi) \
+    for (int i = 0; i < (b); i++) v[i] = SHUF(v[i], v[i + (b)], lo) + SHUF(v[i], v[i + (b)], hi);
+    STAGES(ADD)
+#undef ADD
+    return v[0];
 }
 
-/* 16x16 transpose in place */
-static inline void transpose16(vf v[16]) {
+/* VL x VL transpose in place */
+static inline void transpose_lanes(vf v[VL]) {
 #define SWAP(b, lo, hi)                                                                             \
-    for (int i = 0; i < 16; i++)                                                                    \
+    for (int i = 0; i < VL; i++)                                                                    \
         if (!(i & (b))) {                                                                           \
             vf x = v[i], y = v[i + (b)];                                                            \
             v[i] = SHUF(x, y, lo);                                                                  \
             v[i + (b)] = SHUF(x, y, hi);                                                            \
         }
-    SWAP(8, LO8, HI8)
-    SWAP(4, LO4, HI4)
-    SWAP(2, LO2, HI2)
-    SWAP(1, LO1, HI1)
+    STAGES(SWAP)
 #undef SWAP
 }
 
 /* One recurrent step of a value head: s_out = s_in * eg + u k^T with u = beta (v - (s_in eg) k), and
- * o = s_out q; u_out gets u. s_in, s_out [V, 16 nc], V a multiple of 16. Value rows go 16 at a time
- * so their dot products reduce together (reduce16). */
+ * o = s_out q; u_out gets u. s_in, s_out [V, VL nc], V a multiple of 16. Value rows go VL at a time
+ * so their dot products reduce together (reduce_lanes). */
 static inline __attribute__((always_inline)) void gdn_step(const float* s_in, float* s_out, float eg, float beta,
                                                           const float* v, const float* k, const float* q, int V,
                                                           const int nc, float* u_out, float* o) {
-    int K = nc * 16;
-    vf kv[16], qv[16], egv = vset1(eg), acc[16];
+    int K = nc * VL;
+    vf kv[256 / VL], qv[256 / VL], egv = vset1(eg), acc[VL];
     for (int c = 0; c < nc; c++) {
-        kv[c] = vload(k + c * 16);
-        qv[c] = vload(q + c * 16);
+        kv[c] = vload(k + c * VL);
+        qv[c] = vload(q + c * VL);
     }
-    for (int v0 = 0; v0 < V; v0 += 16) {
-        for (int r = 0; r < 16; r++) {
+    for (int v0 = 0; v0 < V; v0 += VL) {
+        for (int r = 0; r < VL; r++) {
             const float* si = s_in + (int64_t)(v0 + r) * K;
             float* so = s_out + (int64_t)(v0 + r) * K;
             vf a = vzero();
             for (int c = 0; c < nc; c++) {
-                vf t = vload(si + c * 16) * egv;
-                vstore(so + c * 16, t);
+                vf t = vload(si + c * VL) * egv;
+                vstore(so + c * VL, t);
                 a = vfma(t, kv[c], a);
             }
             acc[r] = a;
         }
-        vf u = vset1(beta) * (vload(v + v0) - reduce16(acc));
+        vf u = vset1(beta) * (vload(v + v0) - reduce_lanes(acc));
         vstore(u_out + v0, u);
-        for (int r = 0; r < 16; r++) {
+        for (int r = 0; r < VL; r++) {
             float* so = s_out + (int64_t)(v0 + r) * K;
             vf ur = vset1(u[r]), a = vzero();
             for (int c = 0; c < nc; c++) {
-                vf sn = vfma(ur, kv[c], vload(so + c * 16));
-                vstore(so + c * 16, sn);
+                vf sn = vfma(ur, kv[c], vload(so + c * VL));
+                vstore(so + c * VL, sn);
                 a = vfma(sn, qv[c], a);
             }
             acc[r] = a;
         }
-        vstore(o + v0, reduce16(acc));
+        vstore(o + v0, reduce_lanes(acc));
     }
 }
 
 static void gdn_step_head(const float* s_in, float* s_out, float eg, float beta, const float* v, const float* k,
                           const float* q, int V, int K, float* u_out, float* o) {
     switch (K) { /* constant trip counts keep the key vectors in registers */
-    case 64: gdn_step(s_in, s_out, eg, beta, v, k, q, V, 4, u_out, o); break;
-    case 128: gdn_step(s_in, s_out, eg, beta, v, k, q, V, 8, u_out, o); break;
-    default: gdn_step(s_in, s_out, eg, beta, v, k, q, V, K / 16, u_out, o);
+    case 64: gdn_step(s_in, s_out, eg, beta, v, k, q, V, 64 / VL, u_out, o); break;
+    case 128: gdn_step(s_in, s_out, eg, beta, v, k, q, V, 128 / VL, u_out, o); break;
+    default: gdn_step(s_in, s_out, eg, beta, v, k, q, V, K / VL, u_out, o);
     }
 }
 
@@ -391,7 +467,7 @@ static void gdn_replay_head(float* s, float eg, const float* u, const float* k, 
     for (int vv = 0; vv < V; vv++) {
         float* row = s + (int64_t)vv * K;
         vf uv = vset1(u[vv]);
-        for (int j = 0; j < K; j += 16) vstore(row + j, vfma(uv, vload(k + j), vload(row + j) * egv));
+        for (int j = 0; j < K; j += VL) vstore(row + j, vfma(uv, vload(k + j), vload(row + j) * egv));
     }
 }
 
@@ -461,25 +537,25 @@ static void gdn_mixer(const Model* m, const Layer* L, const Rows* r, const float
 }
 
 /* ---- attention -------------------------------------------------------------------------------
- * Scores are computed 16 keys at a time: the block's keys are transposed to [D][16] and each
- * query's 16 scores are one FMA chain over d = 0..D-1 (lanes = keys), so a key's score does not
+ * Scores are computed VL keys at a time: the block's keys are transposed to [D][VL] and each
+ * query's VL scores are one FMA chain over d = 0..D-1 (lanes = keys), so a key's score does not
  * depend on the block it sits in. All rows share the committed prefix [0, cp); each row then has
  * its own keys (a chain row's later prefix rows, then its ancestors' tree slots by depth). */
 #define QB 8      /* queries per score tile */
 #define PB 4      /* queries per value tile */
 
 
-/* keys[16] rows (D floats each) -> kt[D] vectors over the 16 keys */
-static void key_block(const float* const keys[16], int D, vf* kt) {
-    for (int c = 0; c < D / 16; c++) {
-        vf t[16];
-        for (int j = 0; j < 16; j++) t[j] = vload(keys[j] + c * 16);
-        transpose16(t);
-        for (int dd = 0; dd < 16; dd++) kt[c * 16 + dd] = t[dd];
+/* keys[VL] rows (D floats each) -> kt[D] vectors over the VL keys */
+static void key_block(const float* const keys[VL], int D, vf* kt) {
+    for (int c = 0; c < D / VL; c++) {
+        vf t[VL];
+        for (int j = 0; j < VL; j++) t[j] = vload(keys[j] + c * VL);
+        transpose_lanes(t);
+        for (int dd = 0; dd < VL; dd++) kt[c * VL + dd] = t[dd];
     }
 }
 
-/* scores [nq][16] (row stride lds) of queries q [nq_pad][D] (nq_pad a multiple of QB) */
+/* scores [nq][VL] (row stride lds) of queries q [nq_pad][D] (nq_pad a multiple of QB) */
 static void block_scores(const vf* kt, int D, const float* q, int nq, float scale, float* s, int64_t lds) {
     for (int g0 = 0; g0 < nq; g0 += QB) {
         const float* qb = q + (int64_t)g0 * D;
@@ -496,44 +572,71 @@ static void block_scores(const vf* kt, int D, const float* q, int nq, float scal
 static void key_scores(const float* cache, int HKV, int kh, int D, const int64_t* rows, int64_t first, int64_t n,
                        const float* q, int nq, float scale, float* s, int64_t lds, const float* zero) {
     vf kt[256];
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-        const float* keys[16];
-        for (int j = 0; j < 16; j++) {
+    for (int64_t j0 = 0; j0 < n; j0 += VL) {
+        const float* keys[VL];
+        for (int j = 0; j < VL; j++) {
             int64_t jj = j0 + j;
             keys[j] = jj >= n ? zero : cache + ((rows ? rows[jj] : first + jj) * HKV + kh) * D;
         }
         key_block(keys, D, kt);
-        float tmp[QCHUNK * 16];
+        float tmp[QCHUNK * VL];
         float* dst = s + j0;
         int64_t ld = lds;
-        if (j0 + 16 > n) { /* a partial block: keep the scores after it intact */
+        if (j0 + VL > n) { /* a partial block: keep the scores after it intact */
             dst = tmp;
-            ld = 16;
+            ld = VL;
         }
         block_scores(kt, D, q, nq, scale, dst, ld);
         if (dst == tmp)
-            for (int g = 0; g < nq; g++) memcpy(s + g * lds + j0, tmp + g * 16, (size_t)(n - j0) * 4);
+            for (int g = 0; g < nq; g++) memcpy(s + g * lds + j0, tmp + g * VL, (size_t)(n - j0) * 4);
     }
 }
 
-/* value sums acc[g][D] += sum_j p[g][j] v_j over cache rows rows[0..n) (or first..first+n) */
+#define VALUE_MAX_PB 8
+/* value sums acc[g][D] += sum_j p[g][j] v_j over cache rows rows[0..n) (or first..first+n), for
+ * pb queries at once with nd = D / VL vectors each; with constant pb and nd the accumulators stay in
+ * registers (each lane is one FMA chain over j either way) */
+static inline __attribute__((always_inline)) void value_block(const float* cache, int HKV, int kh, int D,
+                                                             const int64_t* rows, int64_t first, int64_t n,
+                                                             const float* p, int64_t ldp, float* acc_out,
+                                                             const int nd, const int pb) {
+    vf acc[VALUE_MAX_PB][256 / VL];
+    for (int g = 0; g < pb; g++)
+        for (int c = 0; c < nd; c++) acc[g][c] = vload(acc_out + (int64_t)g * D + c * VL);
+    for (int64_t j = 0; j < n; j++) {
+        const float* vrow = cache + ((rows ? rows[j] : first + j) * HKV + kh) * D;
+        for (int g = 0; g < pb; g++) {
+            vf pj = vset1(p[g * ldp + j]);
+            for (int c = 0; c < nd; c++) acc[g][c] = vfma(pj, vload(vrow + c * VL), acc[g][c]);
+        }
+    }
+    for (int g = 0; g < pb; g++)
+        for (int c = 0; c < nd; c++) vstore(acc_out + (int64_t)g * D + c * VL, acc[g][c]);
+}
+
+static inline __attribute__((always_inline)) void value_blocks(const float* cache, int HKV, int kh, int D,
+                                                              const int64_t* rows, int64_t first, int64_t n,
+                                                              const float* p, int nq, int64_t ldp,
+                                                              float* acc_out, const int nd, const int pb) {
+    int g0 = 0;
+    for (; g0 + pb <= nq; g0 += pb)
+        value_block(cache, HKV, kh, D, rows, first, n, p + g0 * ldp, ldp, acc_out + (int64_t)g0 * D, nd, pb);
+    for (; g0 < nq; g0++)
+        value_block(cache, HKV, kh, D, rows, first, n, p + g0 * ldp, ldp, acc_out + (int64_t)g0 * D, nd, 1);
+}
+
+/* queries per value block: the accumulators fill about three quarters of the register file (AVX2:
+ * 16 vectors, AVX-512 and NEON: 32), so each pass over the value rows serves as many queries as fit */
+#define VALUE_ACC (VL == 8 ? 12 : 24)
+#define VALUE_PB(D) (VALUE_ACC * VL / (D) >= VALUE_MAX_PB ? VALUE_MAX_PB : VALUE_ACC * VL / (D) >= 1 ? VALUE_ACC * VL / (D) : 1)
+
 static void value_sums(const float* cache, int HKV, int kh, int D, const int64_t* rows, int64_t first, int64_t n,
                        const float* p, int nq, int64_t ldp, float* acc_out) {
-    int nd = D / 16;
-    for (int g0 = 0; g0 < nq; g0 += PB) {
-        int gb = nq - g0 < PB ? nq - g0 : PB;
-        vf acc[PB][16];
-        for (int g = 0; g < gb; g++)
-            for (int c = 0; c < nd; c++) acc[g][c] = vload(acc_out + (int64_t)(g0 + g) * D + c * 16);
-        for (int64_t j = 0; j < n; j++) {
-            const float* vrow = cache + ((rows ? rows[j] : first + j) * HKV + kh) * D;
-            for (int g = 0; g < gb; g++) {
-                vf pj = vset1(p[(g0 + g) * ldp + j]);
-                for (int c = 0; c < nd; c++) acc[g][c] = vfma(pj, vload(vrow + c * 16), acc[g][c]);
-            }
-        }
-        for (int g = 0; g < gb; g++)
-            for (int c = 0; c < nd; c++) vstore(acc_out + (int64_t)(g0 + g) * D + c * 16, acc[g][c]);
+    switch (D) { /* constant trip counts keep the accumulators in registers */
+    case 64: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, 64 / VL, VALUE_PB(64)); break;
+    case 128: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, 128 / VL, VALUE_PB(128)); break;
+    case 256: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, 256 / VL, 1); break;
+    default: value_blocks(cache, HKV, kh, D, rows, first, n, p, nq, ldp, acc_out, D / VL, 1);
     }
 }
 
@@ -541,11 +644,11 @@ static void value_sums(const float* cache, int HKV, int kh, int D, const int64_t
 static float softmax_exp(float* s, int64_t nk) {
     vf mx = vset1(-INFINITY);
     int64_t j = 0;
-    for (; j + 16 <= nk; j += 16) mx = vmax(vload(s + j), mx);
+    for (; j + VL <= nk; j += VL) mx = vmax(vload(s + j), mx);
     float best = hmax(mx);
     for (; j < nk; j++) best = s[j] > best ? s[j] : best;
     vf bv = vset1(best), sum = vzero();
-    for (j = 0; j + 16 <= nk; j += 16) {
+    for (j = 0; j + VL <= nk; j += VL) {
         vf e = vexp(vload(s + j) - bv);
         vstore(s + j, e);
         sum = sum + e;
@@ -592,7 +695,7 @@ static void attend_chunk(const Model* m, const Layer* L, const Rows* r, int i0, 
         value_sums(L->v_cache, HKV, kh, D, key_rows, 0, extra, si + cp, group, lds, ai);
         for (int g = 0; g < group; g++) {
             float* o = out + ((int64_t)i * HQ + kh * group + g) * D;
-            for (int c = 0; c < D; c += 16) vstore(o + c, vload(ai + g * D + c) * vset1(inv[g]));
+            for (int c = 0; c < D; c += VL) vstore(o + c, vload(ai + g * D + c) * vset1(inv[g]));
         }
     }
 }
@@ -635,7 +738,7 @@ static void attention_mixer(const Model* m, const Layer* L, const Rows* r, const
         float* mr = mix + (int64_t)i * HQ * D;
         for (int h = 0; h < HQ; h++) {
             const float* gate = pr + h * 2 * D + D;
-            for (int j = 0; j < D; j += 16) {
+            for (int j = 0; j < D; j += VL) {
                 vf gv = vload(gate + j);
                 vstore(mr + h * D + j, vload(mr + h * D + j) * (vset1(1.0f) / (vset1(1.0f) + vexp(-gv))));
             }
@@ -814,4 +917,31 @@ int lt_mtp_propose(const Model* m, Rows* r, const float* hidden, const int64_t* 
         if (rank_draft(m, h, k, logits, topk + (int64_t)s * k)) return -1;
     }
     return 0;
+}
+
+/* ---- sampling coins --------------------------------------------------------------------------
+ * Philox4x32-10 as lumotree.sampling.rng (Triton's tl.philox): key = the 64-bit seed, counter =
+ * (token, position lo, position hi, 0); the first output word becomes a float32 in [0, 1) by
+ * Triton's rule. Integer arithmetic and one float multiply: bitwise equal to the NumPy version.
+ * out[i, j] = the coin of token tokens[i, j] at output position positions[i]. */
+void lt_philox_coins(uint64_t seed, const int64_t* positions, const int64_t* tokens, int32_t n, int32_t k,
+                     float* out) {
+    for (int i = 0; i < n; i++) {
+        uint64_t pos = (uint64_t)positions[i];
+        for (int j = 0; j < k; j++) {
+            uint32_t x0 = (uint32_t)tokens[(int64_t)i * k + j], x1 = (uint32_t)pos, x2 = (uint32_t)(pos >> 32), x3 = 0;
+            uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+            for (int r = 0; r < 10; r++) {
+                uint64_t pb = (uint64_t)0xCD9E8D57u * x2, pa = (uint64_t)0xD2511F53u * x0;
+                x0 = (uint32_t)(pb >> 32) ^ x1 ^ k0;
+                x1 = (uint32_t)pb;
+                x2 = (uint32_t)(pa >> 32) ^ x3 ^ k1;
+                x3 = (uint32_t)pa;
+                k0 += 0x9E3779B9u;
+                k1 += 0xBB67AE85u;
+            }
+            int32_t s = (int32_t)x0;
+            out[(int64_t)i * k + j] = (float)(s < 0 ? ~s : s) * 4.6566127342e-10f;
+        }
+    }
 }

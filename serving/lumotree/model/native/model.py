@@ -189,7 +189,7 @@ class NativeModel:
         self.tree_rows, self.max_rows = tree_rows, max(max_rows, tree_rows)
         if cfg.num_attention_heads // cfg.num_key_value_heads > _MAX_GROUP:
             raise ValueError(f"more than {_MAX_GROUP} query heads per KV head")
-        self._keep: list[object] = []  # every buffer a C pointer refers to
+        self._keep: list[Tensor] = []  # every buffer a C pointer refers to
         self._scratch: list[Tensor] = []  # the per-call work buffers among them
         self.capacity = state.capacity
         layers = [self._layer(layer, s) for layer, s in zip(model.model.layers, state.layers, strict=True)]
@@ -248,7 +248,6 @@ class NativeModel:
         state_shape = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim)
         m.states = self._scratch_ptr(tree_rows, *state_shape)
         self._model = m
-        self._model_ref = ctypes.byref(m)
         self._residual = torch.empty(self.max_rows, cfg.hidden_size)
         self._kv_tmp = torch.empty(2 * (_MAX_DEPTH + 1), cfg.num_key_value_heads * cfg.head_dim)
         self._mtp_hidden = torch.empty(self.max_rows, cfg.hidden_size)
@@ -346,13 +345,7 @@ class NativeModel:
         hidden = torch.empty(n, self.config.hidden_size) if out is None else out
         if hidden.shape != (n, self.config.hidden_size) or not hidden.is_contiguous():
             raise ValueError(f"out must be a contiguous [{n}, {self.config.hidden_size}] tensor")
-        self.lib.lt_verify(
-            self._model_ref,
-            ctypes.byref(self._rows),
-            tree.tokens.data_ptr(),
-            self._residual.data_ptr(),
-            hidden.data_ptr(),
-        )
+        self._call("lt_verify", self._model, self._rows, tree.tokens, self._residual, hidden)
         self._verified = tree
         return hidden
 
@@ -364,9 +357,7 @@ class NativeModel:
         if not 1 <= len(accepted) <= tree.n_active or accepted[0] != 0:
             raise ValueError(f"accepted path {accepted} is not a root path of {tree.n_active} rows")
         path = torch.tensor(accepted, dtype=torch.long)
-        self.lib.lt_publish(
-            self._model_ref, ctypes.byref(self._rows), path.data_ptr(), len(accepted), self._kv_tmp.data_ptr()
-        )
+        self._call("lt_publish", self._model, self._rows, path, len(accepted), self._kv_tmp)
         self.state.length += len(accepted)
         self._verified = None
 
@@ -375,7 +366,7 @@ class NativeModel:
         hidden = hidden.contiguous()
         n = hidden.shape[0]
         out = torch.empty(n, self.vocab_pad)
-        self.lib.lt_logits(self._model_ref, hidden.data_ptr(), n, out.data_ptr())
+        self._call("lt_logits", self._model, hidden, n, out)
         return out[:, : self.config.vocab_size]
 
     def mtp_step(
@@ -387,15 +378,7 @@ class NativeModel:
         hidden, tokens, n = self._mtp_rows_for(hidden, tokens, mtp_state, step_idx, 0)
         out = torch.empty(n, self.config.hidden_size)
         logits = torch.empty(self.vocab_pad)
-        self.lib.lt_mtp_step(
-            self._model_ref,
-            ctypes.byref(self._mtp_rows),
-            hidden.data_ptr(),
-            tokens.data_ptr(),
-            self._residual.data_ptr(),
-            out.data_ptr(),
-            logits.data_ptr(),
-        )
+        self._call("lt_mtp_step", self._model, self._mtp_rows, hidden, tokens, self._residual, out, logits)
         mtp_state.length += n
         return logits[: self.config.vocab_size], out
 
@@ -413,17 +396,18 @@ class NativeModel:
             raise ValueError(f"depth must be >= 1 and k in 1..{limit}, got {depth}, {k}")
         hidden, tokens, n = self._mtp_rows_for(hidden, tokens, mtp_state, 0, depth - 1)
         topk = torch.empty(depth, k, dtype=torch.long)
-        status = self.lib.lt_mtp_propose(
-            self._model_ref,
-            ctypes.byref(self._mtp_rows),
-            hidden.data_ptr(),
-            tokens.data_ptr(),
+        status = self._call(
+            "lt_mtp_propose",
+            self._model,
+            self._mtp_rows,
+            hidden,
+            tokens,
             depth,
             k,
-            self._residual.data_ptr(),
-            self._mtp_hidden.data_ptr(),
-            self._mtp_logits.data_ptr(),
-            topk.data_ptr(),
+            self._residual,
+            self._mtp_hidden,
+            self._mtp_logits,
+            topk,
         )
         if status:
             raise ValueError("selection scores contain NaN")
@@ -451,6 +435,38 @@ class NativeModel:
         zeros, own = self._chain_table(n)
         self._set_rows(self._mtp_rows, n, start, positions, positions, zeros, zeros, own)
         return hidden.contiguous(), tokens.to(torch.long).contiguous(), n
+
+    # ---- calls into the library ----------------------------------------------------------------
+    def _call(self, name: str, *args: ctypes.Structure | Tensor | int) -> int | None:
+        """`name`(args) in the library: structures by reference, tensors by their data pointer.
+        An instance may replace it to run the calls elsewhere (`remote.py`)."""
+        conv = [
+            ctypes.byref(a)
+            if isinstance(a, ctypes.Structure)
+            else a.data_ptr()
+            if isinstance(a, Tensor)
+            else a
+            for a in args
+        ]
+        return getattr(self.lib, name)(*conv)
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor the library may read or write besides a call's own arguments: weights,
+        scratch, the request state and the rows' tables."""
+        out = [*self._keep, *self._scratch, *self._all_state_tensors()]
+        return out + [t for rows in self._keep_rows.values() for t in rows if t is not None]
+
+    def structures(self) -> list[ctypes.Structure | ctypes.Array]:
+        """The structures the library reads (never writes), whose pointers lead to `tensors()`."""
+        out: list[ctypes.Structure | ctypes.Array] = [self._model, self._layers, self._rows, self._mtp_rows]
+        return out + ([self._mtp_layer] if self._mtp_layer is not None else [])
+
+    def _all_state_tensors(self) -> list[Tensor]:
+        caches = [*self.state.layers] + ([self._mtp_cache] if self._mtp_cache is not None else [])
+        out: list[Tensor] = []
+        for s in caches:
+            out += [s.recurrent, s.conv] if isinstance(s, GDNState) else [s.key, s.value]
+        return out
 
     # ---- helpers -------------------------------------------------------------------------------
     def _chain_table(self, n: int) -> tuple[Tensor, Tensor]:
