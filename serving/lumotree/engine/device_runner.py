@@ -183,19 +183,17 @@ class DeviceRunner(Runner):
         self.tables.prefix_len.fill_(self.state.length)
         r.emitted[0, 0] = token
         r.path_len.fill_(1)
-        if mtp is None:
-            return None
+        if mtp is None or self._first_graph is None:
+            return super().start_decode(hidden, token)
         self._first_hidden.copy_(hidden.reshape(self._first_hidden.shape))
-        if self._first_graph is not None:
-            self._first_graph.replay()
-        else:
-            self._first_proposal()
+        self._first_graph.replay()
         spine, topk = mtp.spine.tolist(), mtp.topk.tolist()
         mtp.advance_host(1)
         return MTPProposal(spine, topk)
 
     def _first_proposal(self) -> None:
-        """The MTP passes after the prompt: pass 1 over (the last prompt row, the first token)."""
+        """The MTP passes after the prompt, as `start_decode` captures them: pass 1 over (the last
+        prompt row, the first token), from static buffers."""
         r, mtp = self.walk.result, self.device_mtp
         assert mtp is not None
         mtp.queue_(self._first_hidden, r.emitted[0, :1], r.path_len[:1])
