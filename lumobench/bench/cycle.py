@@ -37,10 +37,8 @@ smaller draft vocabulary costs is measured on the shipped model (results/cpu/dra
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -50,6 +48,7 @@ from typing import Annotated
 import torch
 import typer
 
+from lumobench.bench.output import current_commit
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.drafting.drafter import Drafter
 from lumotree.drafting.geometry import GeometryConfig
@@ -441,11 +440,6 @@ def summary(result: dict, command: str) -> dict:
     ctx = next(iter(result["contexts"]))
     row = result["contexts"][ctx]
     rates = row["projected_tokens_per_s"]
-    # a staged copy on the device machine has no repository of its own: the caller names the commit
-    commit = (
-        os.environ.get("LUMOBENCH_COMMIT")
-        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    )
     return {
         "floor_ms": result["floor_ms"],
         "ar_step_ms": row["ar"]["cycle_ms"],
@@ -458,7 +452,7 @@ def summary(result: dict, command: str) -> dict:
         **_draft_vocab_summary(result, row, rates),
         "context": int(ctx),
         "command": command,
-        "commit": commit or None,
+        "commit": current_commit(),
     }
 
 

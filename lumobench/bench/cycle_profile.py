@@ -12,10 +12,7 @@ model's own acceptance is the replay's, `lumobench replay corpora/demo.jsonl`).
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +21,7 @@ import torch
 import typer
 
 from lumobench.bench.cycle import ARMS, Arm, build_runner, fill_state_, kernel_times, run_arm
+from lumobench.bench.output import current_commit, write_tables
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.sampling import SamplingParams
 
@@ -124,22 +122,15 @@ def main(
     folder = model or default_model_path()
     net = load_checkpoint(folder, dtype=dtypes[dtype], device=torch.device("cuda"))
     arms = [Arm("ar", ARMS["ar"], 0.0), Arm("mtp5", ARMS["mtp5"], 3.17), Arm("tree", ARMS["tree"], 4.05)]
-    commit = (
-        os.environ.get("LUMOBENCH_COMMIT")
-        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    )
     doc = {
         "model": folder.name,
         "dtype": dtype,
         "context": context,
         "arms": {arm.name: profile_arm(net, arm, context, iters, warmup) for arm in arms},
         "command": "python -m lumobench.bench.cycle_profile " + shlex.join(sys.argv[1:]),
-        "commit": commit or None,
+        "commit": current_commit(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    typer.echo(markdown(doc))
+    write_tables(out, doc, markdown)
 
 
 if __name__ == "__main__":

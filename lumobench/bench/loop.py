@@ -31,13 +31,13 @@ import json
 import os
 import random
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from lumobench.bench.output import current_commit, write_tables
 from lumobench.metrics import phase_totals
 from lumobench.report import build_report, load_run
 from lumobench.results import RequestRow
@@ -169,21 +169,14 @@ def table(
         ratios["tree_over_ar"] = rate["tree"] / rate["ar"]
     if {"mtp5", "tree"} <= rate.keys():
         ratios["tree_over_mtp5"] = rate["tree"] / rate["mtp5"]
-    commit = (
-        os.environ.get("LUMOBENCH_COMMIT")
-        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    )
     doc = {
         "arms": arms,
         "ratios": ratios,
         "command": os.environ.get("LUMOBENCH_COMMAND")
         or "python -m lumobench.bench.loop " + shlex.join(sys.argv[1:]),
-        "commit": commit or None,
+        "commit": current_commit(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    typer.echo(markdown(doc))
+    write_tables(out, doc, markdown)
 
 
 if __name__ == "__main__":

@@ -389,6 +389,11 @@ class TreeBuilder:
             node = nxt
         return node
 
+    def in_order(self) -> TreeTopology:
+        """The trie in insertion order (a parent before its children, the first child added under
+        each node first): no reordering, for a tree built between two cycles."""
+        return TreeTopology(tuple(self.tokens), tuple(self.parents), tuple(self.depths), self.merges)
+
     def topology(self) -> TreeTopology:
         """The trie in breadth-first order (children in insertion order)."""
         order = [0]

@@ -20,7 +20,7 @@ from typing import Literal
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.mtp import MTPProposal
 from lumotree.drafting.suffix import SuffixDrafter
-from lumotree.tree import TreeTopology, chain_topology
+from lumotree.tree import TreeBuilder, TreeTopology, chain_topology
 
 DrafterKind = Literal["ar", "mtp", "tree"]
 
@@ -85,7 +85,7 @@ def paper_topology(
     this runs between two cycles, and every stage reads the topology whatever its order)."""
     tails = suffix.continuations(proposal.spine, geo.tail_len, 1)
     tail = tails[0].continuation if tails else ()
-    tree = _Trie(root, geo.rows, geo.max_depth)
+    tree = TreeBuilder(root, max_nodes=geo.rows, max_depth=geo.max_depth)
     spine = [0]
     for token in [*proposal.spine[: geo.depth_mtp], *tail[: geo.tail_len]]:
         node = tree.add(spine[-1], token)
@@ -106,38 +106,8 @@ def paper_topology(
             branch = cont[at : at + geo.rescue_lens[placed]]
             if not branch:
                 continue
-            for token in branch:
-                next_node = tree.add(node, token)
-                if next_node is None:
-                    break
-                node = next_node
+            tree.extend(node, branch)
             placed += 1
             if placed == len(geo.rescue_lens):
                 break
-    return TreeTopology(tuple(tree.tokens), tuple(tree.parents), tuple(tree.depths), tree.merges)
-
-
-class _Trie:
-    """A token trie in insertion order with `TreeBuilder`'s budget and merge rules."""
-
-    def __init__(self, root: int, max_nodes: int, max_depth: int) -> None:
-        self.tokens, self.parents, self.depths = [int(root)], [-1], [0]
-        self.children: list[dict[int, int]] = [{}]
-        self.max_nodes, self.max_depth, self.merges = max_nodes, max_depth, 0
-
-    def add(self, parent: int, token: int) -> int | None:
-        """The child of `parent` with `token` (an existing one is a merge); None over the budget."""
-        token = int(token)
-        node = self.children[parent].get(token)
-        if node is not None:
-            self.merges += 1
-            return node
-        if len(self.tokens) >= self.max_nodes or self.depths[parent] >= self.max_depth:
-            return None
-        node = len(self.tokens)
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.depths.append(self.depths[parent] + 1)
-        self.children.append({})
-        self.children[parent][token] = node
-        return node
+    return tree.in_order()
