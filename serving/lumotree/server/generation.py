@@ -18,7 +18,7 @@ from lumotree.server.tokenizer import ModelTokenizer
 
 
 class EngineClient(Protocol):
-    """What the server needs from `lumotree.engine.AsyncEngine`."""
+    """What the server needs from the engine (`lumotree.engine.EngineProcess` or `AsyncEngine`)."""
 
     def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]: ...
 
