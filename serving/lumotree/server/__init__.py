@@ -1,6 +1,6 @@
 """The LumoTree HTTP server: OpenAI-compatible chat/completions, SGLang-style /generate, Prometheus
-metrics with vLLM's names, over `lumotree.engine.EngineProcess`, the engine in its own process (DESIGN §5). It knows no tensors; the
-engine knows no text.
+metrics with vLLM's names, over `lumotree.engine.EngineProcess`, the engine in its own process
+(DESIGN §5). It knows no tensors; the engine knows no text.
 
 Modules: `protocol` (request/response models), `params` (API fields -> GenerationRequest), `generation`
 (engine events -> detokenized, stop-trimmed deltas), `detokenizer`, `reasoning` (`<think>`),

@@ -2,11 +2,12 @@
 logits rows and the MTP draft step over one request's state, with the model's weights packed once
 as bfloat16 panels.
 
-It computes what `verify_tree`, `publish_tree_`, `compute_logits` and the MTP pass (`HybridLM.mtp_hidden`) compute, in
-float32 arithmetic with a different summation order (equal within float32 rounding, tested), and
-every row bitwise independent of the other rows: autoregressive, chain and tree decoding of one
-engine agree bit for bit. The durable state is the runner's own `ModelState` tensors (read and
-written in place, so prefill and the prefix cache keep working on them).
+It computes what `verify_tree`, `publish_tree_`, `compute_logits` and the MTP pass
+(`HybridLM.mtp_hidden`) compute, in float32 arithmetic with a different summation order (equal
+within float32 rounding, tested), and every row bitwise independent of the other rows:
+autoregressive, chain and tree decoding of one engine agree bit for bit. The durable state is the
+runner's own `ModelState` tensors (read and written in place, so prefill and the prefix cache keep
+working on them).
 
 Supported: float32 models whose weights are exactly bfloat16 values (a bfloat16 checkpoint loaded as
 float32: packing loses nothing), dense MLPs, at most one MTP layer; `unsupported_reason` says why not.
@@ -372,9 +373,9 @@ class NativeModel:
     def mtp_step(
         self, hidden: Tensor, tokens: Tensor, mtp_state: ModelState, step_idx: int = 0
     ) -> tuple[Tensor, Tensor]:
-        """One MTP pass natively (`HybridLM.mtp_hidden`, then the logits of its last row): hidden rows [T, H] and their next tokens [T] at positions
-        mtp_state.length.. -> (logits [V] of the last row, MTP hidden rows [T, H]); writes the MTP KV
-        rows and advances mtp_state.length by T."""
+        """One MTP pass natively (`HybridLM.mtp_hidden`, then the logits of its last row): hidden
+        rows [T, H] and their next tokens [T] at positions mtp_state.length.. -> (logits [V] of the
+        last row, MTP hidden rows [T, H]); writes the MTP KV rows and advances mtp_state.length by T."""
         hidden, tokens, n = self._mtp_rows_for(hidden, tokens, mtp_state, step_idx, 0)
         out = torch.empty(n, self.config.hidden_size)
         logits = torch.empty(self.vocab_pad)
