@@ -154,12 +154,12 @@ def _start(
         try:
             m.server.start()
             m.server.wait_ready(on_wait=lambda s, a=arm.name: on_status(f"starting arm {a}: waiting for {s}"))
+            m.plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
         except LumobenchError as exc:
             m.server.stop()
             m.server, m.dead = None, str(exc).splitlines()[0]
             on_note(f"arm {arm.name} did not start: {m.dead}")
             continue
-        m.plan.meta.engine_version = probe_endpoint(arm.base_url, arm.api_key)[1]
         m.plan.meta.model = m.plan.target.model or m.server.served_model
         m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
         m.plan.run.write_meta(m.plan.meta)

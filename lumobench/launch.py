@@ -22,14 +22,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import httpx
-
 from lumobench.arms import ResolvedArm
 from lumobench.client import auth_headers
 from lumobench.errors import LumobenchError
+from lumobench.probe import Answer, ProbeError, call_sync
 from lumobench.redact import Redactor
 
 STOP_GRACE_S = 15.0
+#: the deadline of one readiness probe (the readiness timeout bounds them all)
+READY_PROBE_S = 5.0
 
 
 class ArmStartError(LumobenchError):
@@ -63,6 +64,15 @@ def check_port_free(host: str, port: int) -> None:
             f"port {port} on {host} is already in use (another server running?); "
             f"stop it or pick another port with --port"
         )
+
+
+def _listed_model(models: Answer) -> str | None:
+    """The first model id of a models list, or None while the server lists none."""
+    try:
+        data = models.json().get("data")
+        return str(data[0]["id"]) if data else None
+    except (ValueError, AttributeError, KeyError, IndexError, TypeError):
+        return None
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -152,38 +162,46 @@ class ArmServer:
         tail = log_tail(self.log_path)
         return ArmStartError(f"arm {self.arm.name} {why}; last lines of {self.log_path}:\n{tail}")
 
+    def _key_hint(self) -> str:
+        if self.arm.api_key_env:
+            return f"the API key in {self.arm.api_key_env} is not the one the server expects"
+        return "the server requires an API key: set api_key_env in the arm file or pass --api-key-env NAME"
+
     def wait_ready(self, timeout_s: float | None = None, on_wait: Callable[[str], None] | None = None) -> str:
         """Block until health answers 200 and the models endpoint lists a model; return the model id.
 
         Raises `ArmStartError` (with the log tail) if the process exits or the timeout passes.
         """
         ready = self.arm.config.readiness
-        deadline = time.monotonic() + (timeout_s or ready.timeout_s)
+        limit_s = timeout_s or ready.timeout_s
+        deadline = time.monotonic() + limit_s
         stage = "health"
         headers = auth_headers(self.arm.api_key)
-        with httpx.Client(base_url=self.base_url, timeout=5.0, headers=headers) as client:
-            while True:
-                if (code := self.exit_code()) is not None:
-                    raise self._fail(f"exited with code {code} before it was ready")
-                if time.monotonic() > deadline:
-                    raise self._fail(
-                        f"was not ready after {timeout_s or ready.timeout_s:.0f} s (waiting for {stage})"
-                    )
-                if on_wait:
-                    on_wait(stage)
-                try:
-                    if stage == "health":
-                        if client.get(ready.health).status_code == 200:
-                            stage = "models"
-                            continue
-                    else:
-                        resp = client.get(ready.models)
-                        if resp.status_code == 200 and resp.json().get("data"):
-                            self.served_model = str(resp.json()["data"][0]["id"])
-                            return self.served_model
-                except (httpx.HTTPError, ValueError):
-                    pass  # not listening yet, or a half-started server
-                time.sleep(0.5)
+        while True:
+            if (code := self.exit_code()) is not None:
+                raise self._fail(f"exited with code {code} before it was ready")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._fail(f"was not ready after {limit_s:.0f} s (waiting for {stage})")
+            if on_wait:
+                on_wait(stage)
+            path = ready.health if stage == "health" else ready.models
+            try:
+                answer = call_sync("GET", self.base_url + path, min(READY_PROBE_S, left), headers)
+            except ProbeError:
+                answer = None  # not listening yet, or a half-started server
+            if answer is not None and answer.status in (401, 403):  # a key will not appear by waiting
+                raise self._fail(
+                    f"refused the readiness probe {path} with HTTP {answer.status}: {self._key_hint()}"
+                )
+            if answer is not None and answer.status == 200:
+                if stage == "health":
+                    stage = "models"
+                    continue
+                if (model := _listed_model(answer)) is not None:
+                    self.served_model = model
+                    return model
+            time.sleep(0.5)
 
     def stop(self) -> int | None:
         """SIGTERM the whole process group, SIGKILL it after a grace period; return the exit code."""

@@ -7,11 +7,10 @@ directory is locked by the one process that writes it (`RunDir.lock`).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import httpx
 
 from lumobench.arms import (
     REPO_ROOT,
@@ -27,6 +26,7 @@ from lumobench.corpus import CorpusRecord, file_sha256, load_corpus, record_sha2
 from lumobench.errors import LumobenchError
 from lumobench.launch import arm_redactor, check_port_free
 from lumobench.manifest import ManifestDiff, ManifestMismatch, read_manifest, select_by_manifest
+from lumobench.probe import Answer, ProbeError, call_sync
 from lumobench.redact import Redactor
 from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, now_iso
 
@@ -107,24 +107,35 @@ def _normalise_endpoint(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def probe_endpoint(base_url: str, api_key: str | None = None) -> tuple[str | None, str | None]:
-    """(first served model id, engine version) of a running server; raises if it cannot be reached."""
+def _first_model(models: Answer) -> str | None:
     try:
-        with httpx.Client(base_url=base_url, timeout=10, headers=auth_headers(api_key)) as client:
-            resp = client.get("/v1/models")
-            if resp.status_code in (401, 403):
-                raise LumobenchError(
-                    f"endpoint {base_url} refused the models list (HTTP {resp.status_code}): "
-                    + ("a wrong API key?" if api_key else "it needs an API key: --api-key-env NAME")
-                )
-            model = resp.json()["data"][0]["id"] if resp.status_code == 200 else None
-            version = client.get("/version")
-            engine = version.json().get("version") if version.status_code == 200 else None
-    except httpx.HTTPError as exc:
-        raise LumobenchError(f"cannot reach endpoint {base_url}: {exc}") from None
-    except (ValueError, KeyError, IndexError):
-        return None, None
-    return model, engine
+        model = models.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
+def probe_endpoint(base_url: str, api_key: str | None = None) -> tuple[str | None, str | None]:
+    """(first served model id, engine version) of a running server; raises `LumobenchError` in one line
+    when it cannot be reached or does not answer `/v1/models` and `/version` within their deadline."""
+    headers = auth_headers(api_key)
+    try:
+        models = call_sync("GET", base_url + "/v1/models", headers=headers)
+        if models.status in (401, 403):
+            raise LumobenchError(
+                f"endpoint {base_url} refused the models list (HTTP {models.status}): "
+                + ("a wrong API key?" if api_key else "it needs an API key: --api-key-env NAME")
+            )
+        version = call_sync("GET", base_url + "/version", headers=headers)
+    except ProbeError as exc:
+        raise LumobenchError(f"cannot probe endpoint {base_url}: {exc}") from None
+    engine = None
+    if version.status == 200:
+        with contextlib.suppress(ValueError, AttributeError):
+            engine = version.json().get("version")
+    return (_first_model(models) if models.status == 200 else None), (
+        engine if isinstance(engine, str) else None
+    )
 
 
 def _new_meta(

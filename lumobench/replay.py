@@ -29,6 +29,7 @@ from lumobench.errors import LumobenchError
 from lumobench.launch import ArmServer, launched
 from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
+from lumobench.probe import ProbeError, call
 from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys, now_iso
 
 #: answers that mean "no server to serve this" rather than "this request is bad"
@@ -68,9 +69,8 @@ class AvailabilityCheck:
 
     async def _health_status(self) -> int | None:
         try:
-            url = self.target.base_url + self.target.health_path
-            return (await self.client.get(url, timeout=10)).status_code
-        except httpx.HTTPError:
+            return (await call(self.client, "GET", self.target.base_url + self.target.health_path)).status
+        except ProbeError:
             return None
 
 

