@@ -152,7 +152,12 @@ class AgentRunDir:
         return {row.key: row for row in read_jsonl(self.path / TASKS_FILE, TaskRow)}
 
     def log_dir(self, run_index: int, instance_id: str) -> Path:
-        return self.path / "tasks" / f"{instance_id}.run{run_index + 1}"
+        """`tasks/<id>.run<k>`; an id that is not one plain file name (tasks.py refuses those) is refused
+        here too, so no attempt writes outside the run directory."""
+        name = f"{instance_id}.run{run_index + 1}"
+        if Path(name).name != name or name.startswith(".") or "\\" in name:
+            raise LumobenchError(f"task id {instance_id!a} cannot name a folder inside the run directory")
+        return self.path / "tasks" / name
 
     def predictions_path(self, run_index: int, runs: int) -> Path:
         return self.path / ("predictions.jsonl" if runs == 1 else f"predictions-run{run_index + 1}.jsonl")
