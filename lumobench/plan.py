@@ -8,9 +8,11 @@ directory is locked by the one process that writes it (`RunDir.lock`).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from lumobench.arms import (
     REPO_ROOT,
@@ -56,10 +58,9 @@ class Timeouts:
     deadline_s: float | None = None
 
     def check(self) -> Timeouts:
-        if not self.silence_s > 0:
-            raise LumobenchError(f"--request-timeout must be more than 0 s (got {self.silence_s:g})")
-        if self.deadline_s is not None and not self.deadline_s > 0:
-            raise LumobenchError(f"--request-deadline must be more than 0 s (got {self.deadline_s:g})")
+        for flag, value in (("--request-timeout", self.silence_s), ("--request-deadline", self.deadline_s)):
+            if value is not None and not 0 < value < math.inf:  # NaN fails too
+                raise LumobenchError(f"{flag} must be a finite number of seconds above 0 (got {value:g})")
         return self
 
 
@@ -103,6 +104,16 @@ def _check_limits(arm: ResolvedArm, records: list[CorpusRecord], corpus: Path) -
 
 
 def _normalise_endpoint(url: str) -> str:
+    """The server's base URL (a trailing /v1 dropped); a URL lumobench cannot append paths to is refused
+    (a key in its query string would also be sent in the clear to every route and logged there)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise LumobenchError(f"--endpoint {Redactor().url(url)} is not an http:// or https:// URL")
+    if parts.query or parts.fragment:
+        raise LumobenchError(
+            f"--endpoint {Redactor().url(url)} has a query string: give the server's base URL (lumobench "
+            "appends /v1/... to it) and pass an API key with --api-key-env NAME"
+        )
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
@@ -128,7 +139,7 @@ def probe_endpoint(base_url: str, api_key: str | None = None) -> tuple[str | Non
             )
         version = call_sync("GET", base_url + "/version", headers=headers)
     except ProbeError as exc:
-        raise LumobenchError(f"cannot probe endpoint {base_url}: {exc}") from None
+        raise LumobenchError(f"cannot reach endpoint {base_url}: {exc}") from None
     engine = None
     if version.status == 200:
         with contextlib.suppress(ValueError, AttributeError):
@@ -209,11 +220,11 @@ def _arm_target(arm: ResolvedArm, api: str | None, timeouts: Timeouts) -> Target
 
 def _create_run_dirs(out: Path, plans: list[tuple[Path, RunMeta, Redactor]]) -> list[RunDir]:
     """Create (and lock) the run directories, last of all: every check that can refuse the run is done."""
-    if out.exists() and not out.is_dir():
-        raise LumobenchError(f"--out {out} is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    except FileExistsError:
+        raise LumobenchError(f"--out {out} is not a directory") from None
+    except OSError as exc:  # e.g. a component longer than the file system allows
         raise LumobenchError(f"cannot create the results folder {out}: {exc.strerror or exc}") from None
     return [RunDir.create(path, meta, redactor) for path, meta, redactor in plans]
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from lumobench import __version__
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.errors import LumobenchError
-from lumobench.results import ArmInfo, append_jsonl, make_run_path, read_jsonl, write_json_atomic
+from lumobench.results import ArmInfo, append_jsonl, claim_run_path, read_jsonl, write_json_atomic
 
 AGENT_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -116,7 +116,9 @@ class AgentRunDir:
 
     @classmethod
     def create(cls, path: Path, meta: AgentRunMeta) -> AgentRunDir:
-        make_run_path(path)
+        """A new run directory at `path` (or beside it, `claim_run_path`); `meta.run_id` becomes its name."""
+        path = claim_run_path(path)
+        meta.run_id = path.name
         run = cls(path)
         run.write_meta(meta)
         return run

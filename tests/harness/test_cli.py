@@ -370,9 +370,18 @@ def test_bad_options_and_paths_are_one_clear_line_and_create_no_run_directory(
         (["--out", a_file / "sub"], f"cannot create the results folder {a_file / 'sub'}: Not a directory"),
         (["--out", out, "--port", "70000"], "Invalid value for '--port'"),
         (["--out", out, "--port", "-1"], "Invalid value for '--port'"),
-        (["--out", out, "--request-timeout", "0"], "--request-timeout must be more than 0 s (got 0)"),
-        (["--out", out, "--request-timeout", "-5"], "--request-timeout must be more than 0 s (got -5)"),
-        (["--out", out, "--request-deadline", "0"], "--request-deadline must be more than 0 s"),
+        (
+            ["--out", out, "--request-timeout", "0"],
+            "--request-timeout must be a finite number of seconds above 0 (got 0)",
+        ),
+        (
+            ["--out", out, "--request-timeout", "-5"],
+            "--request-timeout must be a finite number of seconds above 0 (got -5)",
+        ),
+        (
+            ["--out", out, "--request-deadline", "0"],
+            "--request-deadline must be a finite number of seconds above 0",
+        ),
         (
             ["--out", out, "--api-key-env", "UNSET_KEY"],
             "the environment variable UNSET_KEY, which is not set",

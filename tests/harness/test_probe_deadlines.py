@@ -74,7 +74,7 @@ def test_replay_against_an_endless_stream_server_fails_its_probe_in_one_line(tmp
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert lines == [
-        f"error: cannot probe endpoint {url}: GET {url}/v1/models: no complete answer within "
+        f"error: cannot reach endpoint {url}: GET {url}/v1/models: no complete answer within "
         f"{probe.PROBE_DEADLINE_S:g} s"
     ]
     assert elapsed < probe.PROBE_DEADLINE_S + 20

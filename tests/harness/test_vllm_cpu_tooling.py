@@ -30,4 +30,3 @@ def test_help_prints_usage_and_builds_nothing() -> None:
     assert proc.stdout.startswith("usage: python -m lumobench.vllm_cpu")
     assert "vllm-cpu env:" not in proc.stdout + proc.stderr  # no build step ran
     assert time.monotonic() - start < 30 and _marker_state() == before
-
