@@ -29,6 +29,18 @@ from lumobench.probe import Answer, ProbeError, call_sync
 from lumobench.redact import Redactor
 
 STOP_GRACE_S = 15.0
+#: how often a launched arm's watchdog is checked (a killed one is started again)
+WATCHDOG_CHECK_S = 0.2
+#: the arm's first program: asks the kernel for SIGTERM when lumobench dies (PR_SET_PDEATHSIG, kept
+#: across exec), then becomes the arm's command. Should the watchdog be gone too (killed), the arm
+#: still learns of lumobench's death. A parent that died before the request makes it exit at once.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "try: os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc: sys.exit(f'lumobench: cannot start {sys.argv[2]}: {exc.strerror}')\n"
+)
 #: the deadline of one readiness probe (the readiness timeout bounds them all)
 READY_PROBE_S = 5.0
 
@@ -111,6 +123,8 @@ class ArmServer:
         self.redactor = arm_redactor(arm)
         self._log: IO[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._keeper: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._copier: threading.Thread | None = None
 
     @property
@@ -118,6 +132,8 @@ class ArmServer:
         return self.arm.base_url
 
     def start(self) -> None:
+        """Launch the arm in its own process group with a watchdog (call it from a thread that lives as
+        long as the arm, the main thread: the kernel's parent-death signal follows the launching thread)."""
         check_port_free(self.arm.config.host, self.arm.port)
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +146,7 @@ class ArmServer:
         masked = self.redactor.masks_text
         try:
             self.proc = subprocess.Popen(
-                self.arm.argv,
+                [sys.executable, "-I", "-c", _DIE_WITH_PARENT, str(os.getpid()), *self.arm.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if masked else self._log,
                 stderr=subprocess.STDOUT,
@@ -142,18 +158,34 @@ class ArmServer:
             raise LumobenchError(
                 f"arm {self.arm.name}: cannot start {self.arm.argv[0]}: {exc.strerror}"
             ) from None
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "lumobench.watchdog", str(self.proc.pid)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._watchdog = self._new_watchdog()
+        self._keeper = threading.Thread(target=self._keep_watchdog, name="watchdog-keeper", daemon=True)
+        self._keeper.start()
         if masked:
             assert self.proc.stdout is not None
             self._copier = threading.Thread(
                 target=_copy_masked, args=(self.proc.stdout, self._log, self.redactor), daemon=True
             )
             self._copier.start()
+
+    def _new_watchdog(self) -> subprocess.Popen[bytes]:
+        assert self.proc is not None
+        return subprocess.Popen(
+            [sys.executable, "-m", "lumobench.watchdog", str(self.proc.pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _keep_watchdog(self) -> None:
+        """Start the watchdog again whenever it died (killed by someone) while the arm runs."""
+        while not self._stopping.wait(WATCHDOG_CHECK_S):
+            dead = self._watchdog
+            if dead is not None and dead.poll() is not None and self.exit_code() is None:
+                with contextlib.suppress(OSError):
+                    assert dead.stdin is not None
+                    dead.stdin.close()
+                self._watchdog = self._new_watchdog()
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -228,6 +260,10 @@ class ArmServer:
                 self._log = None
 
     def _disarm_watchdog(self) -> None:
+        self._stopping.set()
+        if self._keeper is not None:
+            self._keeper.join()
+            self._keeper = None
         if self._watchdog is None:
             return
         with contextlib.suppress(OSError):
