@@ -424,10 +424,13 @@ def test_bodies_over_the_limit_get_413_before_they_are_parsed(engine: ScriptedEn
     assert small.status_code == 200 and len(engine.requests) == 1
 
 
-def test_a_huge_prompt_is_tokenized_off_the_event_loop(client: TestClient) -> None:
+def test_a_huge_prompt_is_tokenized_off_the_event_loop(engine: ScriptedEngine) -> None:
     """Tokenizing 1.2 MB takes seconds; /health keeps answering meanwhile (it waited 8-19 s for 10 MB)."""
     prompt = "def f(x):\n    return x + 1  # a comment\n" * 30_000
     took: dict[str, float] = {}
+    # a context this text could fit (at 512 tokens it is refused before it is tokenized)
+    ctx = ServingContext.for_model(engine, default_model_path(), 65_536)
+    client = TestClient(create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name)))
 
     def tokenize() -> None:
         start = time.monotonic()

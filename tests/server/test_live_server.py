@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -238,8 +239,78 @@ def test_foreign_host_names_huge_bodies_and_invalid_text_get_4xx(url: str) -> No
     raw = {"content-type": "application/json"}
     bad_text = httpx.post(url + "/v1/completions", content=json.dumps({"prompt": "\ud800"}), headers=raw)
     assert bad_text.status_code == 400 and bad_text.json()["error"]["param"] == "prompt"
-    huge = b'{"prompt": "' + b"x" * (33 * 2**20) + b'"}'  # over the default 32 MiB limit
+    huge = b'{"prompt": "' + b"x" * (33 * 2**20) + b'"}'  # over any default limit (32 MiB at most)
     assert httpx.post(url + "/v1/completions", content=huge, headers=raw, timeout=60).status_code == 413
+
+
+def _server_pid(url: str) -> int:
+    """The pid of the `python -m lumotree.server` process listening on `url`'s port."""
+    port = url.rsplit(":", 1)[1].encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"lumotree.server" in argv and port in argv:
+                return int(entry.name)
+    raise AssertionError(f"no lumotree.server process on port {port.decode()}")
+
+
+def _rss_mb(pid: int) -> float:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_bodies_too_big_for_the_context_neither_stall_the_server_nor_keep_its_memory(url: str) -> None:
+    # the issue's bodies: 900k one-word messages (27 MB) silenced /health 11-12 s, 400k tools 8 s, and a
+    # 10 MB prompt added 1.5-1.8 GB of RSS that was never returned
+    raw = {"content-type": "application/json"}
+    word = [{"role": "user", "content": "hi"}]
+    bodies = {
+        "messages": json.dumps({"messages": word * 900_000}).encode(),
+        "tools": json.dumps(
+            {"messages": word, "tools": [{"type": "function", "function": {"name": "f"}}] * 400_000}
+        ),
+        "10 MB prompt": json.dumps({"messages": [{"role": "user", "content": "word " * 2_000_000}]}).encode(),
+        # inside every limit: rendered and tokenized (~100k tokens), then refused for the context
+        "tokenized": json.dumps({"messages": [{"role": "user", "content": "word " * 100_000}]}).encode(),
+    }
+    pid = _server_pid(url)
+    idle = _rss_mb(pid)
+    for name, body in [
+        *bodies.items(),
+        ("tokenized again", bodies["tokenized"]),
+        ("again", bodies["tokenized"]),
+    ]:
+        answer: dict[str, httpx.Response] = {}
+
+        def send(b: bytes | str = body, into: dict[str, httpx.Response] = answer) -> None:
+            into["r"] = httpx.post(url + "/v1/chat/completions", content=b, headers=raw, timeout=120)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        waits = []
+        while sender.is_alive():
+            start = time.monotonic()
+            assert httpx.get(url + "/health", timeout=30).status_code == 200
+            waits.append(time.monotonic() - start)
+            time.sleep(0.05)
+        sender.join()
+        assert answer["r"].status_code in (400, 413), (name, answer["r"].text)
+        assert max(waits, default=0) < 2.0, (name, max(waits))
+    assert _rss_mb(pid) - idle < 150  # what a request takes is given back, not kept per request
+
+
+def test_a_key_in_the_query_string_is_masked_in_the_access_log(tmp_path: Path) -> None:
+    secret = "sk-query-secret-abc123"
+    log = tmp_path / "server.log"
+    with lumotree_server(log, "--api-key", "lumo-test-key-k3y", "--max-model-len", "512") as base:
+        assert httpx.get(f"{base}/v1/models?x=1&api_key={secret}").status_code == 401  # refused, still logged
+        assert httpx.get(f"{base}/health?token={secret}").status_code == 200
+    text = log.read_text()
+    assert "GET /v1/models?x=1&api_key=*** HTTP/1.1" in text and "GET /health?token=*** HTTP/1.1" in text
+    assert secret not in text
 
 
 def test_api_key_is_required_when_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
