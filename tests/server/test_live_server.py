@@ -132,6 +132,60 @@ def test_metrics_move_by_what_was_served(url: str, tools: list[dict]) -> None:
     assert after["vllm:kv_cache_usage_perc"] == 0  # idle: no request holds KV rows
 
 
+def test_the_request_histograms_of_vllm_0_32_count_each_request(url: str) -> None:
+    before = counters(url)
+    body = {"messages": CODE, "temperature": 0, "max_tokens": 24, "ignore_eos": True}
+    usage = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["usage"]
+    after = counters(url)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    for name in ("prefill_time", "decode_time", "inference_time", "time_per_output_token"):
+        assert delta[f"vllm:request_{name}_seconds_count"] == 1, name
+    for name in ("prompt_tokens", "generation_tokens", "max_num_generation_tokens"):
+        assert delta[f"vllm:request_{name}_count"] == 1, name
+    assert delta["vllm:request_prompt_tokens_sum"] == usage["prompt_tokens"]
+    assert delta["vllm:request_generation_tokens_sum"] == usage["completion_tokens"] == 24
+    assert delta["vllm:request_max_num_generation_tokens_sum"] == 24
+    # one observation per engine step that emitted tokens: the prompt computed with the first token
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert delta["vllm:iteration_tokens_total_sum"] == usage["prompt_tokens"] - cached + 24
+    assert delta["vllm:iteration_tokens_total_count"] == 1 + delta["vllm:inter_token_latency_seconds_count"]
+    prefill, decode = (
+        delta["vllm:request_prefill_time_seconds_sum"],
+        delta["vllm:request_decode_time_seconds_sum"],
+    )
+    assert delta["vllm:request_inference_time_seconds_sum"] == pytest.approx(prefill + decode)
+    assert 0 < decode < delta["vllm:e2e_request_latency_seconds_sum"]
+    assert delta["vllm:request_time_per_output_token_seconds_sum"] == pytest.approx(decode / 23)
+
+
+def test_a_stop_string_request_is_counted_as_stop_with_the_tokens_the_client_received(url: str) -> None:
+    # vLLM counts a stop-string finish as "stop" and only what it returned; the engine ran on for 1-7
+    # tokens before the abort landed, counted as "abort" with those tokens
+    plain = {
+        "messages": CODE,
+        "temperature": 0,
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    whole = httpx.post(url + "/v1/chat/completions", json=plain, timeout=120).json()["choices"][0]["message"]
+    text = whole["content"] or whole["reasoning"]
+    for at in (3, 12, 25):  # stop strings completed early, midway and late in the answer
+        stop = text[len(text) * at // 48 :][:3]
+        body = plain | {"stop": [stop], "stream": True, "stream_options": {"include_usage": True}}
+        body["max_tokens"] = 400
+        before = counters(url)
+        rec = stream(url, "/v1/chat/completions", body, ChatRecorder())
+        time.sleep(0.5)  # the engine applies the stop before its next step
+        after = counters(url)
+        delta = {k: after[k] - before.get(k, 0) for k in after}
+        assert rec.finish_reason == "stop" and rec.completion_tokens is not None, stop
+        assert delta["vllm:generation_tokens_total"] == rec.completion_tokens, stop
+        assert (delta["success_stop"], delta["success_abort"], delta["success_length"]) == (1, 0, 0)
+        assert delta["vllm:request_generation_tokens_sum"] == rec.completion_tokens
+        assert delta["vllm:e2e_request_latency_seconds_count"] == 1
+
+
 def test_concurrent_requests_queue_and_match_their_solo_answers(url: str, tools: list[dict]) -> None:
     # greedy: the answer depends only on the prompt (a seeded sampled answer also depends on the tree
     # the drafter builds, and the suffix drafter learns from earlier outputs)

@@ -41,7 +41,9 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._targets: dict[str, _Target] = {}
-        self._aborts: deque[str] = deque()  # appended by callers, drained by the engine thread
+        # aborts (returned None) and stop strings (returned: output tokens the client got), in the order
+        # callers made them; appended by callers, drained by the engine thread
+        self._aborts: deque[tuple[str, int | None]] = deque()
         self._stopping = False
         self._dead: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="lumotree-engine", daemon=True)
@@ -124,7 +126,13 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request (applied before the engine's next step; never blocks)."""
-        self._aborts.append(request_id)
+        self._aborts.append((request_id, None))
+        self._wake.set()
+
+    def stop(self, request_id: str, returned: int) -> None:
+        """Finish a request as "stop" at `returned` output tokens, where the server matched a stop string
+        (`LLMEngine.stop_request`; applied before the engine's next step, never blocks)."""
+        self._aborts.append((request_id, returned))
         self._wake.set()
 
     def metrics(self) -> EngineMetrics:
@@ -145,7 +153,11 @@ class AsyncEngine:
             try:
                 with self._lock:
                     while self._aborts:
-                        self.engine.abort(self._aborts.popleft())
+                        request_id, returned = self._aborts.popleft()
+                        if returned is None:
+                            self.engine.abort(request_id)
+                        else:
+                            self.engine.stop_request(request_id, returned)
                     busy = self.engine.has_unfinished()
                     events = self.engine.step() if busy else []
                     deliveries = [(self._targets.get(e.request_id), e) for e in events]
