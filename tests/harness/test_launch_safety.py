@@ -28,7 +28,7 @@ from lumobench.redact import Redactor
 from lumobench.replay import ReplayOutcome, execute
 from lumobench.results import RunDir
 
-from .helpers import REPO, free_port, small_corpus
+from .helpers import REPO, free_port, processes_with, small_corpus
 
 HARD_TIMEOUT_S = 60
 
@@ -215,16 +215,7 @@ def test_secrets_are_found_by_name_and_position_not_everywhere() -> None:
 
 def _watchdogs_of(pid: int) -> list[int]:
     """Pids of the live watchdog processes guarding process group `pid`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"lumobench.watchdog" in argv and str(pid).encode() in argv and _alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
+    return [w for w in processes_with("lumobench.watchdog", str(pid)) if _alive(w)]
 
 
 @pytest.mark.parametrize("pause", [True, False], ids=["watchdog-restarted", "killed-back-to-back"])

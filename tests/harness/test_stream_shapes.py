@@ -9,6 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -109,17 +110,12 @@ def _check(recorder: StreamRecorder, events: list[object]) -> None:
     recorder.text_fields()
 
 
-@settings(max_examples=400, deadline=None)
-@given(events=st.lists(CHAT_EVENT, max_size=4))
-def test_a_chat_recorder_fed_any_json_completes_with_valid_counts_or_fails_in_one_line(
-    events: list[object],
+@pytest.mark.parametrize(
+    ("recorder", "events"), [(ChatRecorder, CHAT_EVENT), (GenerateRecorder, GENERATE_EVENT)]
+)
+@settings(max_examples=350, deadline=None)
+@given(data=st.data())
+def test_a_recorder_fed_any_json_completes_with_valid_counts_or_fails_in_one_line(
+    recorder: type[StreamRecorder], events: st.SearchStrategy[object], data: st.DataObject
 ) -> None:
-    _check(ChatRecorder(), events)
-
-
-@settings(max_examples=300, deadline=None)
-@given(events=st.lists(GENERATE_EVENT, max_size=4))
-def test_a_generate_recorder_fed_any_json_completes_with_valid_counts_or_fails_in_one_line(
-    events: list[object],
-) -> None:
-    _check(GenerateRecorder(), events)
+    _check(recorder(), data.draw(st.lists(events, max_size=4), label="events"))

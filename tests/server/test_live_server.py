@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness.helpers import DEMO, lumobench
+from harness.helpers import DEMO, lumobench, processes_with
 
 from lumobench.corpus import load_corpus
 from lumobench.metrics import parse_prometheus
@@ -299,16 +299,8 @@ def test_foreign_host_names_huge_bodies_and_invalid_text_get_4xx(url: str) -> No
 
 def _server_pid(url: str) -> int:
     """The pid of the `python -m lumotree.server` process listening on `url`'s port."""
-    port = url.rsplit(":", 1)[1].encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"lumotree.server" in argv and port in argv:
-                return int(entry.name)
-    raise AssertionError(f"no lumotree.server process on port {port.decode()}")
+    (pid,) = processes_with("lumotree.server", url.rsplit(":", 1)[1])
+    return pid
 
 
 def _rss_mb(pid: int) -> float:
