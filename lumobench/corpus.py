@@ -179,7 +179,7 @@ class CorpusRecord(_Strict):
         ):
             return choice
         raise ValueError(
-            "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": NAME}}"
+            'must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": NAME}}'
         )
 
     @field_validator("extra_body")
