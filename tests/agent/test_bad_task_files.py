@@ -60,7 +60,7 @@ def test_garbage_parquet_is_one_clear_error(tmp_path: Path) -> None:
         load_task_file(path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.lists(
         JSON_VALUES | st.fixed_dictionaries({}, optional=dict.fromkeys(GOOD, JSON_VALUES)), max_size=3
@@ -79,7 +79,7 @@ def test_any_json_lines_load_as_tasks_or_fail_as_one_error(rows: list[object], t
         assert run.log_dir(0, task.instance_id).resolve().parent == (run.path / "tasks").resolve()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     instance_id=st.text(min_size=1, max_size=40)
     | st.sampled_from(["..", ".", "../x", "/x", "a/../..", "a\\b"])

@@ -13,10 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +30,7 @@ from lumobench.results import RunDir
 
 from .helpers import REPO, lumobench, scripted_server, small_corpus
 
+Cli = Callable[..., Result]
 BASE = {"id": "r1", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -37,10 +40,16 @@ def _issues(tmp_path: Path, record: dict[str, object]) -> list[str]:
     return [str(issue) for issue in check_corpus(path)[1]]
 
 
-def _one_line(proc: subprocess.CompletedProcess[str], text: str, code: int = 2) -> None:
-    """Exit `code`, no traceback, `text` said (the terminal wraps long lines: joined here)."""
-    assert proc.returncode == code, proc.stderr
-    assert "Traceback" not in proc.stderr and text in proc.stderr.replace("\n", ""), proc.stderr
+def _one_line(done: subprocess.CompletedProcess[str] | Result, text: str, code: int = 2) -> None:
+    """Exit `code`, no traceback, `text` said (the terminal wraps long lines: joined here); `done` is a
+    CLI process or an in-process run (the `cli` fixture)."""
+    returncode, said = (
+        (done.returncode, done.stderr)
+        if isinstance(done, subprocess.CompletedProcess)
+        else (done.exit_code, done.output)
+    )
+    assert returncode == code, said
+    assert "Traceback" not in said and text in said.replace("\n", ""), said
 
 
 @pytest.mark.parametrize(
@@ -94,19 +103,19 @@ def test_a_record_corpus_check_accepts_is_sent_as_written_with_a_finite_deadline
 
 @pytest.mark.parametrize("flag", ["--request-timeout", "--request-deadline"])
 @pytest.mark.parametrize("value", ["inf", "nan", "0"])
-def test_infinite_or_empty_clocks_are_refused(tmp_path: Path, flag: str, value: str) -> None:
-    proc = lumobench("replay", small_corpus(tmp_path, 1), "--endpoint", "http://127.0.0.1:9", flag, value)
+def test_infinite_or_empty_clocks_are_refused(cli: Cli, tmp_path: Path, flag: str, value: str) -> None:
+    proc = cli("replay", small_corpus(tmp_path, 1), "--endpoint", "http://127.0.0.1:9", flag, value)
     _one_line(proc, f"error: {flag} must be a finite number of seconds above 0")
 
 
-def test_names_too_long_for_a_file_name(tmp_path: Path) -> None:
+def test_names_too_long_for_a_file_name(cli: Cli, tmp_path: Path) -> None:
     corpus = small_corpus(tmp_path, 1, max_tokens=4)
     with scripted_server(tmp_path, tokens=4) as url:
         out = tmp_path / ("o" * 300)
-        _one_line(lumobench("replay", corpus, "--endpoint", url, "--out", out), "File name too long")
+        _one_line(cli("replay", corpus, "--endpoint", url, "--out", out), "File name too long")
         label = "L" * 300
-        proc = lumobench("replay", corpus, "--endpoint", url, "--label", label, "--out", tmp_path / "r")
-    assert proc.returncode == 0, proc.stderr
+        proc = cli("replay", corpus, "--endpoint", url, "--label", label, "--out", tmp_path / "r")
+    assert proc.exit_code == 0, proc.output
     (run,) = (tmp_path / "r").iterdir()
     assert len(run.name.encode()) <= 255 and RunDir.open(run).read_meta().arm.name == label
 
@@ -147,25 +156,27 @@ def test_a_disk_that_fills_mid_run_aborts_it_cleanly_and_resume_completes_it(tmp
     )
 
 
-def _finished_run(tmp_path: Path) -> Path:
+def _finished_run(cli: Cli, tmp_path: Path) -> Path:
     corpus = small_corpus(tmp_path, 3, max_tokens=4)
     with scripted_server(tmp_path, tokens=4) as url:
-        assert lumobench("replay", corpus, "--endpoint", url, "--out", tmp_path / "r").returncode == 0
+        assert cli("replay", corpus, "--endpoint", url, "--out", tmp_path / "r").exit_code == 0
     (run_dir,) = (tmp_path / "r").iterdir()
     return run_dir
 
 
-def test_report_outputs_that_cannot_be_written_fail_before_the_notebook_runs(tmp_path: Path) -> None:
-    run_dir = _finished_run(tmp_path)
+def test_report_outputs_that_cannot_be_written_fail_before_the_notebook_runs(
+    cli: Cli, tmp_path: Path
+) -> None:
+    run_dir = _finished_run(cli, tmp_path)
     (tmp_path / "a-file").write_text("x")
     for flag, out, why in (
         ("--plots", tmp_path / "a-file", "is a file"),
         ("--html", tmp_path, "is a directory"),
     ):
         start = time.monotonic()
-        proc = lumobench("report", run_dir, flag, out)
+        proc = cli("report", run_dir, flag, out)
         _one_line(proc, why)
-        assert "executing" not in proc.stderr and time.monotonic() - start < 20
+        assert "executing" not in proc.output and time.monotonic() - start < 20
 
 
 def _rewrite(
@@ -177,8 +188,8 @@ def _rewrite(
         (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_report_refuses_run_files_no_replay_wrote(tmp_path: Path) -> None:
-    run_dir = _finished_run(tmp_path)
+def test_report_refuses_run_files_no_replay_wrote(cli: Cli, tmp_path: Path) -> None:
+    run_dir = _finished_run(cli, tmp_path)
     meta = json.loads((run_dir / "run.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
     cases = [
@@ -194,7 +205,7 @@ def test_report_refuses_run_files_no_replay_wrote(tmp_path: Path) -> None:
             run_dir, bad_meta, [*bad_rows, rows[-1]]
         )  # a valid last line: a bad earlier one is no torn write
         start = time.monotonic()
-        _one_line(lumobench("report", run_dir, "--format", "json"), why)
+        _one_line(cli("report", run_dir, "--format", "json"), why)
         assert time.monotonic() - start < 30, why
 
 
@@ -203,9 +214,9 @@ def test_report_refuses_run_files_no_replay_wrote(tmp_path: Path) -> None:
     [["--runs", "2"], ["--concurrency", "2"], ["--max-tokens-cap", "8"], ["--endpoint", "http://127.0.0.1:9"],
      ["--arm", "lumotree"], ["--label", "x"], ["--out", "elsewhere"], ["--one-boot"]],
 )  # fmt: skip
-def test_resume_refuses_the_options_it_would_ignore(tmp_path: Path, given: list[str]) -> None:
+def test_resume_refuses_the_options_it_would_ignore(cli: Cli, tmp_path: Path, given: list[str]) -> None:
     (run_dir := tmp_path / "run").mkdir()
-    proc = lumobench("replay", "--resume", run_dir, *given)
+    proc = cli("replay", "--resume", run_dir, *given)
     _one_line(proc, f"--resume continues {run_dir} with its own settings; {given[0].split('=')[0]}")
 
 
@@ -234,12 +245,12 @@ def test_runs_started_in_one_second_get_their_own_directories_and_a_planted_syml
     assert list(target.iterdir()) == []  # nothing written through the symlinks
 
 
-def test_a_key_in_the_endpoints_query_string_is_refused_and_never_written(tmp_path: Path) -> None:
+def test_a_key_in_the_endpoints_query_string_is_refused_and_never_written(cli: Cli, tmp_path: Path) -> None:
     key = "sk-query-secret-1234"
-    proc = lumobench("replay", small_corpus(tmp_path, 1), "--endpoint", f"http://127.0.0.1:9/v1?api_key={key}",
+    proc = cli("replay", small_corpus(tmp_path, 1), "--endpoint", f"http://127.0.0.1:9/v1?api_key={key}",
                      "--out", tmp_path / "r")  # fmt: skip
     _one_line(proc, "has a query string")
-    assert key not in proc.stderr and not (tmp_path / "r").exists()
+    assert key not in proc.output and not (tmp_path / "r").exists()
     assert Redactor().argv(["--endpoint", f"http://h/v1?x=1&api_key={key}"]) == [
         "--endpoint",
         "http://h/v1?x=1&api_key=***",

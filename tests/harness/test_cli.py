@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -338,17 +338,6 @@ def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "heavy: []"
-
-
-@pytest.fixture
-def cli() -> Iterator[Callable[..., Result]]:
-    """The CLI in this process (a fresh one costs seconds of imports); replay's signal handlers are
-    put back afterwards."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    runner = CliRunner()
-    yield lambda *args: runner.invoke(app, [str(a) for a in args])
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def _one_line_error(result: Result, text: str, exit_code: int = 2) -> None:

@@ -47,7 +47,7 @@ def _write_run(root: Path, arm: str, ids: list[str], spans: list[tuple[int, int]
     return run.path
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     arms=st.integers(min_value=2, max_value=4),
     durations_ms=st.lists(st.integers(min_value=1, max_value=500), min_size=2, max_size=6),
@@ -107,7 +107,7 @@ def _boxes_overlap(a: object, b: object) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1  # type: ignore[attr-defined]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     rates=st.lists(
         st.tuples(st.floats(1, 1000), st.floats(0, 0.5), st.floats(0, 0.5), st.floats(0, 0.3)),

@@ -8,8 +8,6 @@ server's event loop and memory under the same bodies."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from lumotree.model import default_model_path
+from lumotree.server.__main__ import app as server_cli
 from lumotree.server.app import create_app
 from lumotree.server.context import ServingContext
 from lumotree.server.metrics import render_metrics
@@ -68,7 +68,7 @@ def _post(client: TestClient, path: str, body: object) -> Any:
     return client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_a_lone_surrogate_in_any_key_gets_400_naming_it(client: TestClient, data: st.DataObject) -> None:
     path = data.draw(st.sampled_from(sorted(BODIES)), label="route")
@@ -90,14 +90,12 @@ def test_a_lone_surrogate_in_any_key_gets_400_naming_it(client: TestClient, data
     assert "lone surrogate" in error["message"]
 
 
-@pytest.mark.parametrize("port", ["70000", "-1", "0"])
+@pytest.mark.parametrize("port", ["70000", "-1"])
 def test_a_port_that_is_no_tcp_port_is_one_usage_line(port: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lumotree.server", "--port", port],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "Invalid value for '--port'" in proc.stderr
+    # `python -m lumotree.server`'s own command, in this process (a fresh one imports torch: seconds)
+    result = CliRunner().invoke(server_cli, ["--port", port])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)  # a usage error, no crash
+    assert "Invalid value for '--port'" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(
@@ -149,7 +147,7 @@ def test_a_prompt_text_longer_than_the_context_holds_is_refused_before_it_is_tok
 TOKEN_PIECES = st.sampled_from([" ", "\n", "    ", "def", "x", "é", "😀", "<|im_end|>", "# " + "-" * 60])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(pieces=st.lists(TOKEN_PIECES | st.text(max_size=30), max_size=200))
 def test_the_length_bound_never_refuses_a_prompt_that_fits(
     tokenizer: ModelTokenizer, pieces: list[str]
