@@ -10,6 +10,7 @@ Layout of `results/<run-id>/` (DESIGN §6):
     metrics/run{R}.seg{S}.{before,after}.prom   raw /metrics text around each run segment
     server.log                output of the launched arm (when lumobench started the server)
     lumobench.lock            held (flock) by the one lumobench process writing the run; names it
+    run.json.reserve          room for run.json's last update should the disk fill (until the run finished)
 
 A run segment is one uninterrupted stretch of a repetition; resuming a repetition opens a new segment,
 so counter deltas never straddle a server restart. Everything written passes through the run's
@@ -50,6 +51,9 @@ RUN_FILE = "run.json"
 SERVER_LOG = "server.log"
 METRICS_DIR = "metrics"
 LOCK_FILE = "lumobench.lock"
+#: room kept for the last run.json update of a run whose disk fills up (removed once it finished)
+RESERVE_FILE = "run.json.reserve"
+RESERVE_BYTES = 8 * 1024
 
 
 class RequestRow(BaseModel):
@@ -384,8 +388,25 @@ class RunDir:
         return meta
 
     def write_meta(self, meta: RunMeta) -> None:
-        """Atomic replace, so a crash never leaves a half-written run.json; secrets masked."""
-        write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+        """Atomic replace, so a crash never leaves a half-written run.json; secrets masked. A run keeps a
+        reserve file beside it while it is not finished: when the disk is full, the reserve is given up
+        so that run.json can still say how the run ended."""
+        reserve = self.path / RESERVE_FILE
+        try:
+            write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+        except WriteFailed:
+            if not reserve.exists():
+                raise
+            reserve.unlink()
+            write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+            return
+        if meta.status == "finished":
+            reserve.unlink(missing_ok=True)
+        elif not reserve.exists():
+            try:
+                reserve.write_bytes(bytes(max(RESERVE_BYTES, 2 * (self.path / RUN_FILE).stat().st_size)))
+            except OSError:  # no room for it: nothing to give up later
+                reserve.unlink(missing_ok=True)
 
     def _redacted(self, model: ModelT) -> ModelT:
         if not self.redactor.secrets:

@@ -156,6 +156,30 @@ def test_a_disk_that_fills_mid_run_aborts_it_cleanly_and_resume_completes_it(tmp
     )
 
 
+def test_a_full_28_kib_tmpfs_ends_the_run_aborted_with_whole_rows_and_read_only_resume_is_one_line(
+    cli: Cli, tmp_path: Path
+) -> None:
+    # the issue's own disk: a real tmpfs (mounting needs CAP_SYS_ADMIN; skipped, saying so, without it)
+    (disk := tmp_path / "disk").mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=28k", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
+        pytest.skip("mounting a tmpfs needs CAP_SYS_ADMIN here")
+    try:
+        corpus = small_corpus(tmp_path, 22, max_tokens=6)
+        with scripted_server(tmp_path, tokens=6) as url:  # its own process: the run's files close with it
+            full = lumobench("replay", corpus, "--endpoint", url, "--out", disk / "r")
+        _one_line(full, "No space left on device", code=3)
+        (run_dir,) = (disk / "r").iterdir()
+        lines = (run_dir / "requests.jsonl").read_bytes().splitlines(keepends=True)
+        assert 0 < len(lines) < 22 and all(line.endswith(b"\n") for line in lines)
+        assert RunDir.open(run_dir).read_meta().status == "aborted"  # the reserve made room for it
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        _one_line(cli("replay", "--resume", run_dir), "Read-only file system")
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def _finished_run(cli: Cli, tmp_path: Path) -> Path:
     corpus = small_corpus(tmp_path, 3, max_tokens=4)
     with scripted_server(tmp_path, tokens=4) as url:
