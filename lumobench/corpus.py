@@ -37,6 +37,13 @@ SAMPLING_FIELDS = (
 
 #: deepest nesting of arrays and objects in one record (a tool's JSON schema needs a few levels)
 MAX_DEPTH = 64
+#: the largest max_tokens a record may ask for: no model's context holds more than 10M tokens
+MAX_TOKENS = 10_000_000
+#: request fields replay sets itself (or a record's own fields set): an `extra_body` may not replace them
+REPLAY_FIELDS = frozenset(
+    {"model", "messages", "stream", "stream_options", "n", "tools", "tool_choice", "input_ids", "text"}
+    | {"sampling_params", "max_completion_tokens", *SAMPLING_FIELDS}
+)
 #: the seeds servers take: a 64-bit key, signed or not (vLLM, SGLang, LumoTree)
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -99,6 +106,17 @@ class Tool(_Strict):
     function: FunctionDef
 
 
+class ToolName(_Strict):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Strict):
+    """OpenAI's `{"type": "function", "function": {"name": ...}}`: call this tool."""
+
+    type: Literal["function"]
+    function: ToolName
+
+
 class Source(BaseModel):
     """Where a record was captured; extra keys (capture time, arm, ...) are kept as given."""
 
@@ -115,7 +133,7 @@ class CorpusRecord(_Strict):
     id: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
@@ -123,7 +141,7 @@ class CorpusRecord(_Strict):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, le=2)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     input_ids: list[Annotated[int, Field(ge=0)]] | None = None
     source: Source | None = None
@@ -142,6 +160,38 @@ class CorpusRecord(_Strict):
         if not rid.isprintable():
             raise ValueError("the id contains control characters (it is sent in an HTTP header)")
         return rid
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _one_of_openais_forms(cls, choice: Any) -> Any:
+        # checked whole, so a wrong value is one issue rather than one per member of the union
+        if choice is None or (isinstance(choice, str) and choice in ("none", "auto", "required")):
+            return choice
+        function = choice.get("function") if isinstance(choice, dict) else None
+        if (
+            isinstance(choice, dict)
+            and set(choice) == {"type", "function"}
+            and choice["type"] == "function"
+            and isinstance(function, dict)
+            and set(function) == {"name"}
+            and isinstance(function["name"], str)
+            and function["name"]
+        ):
+            return choice
+        raise ValueError(
+            'must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": NAME}}'
+        )
+
+    @field_validator("extra_body")
+    @classmethod
+    def _adds_fields_only(cls, extra: dict[str, Any] | None) -> dict[str, Any] | None:
+        if taken := sorted(REPLAY_FIELDS & set(extra or {})):
+            raise ValueError(
+                f"extra_body may not set {', '.join(taken)}: replay sends "
+                + ("it" if len(taken) == 1 else "them")
+                + " from the record's own fields"
+            )
+        return extra
 
     @model_validator(mode="after")
     def _tool_results_answer_calls(self) -> CorpusRecord:

@@ -17,6 +17,7 @@ while it streamed (`RequestRow.others_cpu_s`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -32,7 +33,7 @@ from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
 from lumobench.replay import AvailabilityCheck, ReplayOutcome, ReplayProgress, RunAborted
-from lumobench.results import RequestRow, Segment, missing_keys, now_iso
+from lumobench.results import RequestRow, Segment, WriteFailed, missing_keys, now_iso
 
 T = TypeVar("T")
 #: memory the interleaved arms may take together, as a share of what the machine has available now
@@ -154,12 +155,14 @@ def _start(
         try:
             m.server.start()
             m.server.wait_ready(on_wait=lambda s, a=arm.name: on_status(f"starting arm {a}: waiting for {s}"))
+            _, m.plan.meta.engine_version, m.plan.meta.engine_config = probe_endpoint(
+                arm.base_url, arm.api_key
+            )
         except LumobenchError as exc:
             m.server.stop()
             m.server, m.dead = None, str(exc).splitlines()[0]
             on_note(f"arm {arm.name} did not start: {m.dead}")
             continue
-        _, m.plan.meta.engine_version, m.plan.meta.engine_config = probe_endpoint(arm.base_url, arm.api_key)
         m.plan.meta.model = m.plan.target.model or m.server.served_model
         m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
         m.plan.run.write_meta(m.plan.meta)
@@ -282,6 +285,18 @@ async def replay_repetition(members: Sequence[Member], run_index: int, quiet_wai
         _close_segment(m, segment, "finished")
 
 
+def _abort_all(members: Sequence[Member], why: str) -> None:
+    """Take every member out of the rotation, marking its open segment aborted where it can be written."""
+    for m in members:
+        m.dead = m.dead or why
+        m.plan.meta.status = "aborted"
+        for segment in m.plan.meta.segments:
+            if segment.outcome == "running":
+                segment.outcome, segment.finished_at = "aborted", now_iso()
+        with contextlib.suppress(WriteFailed):
+            m.plan.run.write_meta(m.plan.meta)
+
+
 def _outcome(m: Member) -> ReplayOutcome:
     rows = m.plan.run.read_rows()
     completed = sum(r.status == "completed" for r in rows)
@@ -290,7 +305,10 @@ def _outcome(m: Member) -> ReplayOutcome:
         why = m.dead or "it did not start or went away in an earlier repetition"
         return ReplayOutcome("aborted", completed, failed, f"{len(missing)} requests not replayed ({why})")
     m.plan.meta.status = "finished"
-    m.plan.run.write_meta(m.plan.meta)
+    try:
+        m.plan.run.write_meta(m.plan.meta)
+    except WriteFailed as exc:  # every row is in; --resume finds nothing missing and marks it finished
+        return ReplayOutcome("aborted", completed, failed, str(exc))
     return ReplayOutcome("finished", completed, failed)
 
 
@@ -321,6 +339,9 @@ def run_interleaved(
                 _start(fresh, on_status, on_note)
                 on_status("")
                 asyncio.run(replay_repetition(members, run_index, quiet_wait))
+            except WriteFailed as exc:  # one disk for the whole group: every arm stops, rows kept
+                _abort_all(members, str(exc))
+                break
             finally:
                 _stop(fresh)
     finally:

@@ -22,14 +22,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import httpx
-
 from lumobench.arms import ResolvedArm
 from lumobench.client import auth_headers
 from lumobench.errors import LumobenchError
+from lumobench.probe import Answer, ProbeError, call_sync
 from lumobench.redact import Redactor
 
 STOP_GRACE_S = 15.0
+#: how often a launched arm's watchdog is checked (a killed one is started again)
+WATCHDOG_CHECK_S = 0.2
+#: the arm's first program: asks the kernel for SIGTERM when lumobench dies (PR_SET_PDEATHSIG, kept
+#: across exec), then becomes the arm's command. Should the watchdog be gone too (killed), the arm
+#: still learns of lumobench's death. A parent that died before the request makes it exit at once.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "try: os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc: sys.exit(f'lumobench: cannot start {sys.argv[2]}: {exc.strerror}')\n"
+)
+#: the deadline of one readiness probe (the readiness timeout bounds them all)
+READY_PROBE_S = 5.0
 
 
 class ArmStartError(LumobenchError):
@@ -63,6 +76,15 @@ def check_port_free(host: str, port: int) -> None:
             f"port {port} on {host} is already in use (another server running?); "
             f"stop it or pick another port with --port"
         )
+
+
+def _listed_model(models: Answer) -> str | None:
+    """The first model id of a models list, or None while the server lists none."""
+    try:
+        data = models.json().get("data")
+        return str(data[0]["id"]) if data else None
+    except (ValueError, AttributeError, KeyError, IndexError, TypeError):
+        return None
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -101,6 +123,8 @@ class ArmServer:
         self.redactor = arm_redactor(arm)
         self._log: IO[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._keeper: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._copier: threading.Thread | None = None
 
     @property
@@ -108,6 +132,8 @@ class ArmServer:
         return self.arm.base_url
 
     def start(self) -> None:
+        """Launch the arm in its own process group with a watchdog (call it from a thread that lives as
+        long as the arm, the main thread: the kernel's parent-death signal follows the launching thread)."""
         check_port_free(self.arm.config.host, self.arm.port)
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +146,7 @@ class ArmServer:
         masked = self.redactor.masks_text
         try:
             self.proc = subprocess.Popen(
-                self.arm.argv,
+                [sys.executable, "-I", "-c", _DIE_WITH_PARENT, str(os.getpid()), *self.arm.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if masked else self._log,
                 stderr=subprocess.STDOUT,
@@ -132,18 +158,34 @@ class ArmServer:
             raise LumobenchError(
                 f"arm {self.arm.name}: cannot start {self.arm.argv[0]}: {exc.strerror}"
             ) from None
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "lumobench.watchdog", str(self.proc.pid)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._watchdog = self._new_watchdog()
+        self._keeper = threading.Thread(target=self._keep_watchdog, name="watchdog-keeper", daemon=True)
+        self._keeper.start()
         if masked:
             assert self.proc.stdout is not None
             self._copier = threading.Thread(
                 target=_copy_masked, args=(self.proc.stdout, self._log, self.redactor), daemon=True
             )
             self._copier.start()
+
+    def _new_watchdog(self) -> subprocess.Popen[bytes]:
+        assert self.proc is not None
+        return subprocess.Popen(
+            [sys.executable, "-m", "lumobench.watchdog", str(self.proc.pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _keep_watchdog(self) -> None:
+        """Start the watchdog again whenever it died (killed by someone) while the arm runs."""
+        while not self._stopping.wait(WATCHDOG_CHECK_S):
+            dead = self._watchdog
+            if dead is not None and dead.poll() is not None and self.exit_code() is None:
+                with contextlib.suppress(OSError):
+                    assert dead.stdin is not None
+                    dead.stdin.close()
+                self._watchdog = self._new_watchdog()
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -152,38 +194,46 @@ class ArmServer:
         tail = log_tail(self.log_path)
         return ArmStartError(f"arm {self.arm.name} {why}; last lines of {self.log_path}:\n{tail}")
 
+    def _key_hint(self) -> str:
+        if self.arm.api_key_env:
+            return f"the API key in {self.arm.api_key_env} is not the one the server expects"
+        return "the server requires an API key: set api_key_env in the arm file or pass --api-key-env NAME"
+
     def wait_ready(self, timeout_s: float | None = None, on_wait: Callable[[str], None] | None = None) -> str:
         """Block until health answers 200 and the models endpoint lists a model; return the model id.
 
         Raises `ArmStartError` (with the log tail) if the process exits or the timeout passes.
         """
         ready = self.arm.config.readiness
-        deadline = time.monotonic() + (timeout_s or ready.timeout_s)
+        limit_s = timeout_s or ready.timeout_s
+        deadline = time.monotonic() + limit_s
         stage = "health"
         headers = auth_headers(self.arm.api_key)
-        with httpx.Client(base_url=self.base_url, timeout=5.0, headers=headers) as client:
-            while True:
-                if (code := self.exit_code()) is not None:
-                    raise self._fail(f"exited with code {code} before it was ready")
-                if time.monotonic() > deadline:
-                    raise self._fail(
-                        f"was not ready after {timeout_s or ready.timeout_s:.0f} s (waiting for {stage})"
-                    )
-                if on_wait:
-                    on_wait(stage)
-                try:
-                    if stage == "health":
-                        if client.get(ready.health).status_code == 200:
-                            stage = "models"
-                            continue
-                    else:
-                        resp = client.get(ready.models)
-                        if resp.status_code == 200 and resp.json().get("data"):
-                            self.served_model = str(resp.json()["data"][0]["id"])
-                            return self.served_model
-                except (httpx.HTTPError, ValueError):
-                    pass  # not listening yet, or a half-started server
-                time.sleep(0.5)
+        while True:
+            if (code := self.exit_code()) is not None:
+                raise self._fail(f"exited with code {code} before it was ready")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._fail(f"was not ready after {limit_s:.0f} s (waiting for {stage})")
+            if on_wait:
+                on_wait(stage)
+            path = ready.health if stage == "health" else ready.models
+            try:
+                answer = call_sync("GET", self.base_url + path, min(READY_PROBE_S, left), headers)
+            except ProbeError:
+                answer = None  # not listening yet, or a half-started server
+            if answer is not None and answer.status in (401, 403):  # a key will not appear by waiting
+                raise self._fail(
+                    f"refused the readiness probe {path} with HTTP {answer.status}: {self._key_hint()}"
+                )
+            if answer is not None and answer.status == 200:
+                if stage == "health":
+                    stage = "models"
+                    continue
+                if (model := _listed_model(answer)) is not None:
+                    self.served_model = model
+                    return model
+            time.sleep(0.5)
 
     def stop(self) -> int | None:
         """SIGTERM the whole process group, SIGKILL it after a grace period; return the exit code."""
@@ -210,6 +260,10 @@ class ArmServer:
                 self._log = None
 
     def _disarm_watchdog(self) -> None:
+        self._stopping.set()
+        if self._keeper is not None:
+            self._keeper.join()
+            self._keeper = None
         if self._watchdog is None:
             return
         with contextlib.suppress(OSError):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from lumobench import probe
+
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -136,9 +138,10 @@ def phase_totals(before: str, after: str) -> dict[str, tuple[float, float]]:
 
 
 async def scrape(client: httpx.AsyncClient, base_url: str) -> str | None:
-    """GET /metrics; None when the server has no metrics endpoint or is unreachable."""
+    """GET /metrics within `probe.SCRAPE_DEADLINE_S`; None when the server has no metrics endpoint, cannot be
+    reached or does not answer in time (the run goes on without that snapshot)."""
     try:
-        resp = await client.get(base_url + "/metrics", timeout=30)
-    except httpx.HTTPError:
+        answer = await probe.call(client, "GET", base_url + "/metrics", probe.SCRAPE_DEADLINE_S)
+    except probe.ProbeError:
         return None
-    return resp.text if resp.status_code == 200 else None
+    return answer.text if answer.status == 200 else None

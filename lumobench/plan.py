@@ -7,12 +7,13 @@ directory is locked by the one process that writes it (`RunDir.lock`).
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from lumobench.arms import (
     REPO_ROOT,
@@ -28,6 +29,7 @@ from lumobench.corpus import CorpusRecord, file_sha256, load_corpus, record_sha2
 from lumobench.errors import LumobenchError
 from lumobench.launch import arm_redactor, check_port_free
 from lumobench.manifest import ManifestDiff, ManifestMismatch, read_manifest, select_by_manifest
+from lumobench.probe import Answer, ProbeError, call_sync
 from lumobench.redact import Redactor
 from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, now_iso
 
@@ -57,10 +59,9 @@ class Timeouts:
     deadline_s: float | None = None
 
     def check(self) -> Timeouts:
-        if not self.silence_s > 0:
-            raise LumobenchError(f"--request-timeout must be more than 0 s (got {self.silence_s:g})")
-        if self.deadline_s is not None and not self.deadline_s > 0:
-            raise LumobenchError(f"--request-deadline must be more than 0 s (got {self.deadline_s:g})")
+        for flag, value in (("--request-timeout", self.silence_s), ("--request-deadline", self.deadline_s)):
+            if value is not None and not 0 < value < math.inf:  # NaN fails too
+                raise LumobenchError(f"{flag} must be a finite number of seconds above 0 (got {value:g})")
         return self
 
 
@@ -104,32 +105,56 @@ def _check_limits(arm: ResolvedArm, records: list[CorpusRecord], corpus: Path) -
 
 
 def _normalise_endpoint(url: str) -> str:
+    """The server's base URL (a trailing /v1 dropped); a URL lumobench cannot append paths to is refused
+    (a key in its query string would also be sent in the clear to every route and logged there)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise LumobenchError(f"--endpoint {Redactor().url(url)} is not an http:// or https:// URL")
+    if parts.query or parts.fragment:
+        raise LumobenchError(
+            f"--endpoint {Redactor().url(url)} has a query string: give the server's base URL (lumobench "
+            "appends /v1/... to it) and pass an API key with --api-key-env NAME"
+        )
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _first_model(models: Answer) -> str | None:
+    try:
+        model = models.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return model if isinstance(model, str) else None
 
 
 def probe_endpoint(
     base_url: str, api_key: str | None = None
 ) -> tuple[str | None, str | None, dict[str, Any]]:
-    """(first served model id, engine version, engine configuration) of a running server (the last two
-    from /version when it has them); raises if it cannot be reached."""
+    """(first served model id, engine version, engine configuration) of a running server (the last
+    two from `/version` when it has them); raises `LumobenchError` in one line when it cannot be
+    reached or does not answer `/v1/models` and `/version` within their deadline."""
+    headers = auth_headers(api_key)
     try:
-        with httpx.Client(base_url=base_url, timeout=10, headers=auth_headers(api_key)) as client:
-            resp = client.get("/v1/models")
-            if resp.status_code in (401, 403):
-                raise LumobenchError(
-                    f"endpoint {base_url} refused the models list (HTTP {resp.status_code}): "
-                    + ("a wrong API key?" if api_key else "it needs an API key: --api-key-env NAME")
-                )
-            model = resp.json()["data"][0]["id"] if resp.status_code == 200 else None
-            version = client.get("/version")
-            body = version.json() if version.status_code == 200 else {}
-            engine, config = body.get("version"), body.get("engine")
-    except httpx.HTTPError as exc:
+        models = call_sync("GET", base_url + "/v1/models", headers=headers)
+        if models.status in (401, 403):
+            raise LumobenchError(
+                f"endpoint {base_url} refused the models list (HTTP {models.status}): "
+                + ("a wrong API key?" if api_key else "it needs an API key: --api-key-env NAME")
+            )
+        version = call_sync("GET", base_url + "/version", headers=headers)
+    except ProbeError as exc:
         raise LumobenchError(f"cannot reach endpoint {base_url}: {exc}") from None
-    except (ValueError, KeyError, IndexError, AttributeError):
-        return None, None, {}
-    return model, engine, config if isinstance(config, dict) else {}
+    body: object = {}
+    if version.status == 200:
+        with contextlib.suppress(ValueError):
+            body = version.json()
+    engine = body.get("version") if isinstance(body, dict) else None
+    config = body.get("engine") if isinstance(body, dict) else None
+    return (
+        _first_model(models) if models.status == 200 else None,
+        engine if isinstance(engine, str) else None,
+        config if isinstance(config, dict) else {},
+    )
 
 
 def _new_meta(
@@ -203,11 +228,11 @@ def _arm_target(arm: ResolvedArm, api: str | None, timeouts: Timeouts) -> Target
 
 def _create_run_dirs(out: Path, plans: list[tuple[Path, RunMeta, Redactor]]) -> list[RunDir]:
     """Create (and lock) the run directories, last of all: every check that can refuse the run is done."""
-    if out.exists() and not out.is_dir():
-        raise LumobenchError(f"--out {out} is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    except FileExistsError:
+        raise LumobenchError(f"--out {out} is not a directory") from None
+    except OSError as exc:  # e.g. a component longer than the file system allows
         raise LumobenchError(f"cannot create the results folder {out}: {exc.strerror or exc}") from None
     return [RunDir.create(path, meta, redactor) for path, meta, redactor in plans]
 

@@ -44,6 +44,9 @@ from lumobench.errors import LumobenchError
 from lumobench.results import append_jsonl
 
 RECORDED_PATH = "/v1/chat/completions"
+#: the upstream's /tokenize of one request (a long agent prompt tokenizes in well under a second)
+TOKENIZE_DEADLINE_S = 60.0
+MAX_TOKENIZE_ANSWER = 64 * 1024 * 1024  # the ids of a 262k-token prompt are ~2 MB of JSON
 # Request fields the corpus record carries itself; everything else except transport settings goes
 # into `extra_body` so a replay sends the same request.
 _RECORD_FIELDS = {"messages", "tools", "tool_choice", *SAMPLING_FIELDS}
@@ -282,13 +285,27 @@ class RecordingProxy:
             return body
         probe = {k: chat[k] for k in ("model", "messages", "tools", "chat_template_kwargs") if k in chat}
         try:
-            async with self._session.post(
-                self.upstream + "/tokenize", json={**probe, "add_generation_prompt": True}, headers=headers
-            ) as resp:
+            async with (
+                asyncio.timeout(TOKENIZE_DEADLINE_S),
+                self._session.post(
+                    self.upstream + "/tokenize",
+                    json={**probe, "add_generation_prompt": True},
+                    headers=headers,
+                ) as resp,
+            ):
                 if resp.status == 404:
                     self.fit_context = False
-                answer = await resp.json() if resp.status == 200 else {}
-        except (aiohttp.ClientError, json.JSONDecodeError, ValueError):
+                answer: Any = {}
+                if resp.status == 200:
+                    text = bytearray()
+                    async for chunk in resp.content.iter_any():
+                        text += chunk
+                        if len(text) > MAX_TOKENIZE_ANSWER:
+                            raise ValueError("the /tokenize answer is too large")
+                    answer = json.loads(text)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return body  # sent as it came: the upstream answers it (or refuses it) itself
+        if not isinstance(answer, dict):
             return body
         prompt, context = answer.get("count"), answer.get("max_model_len")
         fits = not (isinstance(prompt, int) and isinstance(context, int)) or prompt + wanted <= context

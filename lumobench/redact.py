@@ -2,7 +2,8 @@
 
 Secrets are recognised by where they stand: the value of an environment variable, or the argument of a
 command-line flag (`--api-key K`, `--hf-token=K`), whose name says key, token, secret, password,
-credential or auth; the password of a URL (`http://user:PASSWORD@host`); and the API key replay sends.
+credential or auth; the password of a URL (`http://user:PASSWORD@host`); in command lines, the value of
+a URL query parameter so named (`?api_key=KEY`); and the API key replay sends.
 Those positions are masked wherever they are written, and every secret value of at least
 `MIN_TEXT_SECRET` characters is also masked wherever else it appears (a server echoing its arguments
 into its log, an error message quoting a header). Shorter values ("1", "true") are flags, not
@@ -22,6 +23,7 @@ _SECRET_WORDS = frozenset(
     {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH"}
 )
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)(?P<password>[^@/\s]+)(?=@)")
+_QUERY_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#\s]+)=)(?P<value>[^&;#\s]+)")
 
 
 def looks_secret(name: str) -> bool:
@@ -92,7 +94,14 @@ class Redactor:
         out = list(argv)
         for i, value in _flag_secrets(argv):
             out[i] = out[i][: len(out[i]) - len(value)] + MASK
-        return [self.text(arg) for arg in out]
+        return [self.url(arg) for arg in out]
+
+    def url(self, text: str) -> str:
+        """`text` with the values of secret-named URL query parameters masked too (only where a URL is
+        expected: elsewhere `?token=` may be a model's output)."""
+        return _QUERY_PARAM.sub(
+            lambda m: m["head"] + MASK if looks_secret(m["name"]) else m[0], self.text(text)
+        )
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         """Environment variables with the values of secret-looking names masked."""

@@ -13,6 +13,7 @@ The command line (`lumobench.commands.replay`) only shows what happens, through 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -29,7 +30,8 @@ from lumobench.errors import LumobenchError
 from lumobench.launch import ArmServer, launched
 from lumobench.metrics import scrape
 from lumobench.plan import Plan, probe_endpoint
-from lumobench.results import RequestRow, RunDir, RunMeta, Segment, missing_keys, now_iso
+from lumobench.probe import ProbeError, call
+from lumobench.results import RequestRow, RunDir, RunMeta, Segment, WriteFailed, missing_keys, now_iso
 
 #: answers that mean "no server to serve this" rather than "this request is bad"
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
@@ -68,9 +70,8 @@ class AvailabilityCheck:
 
     async def _health_status(self) -> int | None:
         try:
-            url = self.target.base_url + self.target.health_path
-            return (await self.client.get(url, timeout=10)).status_code
-        except httpx.HTTPError:
+            return (await call(self.client, "GET", self.target.base_url + self.target.health_path)).status
+        except ProbeError:
             return None
 
 
@@ -163,6 +164,30 @@ async def execute(
     On Ctrl-C (task cancellation) the current segment is marked interrupted and the cancellation
     propagates; rows already written stay.
     """
+    try:
+        return await _execute(run, meta, records, target, concurrency, server_alive, progress, run_indices)
+    except WriteFailed as exc:  # a full disk, a folder made read-only: stop, keeping what is written
+        meta.status = "aborted"
+        for segment in meta.segments:
+            if segment.outcome == "running":
+                segment.outcome, segment.finished_at = "aborted", now_iso()
+        with contextlib.suppress(WriteFailed):
+            run.write_meta(meta)
+        rows = run.read_rows()
+        done, bad = sum(r.status == "completed" for r in rows), sum(r.status == "failed" for r in rows)
+        return ReplayOutcome("aborted", done, bad, str(exc))
+
+
+async def _execute(
+    run: RunDir,
+    meta: RunMeta,
+    records: Sequence[CorpusRecord],
+    target: Target,
+    concurrency: int,
+    server_alive: Callable[[], bool] | None,
+    progress: ReplayProgress | None,
+    run_indices: Collection[int] | None,
+) -> ReplayOutcome:
     by_id = {r.id: r for r in records}
     seq_of = {rid: i for i, rid in enumerate(meta.request_ids)}
     rows = run.read_rows()
@@ -188,6 +213,8 @@ async def execute(
                 ok, bad = await _replay_keys(
                     run, keys, by_id, seq_of, target, concurrency, server_alive, progress, metrics_client
                 )
+            except WriteFailed:
+                raise
             except (RunAborted, ServerUnreachable) as exc:
                 segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
                 run.write_meta(meta)

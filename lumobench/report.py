@@ -99,8 +99,20 @@ def _phase_ms(run: RunDir) -> dict[str, float]:
 
 
 def load_run(path: Path) -> tuple[RunDir, RunMeta, list[RequestRow]]:
+    """A run directory's metadata and rows; rows a replay cannot have written (a second completed row
+    for one key, a request or repetition the run does not have) are refused, naming the line."""
     run = RunDir.open(path)
-    return run, run.read_meta(), run.read_rows()
+    meta, rows = run.read_meta(), run.read_rows()
+    ids, completed = set(meta.request_ids), set()
+    for row in rows:
+        where = f"{run.rows_path}: run {row.run_index + 1} request {row.request_id!a}"
+        if row.request_id not in ids or row.run_index >= meta.runs:
+            raise LumobenchError(f"{where} is not part of the run ({meta.runs} runs of {len(ids)} requests)")
+        if row.status == "completed":
+            if row.key in completed:
+                raise LumobenchError(f"{where} has two completed rows (the file was edited or joined)")
+            completed.add(row.key)
+    return run, meta, rows
 
 
 def _others_cpu_per_s(rows: Sequence[RequestRow]) -> float | None:

@@ -10,6 +10,7 @@ Layout of `results/<run-id>/` (DESIGN §6):
     metrics/run{R}.seg{S}.{before,after}.prom   raw /metrics text around each run segment
     server.log                output of the launched arm (when lumobench started the server)
     lumobench.lock            held (flock) by the one lumobench process writing the run; names it
+    run.json.reserve          room for run.json's last update should the disk fill (until the run finished)
 
 A run segment is one uninterrupted stretch of a repetition; resuming a repetition opens a new segment,
 so counter deltas never straddle a server restart. Everything written passes through the run's
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import platform
 import socket
@@ -29,19 +31,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from lumobench import __version__
+from lumobench.corpus import MAX_TOKENS
 from lumobench.errors import LumobenchError
 from lumobench.redact import Redactor
+from lumobench.stream import MAX_TOKEN_COUNT
 
 RUN_SCHEMA_VERSION = 1
+#: most repetitions of one run (a report walks every (repetition, request) key)
+MAX_RUNS = 1000
+#: the label part of a run id: with the time stamp and a `-NN` suffix it fits a 255-byte file name
+MAX_LABEL = 200
+MAX_CLAIMS = 100
 ROWS_FILE = "requests.jsonl"
 FAILED_ATTEMPTS_FILE = "failed-attempts.jsonl"
 RUN_FILE = "run.json"
 SERVER_LOG = "server.log"
 METRICS_DIR = "metrics"
 LOCK_FILE = "lumobench.lock"
+#: room kept for the last run.json update of a run whose disk fills up (removed once it finished)
+RESERVE_FILE = "run.json.reserve"
+RESERVE_BYTES = 8 * 1024
 
 
 class RequestRow(BaseModel):
@@ -53,14 +65,14 @@ class RequestRow(BaseModel):
     `chunk_ns` the arrival time of each output chunk (rows written before it existed have None).
     """
 
-    run_index: int = Field(ge=0)
+    run_index: int = Field(ge=0, lt=MAX_RUNS)
     seq: int = Field(ge=0)  # position of the request within the replay order
     request_id: str
     status: Literal["completed", "failed"]
     error: str | None = None
     http_status: int | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
+    completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
     t_send_ns: int
     t_first_ns: int | None = None
     t_end_ns: int | None = None
@@ -78,6 +90,14 @@ class RequestRow(BaseModel):
     # seconds the other arms' servers used while this request was in flight (they should idle)
     slot: int | None = None
     others_cpu_s: float | None = None
+
+    @model_validator(mode="after")
+    def _times_in_order(self) -> RequestRow:
+        # one monotonic clock: a row whose times go backwards was not written by a replay
+        times = [t for t in (self.t_send_ns, self.t_first_ns, self.t_end_ns) if t is not None]
+        if times != sorted(times):
+            raise ValueError("its times go backwards (t_send_ns <= t_first_ns <= t_end_ns)")
+        return self
 
     @property
     def decode_s(self) -> float | None:
@@ -131,7 +151,7 @@ class RunMeta(BaseModel):
     request_ids: list[str]  # replay order
     record_sha256: dict[str, str] = Field(default_factory=dict)  # id -> canonical-JSON sha256
     deterministic_ids: list[str] = Field(default_factory=list)  # greedy or seeded: outputs must repeat
-    runs: int = Field(ge=1)
+    runs: int = Field(ge=1, le=MAX_RUNS)
     concurrency: int = Field(ge=1, default=1)
     boot_per_run: bool = False  # a launched arm was started afresh for every repetition
     # interleaved replay: run ids of every arm of the group (sibling directories), in rotation order;
@@ -140,7 +160,9 @@ class RunMeta(BaseModel):
     api_key_env: str | None = None  # the environment variable holding the API key (never the key)
     stream_options: dict[str, Any] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    max_tokens_cap: int | None = Field(default=None, ge=1)  # --max-tokens-cap (kept for --resume)
+    max_tokens_cap: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS
+    )  # --max-tokens-cap (kept for --resume)
     host: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list)
     status: Literal["running", "finished", "interrupted", "aborted"] = "running"
@@ -160,9 +182,33 @@ def host_info() -> dict[str, Any]:
 
 
 def new_run_id(label: str) -> str:
-    """`YYYYmmdd-HHMMSS-<label>` in UTC; sortable and readable."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
+    """`YYYYmmdd-HHMMSS-<label>` in UTC; sortable and readable. The label keeps ASCII letters, digits and
+    `-_.`; a long one is cut to fit a file name, with a digest of the whole so long labels stay apart."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "-" for c in label)
+    if len(safe) > MAX_LABEL:
+        safe = safe[: MAX_LABEL - 9] + "-" + hashlib.sha256(label.encode(errors="replace")).hexdigest()[:8]
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{safe}"
+
+
+def claim_run_path(path: Path) -> Path:
+    """Create a new, empty run directory at `path`, or at `path-2`, `path-3`, ... when that name is
+    taken (two runs started in the same second): never an existing directory, and never through a
+    symlink planted at the name (mkdir does not follow one: the name counts as taken)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise LumobenchError(f"cannot create the results folder {path.parent}: {why}") from None
+    for k in range(1, MAX_CLAIMS + 1):
+        candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
+        try:
+            os.mkdir(candidate)  # atomic: of two processes claiming one name, one gets it
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise LumobenchError(f"cannot create run directory {candidate}: {exc.strerror or exc}") from None
+        return candidate
+    raise LumobenchError(f"cannot create run directory {path}: {MAX_CLAIMS} runs of that name exist")
 
 
 RowT = TypeVar("RowT", bound=BaseModel)
@@ -177,9 +223,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class WriteFailed(LumobenchError):
+    """A results file could not be written (a full disk, a read-only folder); what was written before
+    stays readable."""
+
+
+def _write_failed(path: Path, exc: OSError) -> WriteFailed:
+    return WriteFailed(f"cannot write {path}: {exc.strerror or exc}")
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` by atomic replace, durably: the file is fsync'd before the rename and the directory
-    after it, so a crash or power loss leaves the old file or the new one, never a torn or empty one."""
+    after it, so a crash or power loss leaves the old file or the new one, never a torn or empty one.
+    Raises `WriteFailed` (the old file kept) when it cannot be written."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("w") as fh:
@@ -187,10 +243,13 @@ def write_text_atomic(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _write_failed(path, exc) from None
         raise
-    _fsync_dir(path.parent)
 
 
 def write_json_atomic(path: Path, model: BaseModel) -> None:
@@ -199,15 +258,28 @@ def write_json_atomic(path: Path, model: BaseModel) -> None:
 
 
 def append_jsonl(path: Path, row: BaseModel) -> None:
-    """Append one JSON line with flush + fsync, so a crash loses nothing already written (the first
-    line also fsyncs the directory, which holds the new file's name)."""
-    new = not path.exists()
-    with path.open("a") as fh:
-        fh.write(row.model_dump_json() + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    if new:
-        _fsync_dir(path.parent)
+    """Append one JSON line with fsync, so a crash loses nothing already written (the first line also
+    fsyncs the directory, which holds the new file's name). A write that fails part-way (a full disk)
+    is cut back off, so no torn line is left for later lines to follow; raises `WriteFailed`."""
+    data = (row.model_dump_json() + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        if start == 0:
+            _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise _write_failed(path, exc) from None
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: Path, model: type[RowT]) -> list[RowT]:
@@ -225,21 +297,16 @@ def read_jsonl(path: Path, model: type[RowT]) -> list[RowT]:
             continue
         try:
             rows.append(model.model_validate_json(line))
-        except ValidationError:
+        except ValidationError as exc:
             if i == len(lines) - 1:
                 break
-            raise LumobenchError(f"{path}: line {i + 1} is not a valid {model.__name__}") from None
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            why = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+            raise LumobenchError(
+                f"{path}: line {i + 1} is not a valid {model.__name__} ({where + ': ' if where else ''}{why})"
+            ) from None
     return rows
-
-
-def make_run_path(path: Path) -> None:
-    """Create an empty run directory; a non-empty one is refused (continuing it is --resume's job)."""
-    if path.exists() and any(path.iterdir()):
-        raise LumobenchError(f"run directory {path} already exists and is not empty (use --resume {path})")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LumobenchError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
 
 
 class RunDir:
@@ -256,7 +323,9 @@ class RunDir:
 
     @classmethod
     def create(cls, path: Path, meta: RunMeta, redactor: Redactor | None = None) -> RunDir:
-        make_run_path(path)
+        """A new run directory at `path` (or beside it, `claim_run_path`); `meta.run_id` becomes its name."""
+        path = claim_run_path(path)
+        meta.run_id = path.name
         run = cls(path, redactor)
         run.lock()
         run.write_meta(meta)
@@ -274,7 +343,12 @@ class RunDir:
         another process holds it, naming that process."""
         if self._lock_fd is not None:
             return
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a symlink planted at the lock's name is refused, not written through
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise LumobenchError(
+                f"cannot write to run directory {self.path}: {exc.strerror or exc}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -284,9 +358,13 @@ class RunDir:
                 f"run directory {self.path} is in use by another lumobench process ({holder}); "
                 "wait for it to finish or stop it"
             ) from None
-        os.ftruncate(fd, 0)
         command = " ".join(["lumobench", *self.redactor.argv(sys.argv[1:])])
-        os.write(fd, f"pid {os.getpid()}: {command[:300]}\n".encode(errors="replace"))
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}: {command[:300]}\n".encode(errors="replace"))
+        except OSError as exc:
+            os.close(fd)
+            raise _write_failed(self.path / LOCK_FILE, exc) from None
         self._lock_fd = fd
 
     def unlock(self) -> None:
@@ -313,8 +391,25 @@ class RunDir:
         return meta
 
     def write_meta(self, meta: RunMeta) -> None:
-        """Atomic replace, so a crash never leaves a half-written run.json; secrets masked."""
-        write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+        """Atomic replace, so a crash never leaves a half-written run.json; secrets masked. A run keeps a
+        reserve file beside it while it is not finished: when the disk is full, the reserve is given up
+        so that run.json can still say how the run ended."""
+        reserve = self.path / RESERVE_FILE
+        try:
+            write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+        except WriteFailed:
+            if not reserve.exists():
+                raise
+            reserve.unlink()
+            write_json_atomic(self.path / RUN_FILE, self._redacted(meta))
+            return
+        if meta.status == "finished":
+            reserve.unlink(missing_ok=True)
+        elif not reserve.exists():
+            try:
+                reserve.write_bytes(bytes(max(RESERVE_BYTES, 2 * (self.path / RUN_FILE).stat().st_size)))
+            except OSError:  # no room for it: nothing to give up later
+                reserve.unlink(missing_ok=True)
 
     def _redacted(self, model: ModelT) -> ModelT:
         if not self.redactor.secrets:
@@ -345,11 +440,8 @@ class RunDir:
                 kept[row.key] = row
             elif row.status == "failed":
                 failed.append(row)
-        if failed:
-            with (self.path / FAILED_ATTEMPTS_FILE).open("a") as fh:
-                fh.writelines(r.model_dump_json() + "\n" for r in failed)
-                fh.flush()
-                os.fsync(fh.fileno())
+        for row in failed:
+            append_jsonl(self.path / FAILED_ATTEMPTS_FILE, row)
         write_text_atomic(self.rows_path, "".join(r.model_dump_json() + "\n" for r in kept.values()))
         return list(kept.values())
 
@@ -361,7 +453,10 @@ class RunDir:
         self, run_index: int, segment: int, when: Literal["before", "after"], text: str
     ) -> None:
         path = self.metrics_path(run_index, segment, when)
-        path.parent.mkdir(exist_ok=True)
+        try:
+            path.parent.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise _write_failed(path.parent, exc) from None
         write_text_atomic(path, self.redactor.text(text))
 
     def metric_segments(self) -> list[tuple[int, int, str, str]]:

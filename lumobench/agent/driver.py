@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from lumobench.agent.counters import counter_deltas, snapshot
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.process import ProcessOutcome
@@ -36,6 +34,7 @@ from lumobench.agent.tasks import Task
 from lumobench.arms import check_launchable, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
 from lumobench.launch import ArmServer, launched, log_tail
+from lumobench.probe import ProbeError, call_sync
 from lumobench.record import BackgroundProxy, RecordingProxy
 from lumobench.results import ArmInfo, host_info, new_run_id, now_iso
 
@@ -50,6 +49,8 @@ PAPER_SAMPLING: dict[str, float | int] = {
 #: Qwen Code 0.15.10's first request (system prompt + ~15 tool definitions + the task): 20,051 tokens
 #: with lumo-tiny-coder's tokenizer (measured); other tokenizers land near it.
 FIRST_PROMPT_TOKENS = 20_000
+#: the context probe's /tokenize of a one-word chat (the arm tokenizes it in milliseconds)
+TOKENIZE_DEADLINE_S = 30.0
 
 
 @dataclass
@@ -98,9 +99,8 @@ class Serving:
 def _served_model(base_url: str) -> str:
     url = base_url + "/v1/models"
     try:
-        response = httpx.get(url, timeout=10)
-        return str(response.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return str(call_sync("GET", url).json()["data"][0]["id"])
+    except (ProbeError, ValueError, KeyError, IndexError, TypeError):
         raise LumobenchError(
             f"cannot read the served model from {url} (endpoint down? pass --model)"
         ) from None
@@ -118,18 +118,18 @@ class ArmContext:
 
 def probe_context(base_url: str, model: str) -> ArmContext:
     """Ask the arm for its context window and try its /tokenize once."""
-    with httpx.Client(base_url=base_url, timeout=30) as client:
-        try:
-            cards = client.get("/v1/models").json()["data"]
-            card = next((c for c in cards if c.get("id") == model), cards[0])
-            context = card.get("max_model_len")
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, AttributeError, TypeError):
-            context = None
-        try:
-            probe = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-            can_fit = isinstance(client.post("/tokenize", json=probe).json().get("count"), int)
-        except (httpx.HTTPError, ValueError, AttributeError):
-            can_fit = False
+    try:
+        cards = call_sync("GET", base_url + "/v1/models").json()["data"]
+        card = next((c for c in cards if c.get("id") == model), cards[0])
+        context = card.get("max_model_len")
+    except (ProbeError, ValueError, KeyError, IndexError, AttributeError, TypeError):
+        context = None
+    try:
+        probe = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+        answer = call_sync("POST", base_url + "/tokenize", TOKENIZE_DEADLINE_S, json=probe)
+        can_fit = isinstance(answer.json().get("count"), int)
+    except (ProbeError, ValueError, AttributeError):
+        can_fit = False
     return ArmContext(context if isinstance(context, int) else None, can_fit)
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from lumobench import __version__
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.errors import LumobenchError
-from lumobench.results import ArmInfo, append_jsonl, make_run_path, read_jsonl, write_json_atomic
+from lumobench.results import ArmInfo, append_jsonl, claim_run_path, read_jsonl, write_json_atomic
 
 AGENT_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -116,7 +116,9 @@ class AgentRunDir:
 
     @classmethod
     def create(cls, path: Path, meta: AgentRunMeta) -> AgentRunDir:
-        make_run_path(path)
+        """A new run directory at `path` (or beside it, `claim_run_path`); `meta.run_id` becomes its name."""
+        path = claim_run_path(path)
+        meta.run_id = path.name
         run = cls(path)
         run.write_meta(meta)
         return run
@@ -152,7 +154,12 @@ class AgentRunDir:
         return {row.key: row for row in read_jsonl(self.path / TASKS_FILE, TaskRow)}
 
     def log_dir(self, run_index: int, instance_id: str) -> Path:
-        return self.path / "tasks" / f"{instance_id}.run{run_index + 1}"
+        """`tasks/<id>.run<k>`; an id that is not one plain file name (tasks.py refuses those) is refused
+        here too, so no attempt writes outside the run directory."""
+        name = f"{instance_id}.run{run_index + 1}"
+        if Path(name).name != name or name.startswith(".") or "\\" in name:
+            raise LumobenchError(f"task id {instance_id!a} cannot name a folder inside the run directory")
+        return self.path / "tasks" / name
 
     def predictions_path(self, run_index: int, runs: int) -> Path:
         return self.path / ("predictions.jsonl" if runs == 1 else f"predictions-run{run_index + 1}.jsonl")

@@ -59,7 +59,10 @@ def rates_figure(arms: pd.DataFrame) -> Figure:
     ax.set_xticks(x, arms.arm)
     ax.set_ylabel("tokens/s (Eq. 5, matched set)")
     ax.set_title("Pooled decode rate per arm")
-    ax.legend(fontsize=8, loc="upper left")
+    # below the axes: inside them it covered the first bar's interval whisker
+    fig.legend(
+        *ax.get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8, frameon=False
+    )
     _tidy(ax)
     return fig
 

@@ -18,8 +18,6 @@ import pandas as pd
 from lumobench.analysis.frames import PHASES
 from lumobench.report import ArmReport, versus_title
 
-DEPTHS_SHOWN = 6  # per-depth acceptance columns in the acceptance table
-
 
 @dataclass(frozen=True)
 class Table:
@@ -95,8 +93,15 @@ def rate_table(reports: Sequence[ArmReport]) -> Table:
     )
 
 
+def accepted_depths(reports: Sequence[ArmReport]) -> int:
+    """Depths to show: up to the deepest at which any arm accepted a draft."""
+    return max(
+        (k + 1 for r in reports for k, share in enumerate(r.per_position_acceptance) if share > 0), default=0
+    )
+
+
 def acceptance_table(reports: Sequence[ArmReport]) -> Table:
-    depths = min(DEPTHS_SHOWN, max((len(r.per_position_acceptance) for r in reports), default=0))
+    depths = accepted_depths(reports)
     rows = []
     for rep in reports:
         per_depth = [

@@ -7,7 +7,9 @@ Computed from the run's completed rows, as vLLM computes them from its successfu
 - E2EL ("latency") = arrival of the last output chunk − t_send (t_end when the row has no chunk times);
 - TPOT = (E2EL − TTFT) / (n − 1) for n > 1; ITL = the gaps between successive output chunks (null
   for runs recorded before rows kept chunk arrival times);
-- duration = Σ over repetitions of (last end − first send): the time the benchmark was sending;
+- duration = Σ over repetitions of (last end − first send): the time the benchmark was sending; for an
+  interleaved run, whose repetitions also hold the other arms' requests, the time this arm's own
+  requests were in flight (the union of their send-to-end intervals);
 - spec_decode_* from the `/metrics` counter deltas, as vLLM takes them.
 Statistics are numpy mean / median / std / percentile (linear), in milliseconds. vLLM-only concepts
 (goodput, request rate, burstiness) get vLLM's values for an unpaced run; lumobench's own numbers go
@@ -54,11 +56,27 @@ def _itls(row: RequestRow) -> list[float]:
     return [(b - a) / 1e9 for a, b in itertools.pairwise(times)]
 
 
-def _duration_s(rows: Sequence[RequestRow]) -> float:
+def _in_flight_ns(rows: Sequence[RequestRow]) -> int:
+    """Time covered by the rows' [t_send, t_end] intervals (their union)."""
+    total, reached = 0, None
+    for start, end in sorted((r.t_send_ns, r.t_end_ns) for r in rows if r.t_end_ns is not None):
+        if reached is None or start > reached:
+            total, reached = total + end - start, end
+        elif end > reached:
+            total, reached = total + end - reached, end
+    return total
+
+
+def _duration_s(rows: Sequence[RequestRow], interleaved: bool) -> float:
+    """vLLM's duration: per repetition, first send to last end. An interleaved repetition also holds
+    the other arms' requests between this arm's: there it is the time this arm's own requests were in
+    flight, so throughputs are this arm's and not the group's."""
     total = 0
     for run_index in sorted({r.run_index for r in rows}):
         mine = [r for r in rows if r.run_index == run_index and r.t_end_ns is not None]
-        if mine:
+        if mine and interleaved:
+            total += _in_flight_ns(mine)
+        elif mine:
             total += max(r.t_end_ns for r in mine) - min(r.t_send_ns for r in mine)  # type: ignore[type-var]
     return total / 1e9
 
@@ -68,7 +86,7 @@ def vllm_result(run: RunDir, meta: RunMeta, rows: Sequence[RequestRow], report: 
     done = [
         r for r in rows if r.status == "completed" and r.t_first_ns is not None and r.t_end_ns is not None
     ]
-    duration = _duration_s(rows)
+    duration = _duration_s(rows, bool(meta.interleaved_with))
     total_in = sum(r.prompt_tokens or 0 for r in done)
     total_out = sum(r.completion_tokens or 0 for r in done)
     ttfts = [(r.t_first_ns - r.t_send_ns) / 1e9 for r in done]  # type: ignore[operator]
@@ -123,6 +141,9 @@ def vllm_result(run: RunDir, meta: RunMeta, rows: Sequence[RequestRow], report: 
         "matched": report.matched,
         "pooled_tokens_per_s": report.pooled_tokens_per_s,
         "ttft_definition": "first chunk with content, reasoning or tool calls",
+        "duration_definition": "time this arm's requests were in flight (interleaved run)"
+        if meta.interleaved_with
+        else "first send to last end per repetition",
     }
     return result
 

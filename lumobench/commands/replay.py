@@ -15,13 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.status import Status
 
 from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
+from lumobench.corpus import MAX_TOKENS
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
 from lumobench.launch import interrupt_on_signals, log_tail
 from lumobench.plan import PEER_ARMS, Plan, Timeouts, plan_new, plan_resume_group
 from lumobench.replay import ReplayOutcome, run_plan
 from lumobench.report import build_report, print_table, report_command, table_console
-from lumobench.results import RequestRow
+from lumobench.results import MAX_RUNS, RequestRow
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
 
@@ -147,6 +148,16 @@ def _run_interleaved(plans: list[Plan]) -> list[ReplayOutcome]:
             raise _interrupted(plans) from None
 
 
+def _refuse_new_run_options(run: Path, given: dict[str, object]) -> None:
+    """`--resume` continues a run with the settings it started with: options that would change them are
+    refused rather than silently ignored."""
+    if named := [flag for flag, value in given.items() if value is not None]:
+        raise LumobenchError(
+            f"--resume continues {run} with its own settings; {', '.join(named)} cannot change them "
+            "(start a new run instead)"
+        )
+
+
 def replay(
     corpus: Annotated[Path | None, typer.Argument(help="Corpus (JSONL). Optional with --resume.")] = None,
     arm: Annotated[
@@ -158,7 +169,9 @@ def replay(
     endpoint: Annotated[
         str | None, typer.Option(help="Replay against an already running server (base URL).")
     ] = None,
-    runs: Annotated[int, typer.Option(help="Repetitions of the whole corpus.", min=1)] = 1,
+    runs: Annotated[
+        int | None, typer.Option(help="Repetitions of the whole corpus (default 1).", min=1, max=MAX_RUNS)
+    ] = None,
     manifest: Annotated[
         Path | None,
         typer.Option(
@@ -169,9 +182,11 @@ def replay(
         Path | None, typer.Option(help="Finish an interrupted run directory (no duplicates, no gaps).")
     ] = None,
     concurrency: Annotated[
-        int, typer.Option(help="Requests in flight (the paper's protocol: 1).", min=1)
-    ] = 1,
-    out: Annotated[Path, typer.Option(help="Results root; each arm gets <out>/<run-id>/.")] = Path("results"),
+        int | None, typer.Option(help="Requests in flight (default: the paper's protocol, 1).", min=1)
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Results root; each arm gets <out>/<run-id>/ (default: results).")
+    ] = None,
     api: Annotated[
         str | None,
         typer.Option(
@@ -219,6 +234,7 @@ def replay(
         int | None,
         typer.Option(
             min=1,
+            max=MAX_TOKENS,
             help="Send every request with max_tokens at most this (records without one get it), e.g. a "
             "corpus captured on a long-context arm replayed on the embedded engine; kept for --resume.",
         ),
@@ -247,6 +263,15 @@ def replay(
     timeouts = Timeouts(request_timeout, request_deadline)
     with user_errors():
         if resume:
+            _refuse_new_run_options(
+                resume,
+                {
+                    "--arm": arm, "--endpoint": endpoint, "--runs": runs, "--manifest": manifest,
+                    "--concurrency": concurrency, "--out": out, "--api": api, "--label": label,
+                    "--model": model, "--boot-per-run" if boot_per_run else "--one-boot": boot_per_run,
+                    "--max-tokens-cap": max_tokens_cap, "--with-peers": with_peers or None,
+                },
+            )  # fmt: skip
             plans = plan_resume_group(resume, corpus, timeouts, port, api_key_env)
             concurrency = plans[0].meta.concurrency
         elif corpus is None:
@@ -258,10 +283,10 @@ def replay(
                 endpoint=endpoint,
                 api=api,
                 label=label,
-                runs=runs,
+                runs=runs or 1,
                 manifest=manifest,
-                concurrency=concurrency,
-                out=out,
+                concurrency=concurrency or 1,
+                out=out or Path("results"),
                 port=port,
                 model=model,
                 timeouts=timeouts,
@@ -277,11 +302,11 @@ def replay(
     else:
         with user_errors():
             interleave, note = choose_mode(
-                [p.arm for p in plans], interleaved, concurrency, available_memory_gb()
+                [p.arm for p in plans], interleaved, concurrency or 1, available_memory_gb()
             )
     if note:
         console.print(note, markup=False)
-    outcomes = _run_interleaved(plans) if interleave else _run_sequential(plans, concurrency)
+    outcomes = _run_interleaved(plans) if interleave else _run_sequential(plans, concurrency or 1)
     aborted = [(p, o) for p, o in zip(plans, outcomes, strict=True) if o.status == "aborted"]
     for plan, outcome in zip(plans, outcomes, strict=True):
         console.print(

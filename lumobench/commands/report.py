@@ -7,6 +7,7 @@ result files (results/h200/*.json); each kind has its notebook source in `analys
 from __future__ import annotations
 
 import json
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -101,17 +102,41 @@ def _write_outputs(
         raise typer.Exit(EXIT_NOTEBOOK_FAILED) from None
     found = figures(nb)
     _stage(f"executed: {len(found)} figures")
-    if notebook:
-        nbformat.write(nb, notebook)
-        _stage(f"wrote {notebook}")
-    if html:
-        html.write_text(render_html(nb, notebook_title(nb), [str(p) for p in inputs]))
-        _stage(f"wrote {html} ({html.stat().st_size / 1024:.0f} KB, figures embedded)")
-    if plots:
-        plots.mkdir(parents=True, exist_ok=True)
-        for name, png in found:
-            (plots / f"{name}.png").write_bytes(png)
-        _stage(f"wrote {len(found)} PNGs to {plots}")
+    try:
+        if notebook:
+            nbformat.write(nb, notebook)
+            _stage(f"wrote {notebook}")
+        if html:
+            html.write_text(render_html(nb, notebook_title(nb), [str(p) for p in inputs]))
+            _stage(f"wrote {html} ({html.stat().st_size / 1024:.0f} KB, figures embedded)")
+        if plots:
+            for name, png in found:
+                (plots / f"{name}.png").write_bytes(png)
+            _stage(f"wrote {len(found)} PNGs to {plots}")
+    except OSError as exc:  # e.g. the disk filled while writing
+        raise LumobenchError(f"cannot write {exc.filename}: {exc.strerror or exc}") from None
+
+
+def _check_outputs(notebook: Path | None, html: Path | None, plots: Path | None) -> None:
+    """Refuse, before the notebook runs (tens of seconds), outputs that cannot be written."""
+    try:
+        for flag, out in (("--notebook", notebook), ("--html", html)):
+            if out is None:
+                continue
+            if out.is_dir():
+                raise LumobenchError(f"{flag} {out} is a directory: give a file name")
+            if not out.parent.is_dir():
+                raise LumobenchError(f"cannot write {out}: {out.parent} is not a directory")
+            if not os.access(out.parent, os.W_OK):
+                raise LumobenchError(f"cannot write {out}: {out.parent} is not writable")
+        if plots is not None:
+            if plots.exists() and not plots.is_dir():
+                raise LumobenchError(f"--plots {plots} is a file: give a folder for the PNGs")
+            plots.mkdir(parents=True, exist_ok=True)
+            if not os.access(plots, os.W_OK):
+                raise LumobenchError(f"cannot write to {plots}: it is not writable")
+    except OSError as exc:  # a name longer than the file system allows, a missing permission
+        raise LumobenchError(f"cannot write {exc.filename}: {exc.strerror or exc}") from None
 
 
 def report(
@@ -151,9 +176,7 @@ def report(
     outputs = bool(notebook or html or plots)
     with user_errors():
         kind = report_kind(inputs)
-        for out in (notebook, html):
-            if out is not None and not out.parent.is_dir():
-                raise LumobenchError(f"cannot write {out}: {out.parent} is not a directory")
+        _check_outputs(notebook, html, plots)
         if outputs:
             _stage(f"{len(inputs)} {kind} input(s)")
             _write_outputs(kind, inputs, notebook, html, plots)

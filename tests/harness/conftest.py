@@ -1,12 +1,17 @@
-"""Fixtures for the harness tests: scripted-server arms."""
+"""Fixtures for the harness tests: scripted-server arms, the CLI in this process."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from lumobench.cli import app
 
 from .helpers import free_port
 
@@ -31,3 +36,14 @@ def scripted_arm(tmp_path: Path) -> Callable[..., Path]:
         return arm
 
     return make
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[..., Result]]:
+    """The CLI in this process (a fresh one costs seconds of imports); replay's signal handlers are
+    put back afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    runner = CliRunner()
+    yield lambda *args: runner.invoke(app, [str(a) for a in args])
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

@@ -17,6 +17,20 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "corpora" / "demo.jsonl"
 
 
+def processes_with(*args: str) -> list[int]:
+    """Pids of the processes whose command line holds every one of `args` (whole arguments)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if all(a.encode() in argv for a in args):
+                found.append(int(entry.name))
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

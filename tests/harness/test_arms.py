@@ -12,6 +12,7 @@ import pytest
 
 from lumobench.arms import known_arms, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
+from lumobench.interleave import MEMORY_SHARE, choose_mode
 from lumobench.launch import ArmServer, ArmStartError, launched
 
 from .helpers import free_port
@@ -127,3 +128,14 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
         pytest.fail("the arm's child process survived the arm")
     assert server.exit_code() is not None
     assert "stopped" in (tmp_path / "server.log").read_text()
+
+
+def test_every_cpu_arm_carries_a_memory_estimate_so_a_group_of_them_interleaves() -> None:
+    # without memory_gb a multi-arm replay of the plugin arms ran them one after another
+    configs = {name: load_arm(name) for name in known_arms()}
+    cpu = [name for name, (config, _) in configs.items() if not config.requires_gpu]
+    assert [name for name in cpu if configs[name][0].memory_gb is None] == []
+    plugin = [resolve_arm(*configs[n], environ={}) for n in ("vllm-cpu-lumotree-ar", "vllm-cpu-lumotree")]
+    need = sum(a.config.memory_gb or 0 for a in plugin)
+    interleave, note = choose_mode(plugin, None, 1, available_gb=need / MEMORY_SHARE + 0.1)
+    assert interleave, note

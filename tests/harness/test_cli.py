@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -340,17 +340,6 @@ def test_commands_that_do_not_compute_do_not_import_torch() -> None:
     assert proc.stderr.strip().splitlines()[-1] == "heavy: []"
 
 
-@pytest.fixture
-def cli() -> Iterator[Callable[..., Result]]:
-    """The CLI in this process (a fresh one costs seconds of imports); replay's signal handlers are
-    put back afterwards."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    runner = CliRunner()
-    yield lambda *args: runner.invoke(app, [str(a) for a in args])
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
 def _one_line_error(result: Result, text: str, exit_code: int = 2) -> None:
     assert result.exit_code == exit_code and isinstance(result.exception, SystemExit), result.output
     assert "Traceback" not in result.output and text in result.output, result.output
@@ -370,9 +359,18 @@ def test_bad_options_and_paths_are_one_clear_line_and_create_no_run_directory(
         (["--out", a_file / "sub"], f"cannot create the results folder {a_file / 'sub'}: Not a directory"),
         (["--out", out, "--port", "70000"], "Invalid value for '--port'"),
         (["--out", out, "--port", "-1"], "Invalid value for '--port'"),
-        (["--out", out, "--request-timeout", "0"], "--request-timeout must be more than 0 s (got 0)"),
-        (["--out", out, "--request-timeout", "-5"], "--request-timeout must be more than 0 s (got -5)"),
-        (["--out", out, "--request-deadline", "0"], "--request-deadline must be more than 0 s"),
+        (
+            ["--out", out, "--request-timeout", "0"],
+            "--request-timeout must be a finite number of seconds above 0 (got 0)",
+        ),
+        (
+            ["--out", out, "--request-timeout", "-5"],
+            "--request-timeout must be a finite number of seconds above 0 (got -5)",
+        ),
+        (
+            ["--out", out, "--request-deadline", "0"],
+            "--request-deadline must be a finite number of seconds above 0",
+        ),
         (
             ["--out", out, "--api-key-env", "UNSET_KEY"],
             "the environment variable UNSET_KEY, which is not set",

@@ -20,14 +20,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lumobench.arms import load_arm, resolve_arm
 from lumobench.errors import LumobenchError
-from lumobench.launch import launched
+from lumobench.launch import ArmStartError, launched
 from lumobench.plan import Plan, Timeouts, plan_new, plan_resume
 from lumobench.redact import Redactor
 from lumobench.replay import ReplayOutcome, execute
 from lumobench.results import RunDir
 
-from .helpers import REPO, free_port, small_corpus
+from .helpers import REPO, free_port, processes_with, small_corpus
 
 HARD_TIMEOUT_S = 60
 
@@ -210,3 +211,48 @@ def test_secrets_are_found_by_name_and_position_not_everywhere() -> None:
     # long secrets are masked wherever they appear; "1" is masked only in its own place
     assert redactor.text("key sk-aaaaaaaa1 and 1 more") == "key *** and 1 more"
     assert redactor.raw(b"token=hf_bbbbbbbb2\n") == b"token=***\n"
+
+
+def _watchdogs_of(pid: int) -> list[int]:
+    """Pids of the live watchdog processes guarding process group `pid`."""
+    return [w for w in processes_with("lumobench.watchdog", str(pid)) if _alive(w)]
+
+
+@pytest.mark.parametrize("pause", [True, False], ids=["watchdog-restarted", "killed-back-to-back"])
+def test_killing_the_watchdog_and_then_lumobench_leaves_no_server_behind(tmp_path: Path, pause: bool) -> None:
+    server_pid = tmp_path / "server.pid"
+    arm, _ = _arm(tmp_path, {"tokens": 30, "interval_ms": 100, "pid_file": str(server_pid)})
+    corpus, out = small_corpus(tmp_path, 8, max_tokens=30), tmp_path / "r"
+    lumobench_proc = subprocess.Popen(
+        [sys.executable, "-m", "lumobench.cli", "replay", str(corpus), "--arm", str(arm), "--out", str(out)],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: any(p.stat().st_size for p in out.glob("*/requests.jsonl")), "the first row")
+        pid = int(server_pid.read_text())
+        (watchdog,) = _watchdogs_of(pid)
+        os.kill(watchdog, signal.SIGKILL)
+        if pause:  # lumobench starts it again: the new one stops the group when lumobench dies
+            _wait_for(lambda: [w for w in _watchdogs_of(pid) if w != watchdog], "a new watchdog", 10)
+        lumobench_proc.kill()
+        lumobench_proc.wait(30)
+        # back to back, no watchdog is left: the kernel's parent-death signal stops the server
+        _wait_for(lambda: not _alive(pid), "the arm to die", timeout_s=30)
+    finally:
+        lumobench_proc.kill()
+
+
+def test_a_keyed_arm_without_its_key_fails_readiness_at_once_naming_the_key(tmp_path: Path) -> None:
+    arm, _ = _arm(tmp_path, {"tokens": 4})
+    arm.write_text(
+        arm.read_text().replace('"--port", "{port}"', '"--port", "{port}", "--api-key", "k-123"', 1)
+    )
+    config, source = load_arm(str(arm))
+    start = time.monotonic()
+    needs_key = "with HTTP 401: the server requires an API key: set api_key_env"
+    with (
+        pytest.raises(ArmStartError, match=needs_key),
+        launched(resolve_arm(config, source), tmp_path / "s.log"),
+    ):
+        pass
+    assert time.monotonic() - start < 20  # not the readiness timeout (30 s here, 120-400 s in arm files)

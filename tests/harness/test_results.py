@@ -43,9 +43,11 @@ def test_torn_last_line_is_ignored_and_resume_has_no_duplicates_or_gaps(tmp_path
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path: Path) -> None:
-    RunDir.create(tmp_path / "run", _meta())
-    with pytest.raises(LumobenchError, match="--resume"):
-        RunDir.create(tmp_path / "run", _meta())
+    first = RunDir.create(tmp_path / "run", _meta())
+    first.append_row(_row("a", 0))
+    second = RunDir.create(tmp_path / "run", (meta := _meta()))  # a run id taken: the next name
+    assert (second.path.name, meta.run_id) == ("run-2", "run-2")
+    assert [r.request_id for r in first.read_rows()] == ["a"] and second.read_rows() == []
     with pytest.raises(LumobenchError, match="not a lumobench run"):
         RunDir.open(tmp_path)
 

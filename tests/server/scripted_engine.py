@@ -2,8 +2,9 @@
 
 It stands only for the engine's streaming contract (`AsyncEngine.generate`): one `TokenEvent` per
 chunk (several tokens per event, as speculative cycles emit them), cumulative counts and spec stats,
-`max_tokens` truncation with finish reason "length", and an abort recorded when the consumer closes
-the stream early. Tests of real generation use the real engine.
+`max_tokens` truncation with finish reason "length", an abort recorded when the consumer closes
+the stream early, and a stop (`stop`: the server matched a stop string) counted as the engine counts it,
+with the tokens the client received. Tests of real generation use the real engine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class ScriptedEngine:
     delay_s: float = 0.0
     requests: list[GenerationRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    stopped: dict[str, int] = field(default_factory=dict)  # request id -> tokens returned
     totals: EngineMetrics = field(default_factory=EngineMetrics)
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -60,10 +62,17 @@ class ScriptedEngine:
                 if finished:
                     return
         finally:
-            self.totals.generation_tokens += out
-            if not finished:
-                self.aborted.append(req.request_id)
-                self.totals.finished("abort")
+            if req.request_id in self.stopped:
+                self.totals.generation_tokens += self.stopped[req.request_id]
+                self.totals.finished("stop")
+            else:
+                self.totals.generation_tokens += out
+                if not finished:
+                    self.aborted.append(req.request_id)
+                    self.totals.finished("abort")
+
+    def stop(self, request_id: str, returned: int) -> None:
+        self.stopped[request_id] = returned
 
     def metrics(self) -> EngineMetrics:
         return self.totals.copy()

@@ -135,7 +135,7 @@ def test_prompt_is_rendered_with_the_model_chat_template(client: TestClient, eng
     assert tokenized["tokens"] == engine.requests[-1].prompt_token_ids
 
 
-def test_stop_string_across_events_is_trimmed_and_aborts(
+def test_stop_string_across_events_is_trimmed_and_stops_the_engine_there(
     client: TestClient, engine: ScriptedEngine, tokenizer: ModelTokenizer
 ) -> None:
     text = "alpha beta STOP gamma delta epsilon"
@@ -146,7 +146,8 @@ def test_stop_string_across_events_is_trimmed_and_aborts(
     rec, _ = record(client, "/v1/chat/completions", body, ChatRecorder())
     assert rec.text_fields()["text"] == "alpha beta " and rec.finish_reason == "stop"
     assert rec.completion_tokens == stop_at + 1  # counted up to the token that completed the stop string
-    assert engine.aborted == [engine.requests[-1].request_id]
+    # the engine is told where the client's output ended (it counts that, as "stop"), not aborted
+    assert engine.stopped == {engine.requests[-1].request_id: stop_at + 1} and engine.aborted == []
 
 
 def test_max_tokens_ends_with_length(client: TestClient, engine: ScriptedEngine) -> None:
@@ -424,10 +425,13 @@ def test_bodies_over_the_limit_get_413_before_they_are_parsed(engine: ScriptedEn
     assert small.status_code == 200 and len(engine.requests) == 1
 
 
-def test_a_huge_prompt_is_tokenized_off_the_event_loop(client: TestClient) -> None:
+def test_a_huge_prompt_is_tokenized_off_the_event_loop(engine: ScriptedEngine) -> None:
     """Tokenizing 1.2 MB takes seconds; /health keeps answering meanwhile (it waited 8-19 s for 10 MB)."""
     prompt = "def f(x):\n    return x + 1  # a comment\n" * 30_000
     took: dict[str, float] = {}
+    # a context this text could fit (at 512 tokens it is refused before it is tokenized)
+    ctx = ServingContext.for_model(engine, default_model_path(), 65_536)
+    client = TestClient(create_app(ctx, lambda: render_metrics(engine.metrics(), ctx.model_name)))
 
     def tokenize() -> None:
         start = time.monotonic()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from harness.helpers import DEMO, lumobench
+from harness.helpers import DEMO, lumobench, processes_with
 
 from lumobench.corpus import load_corpus
 from lumobench.metrics import parse_prometheus
@@ -133,6 +134,60 @@ def test_metrics_move_by_what_was_served(url: str, tools: list[dict]) -> None:
     assert after["vllm:kv_cache_usage_perc"] == 0  # idle: no request holds KV rows
 
 
+def test_the_request_histograms_of_vllm_0_32_count_each_request(url: str) -> None:
+    before = counters(url)
+    body = {"messages": CODE, "temperature": 0, "max_tokens": 24, "ignore_eos": True}
+    usage = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["usage"]
+    after = counters(url)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    for name in ("prefill_time", "decode_time", "inference_time", "time_per_output_token"):
+        assert delta[f"vllm:request_{name}_seconds_count"] == 1, name
+    for name in ("prompt_tokens", "generation_tokens", "max_num_generation_tokens"):
+        assert delta[f"vllm:request_{name}_count"] == 1, name
+    assert delta["vllm:request_prompt_tokens_sum"] == usage["prompt_tokens"]
+    assert delta["vllm:request_generation_tokens_sum"] == usage["completion_tokens"] == 24
+    assert delta["vllm:request_max_num_generation_tokens_sum"] == 24
+    # one observation per engine step that emitted tokens: the prompt computed with the first token
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert delta["vllm:iteration_tokens_total_sum"] == usage["prompt_tokens"] - cached + 24
+    assert delta["vllm:iteration_tokens_total_count"] == 1 + delta["vllm:inter_token_latency_seconds_count"]
+    prefill, decode = (
+        delta["vllm:request_prefill_time_seconds_sum"],
+        delta["vllm:request_decode_time_seconds_sum"],
+    )
+    assert delta["vllm:request_inference_time_seconds_sum"] == pytest.approx(prefill + decode)
+    assert 0 < decode < delta["vllm:e2e_request_latency_seconds_sum"]
+    assert delta["vllm:request_time_per_output_token_seconds_sum"] == pytest.approx(decode / 23)
+
+
+def test_a_stop_string_request_is_counted_as_stop_with_the_tokens_the_client_received(url: str) -> None:
+    # vLLM counts a stop-string finish as "stop" and only what it returned; the engine ran on for 1-7
+    # tokens before the abort landed, counted as "abort" with those tokens
+    plain = {
+        "messages": CODE,
+        "temperature": 0,
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    whole = httpx.post(url + "/v1/chat/completions", json=plain, timeout=120).json()["choices"][0]["message"]
+    text = whole["content"] or whole["reasoning"]
+    for at in (3, 12, 25):  # stop strings completed early, midway and late in the answer
+        stop = text[len(text) * at // 48 :][:3]
+        body = plain | {"stop": [stop], "stream": True, "stream_options": {"include_usage": True}}
+        body["max_tokens"] = 400
+        before = counters(url)
+        rec = stream(url, "/v1/chat/completions", body, ChatRecorder())
+        time.sleep(0.5)  # the engine applies the stop before its next step
+        after = counters(url)
+        delta = {k: after[k] - before.get(k, 0) for k in after}
+        assert rec.finish_reason == "stop" and rec.completion_tokens is not None, stop
+        assert delta["vllm:generation_tokens_total"] == rec.completion_tokens, stop
+        assert (delta["success_stop"], delta["success_abort"], delta["success_length"]) == (1, 0, 0)
+        assert delta["vllm:request_generation_tokens_sum"] == rec.completion_tokens
+        assert delta["vllm:e2e_request_latency_seconds_count"] == 1
+
+
 def test_concurrent_requests_queue_and_match_their_solo_answers(url: str, tools: list[dict]) -> None:
     # greedy: the answer depends only on the prompt (a seeded sampled answer also depends on the tree
     # the drafter builds, and the suffix drafter learns from earlier outputs)
@@ -245,8 +300,70 @@ def test_foreign_host_names_huge_bodies_and_invalid_text_get_4xx(url: str) -> No
     raw = {"content-type": "application/json"}
     bad_text = httpx.post(url + "/v1/completions", content=json.dumps({"prompt": "\ud800"}), headers=raw)
     assert bad_text.status_code == 400 and bad_text.json()["error"]["param"] == "prompt"
-    huge = b'{"prompt": "' + b"x" * (33 * 2**20) + b'"}'  # over the default 32 MiB limit
+    huge = b'{"prompt": "' + b"x" * (33 * 2**20) + b'"}'  # over any default limit (32 MiB at most)
     assert httpx.post(url + "/v1/completions", content=huge, headers=raw, timeout=60).status_code == 413
+
+
+def _server_pid(url: str) -> int:
+    """The pid of the `python -m lumotree.server` process listening on `url`'s port."""
+    (pid,) = processes_with("lumotree.server", url.rsplit(":", 1)[1])
+    return pid
+
+
+def _rss_mb(pid: int) -> float:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_bodies_too_big_for_the_context_neither_stall_the_server_nor_keep_its_memory(url: str) -> None:
+    # the issue's bodies: 900k one-word messages (27 MB) silenced /health 11-12 s, 400k tools 8 s, and a
+    # 10 MB prompt added 1.5-1.8 GB of RSS that was never returned
+    raw = {"content-type": "application/json"}
+    word = [{"role": "user", "content": "hi"}]
+    bodies = {
+        "messages": json.dumps({"messages": word * 900_000}).encode(),
+        "tools": json.dumps(
+            {"messages": word, "tools": [{"type": "function", "function": {"name": "f"}}] * 400_000}
+        ),
+        "10 MB prompt": json.dumps({"messages": [{"role": "user", "content": "word " * 2_000_000}]}).encode(),
+        # inside every limit: rendered and tokenized (~100k tokens), then refused for the context
+        "tokenized": json.dumps({"messages": [{"role": "user", "content": "word " * 100_000}]}).encode(),
+    }
+    pid = _server_pid(url)
+    idle = _rss_mb(pid)
+    for name, body in [
+        *bodies.items(),
+        ("tokenized again", bodies["tokenized"]),
+        ("again", bodies["tokenized"]),
+    ]:
+        answer: dict[str, httpx.Response] = {}
+
+        def send(b: bytes | str = body, into: dict[str, httpx.Response] = answer) -> None:
+            into["r"] = httpx.post(url + "/v1/chat/completions", content=b, headers=raw, timeout=120)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        waits = []
+        while sender.is_alive():
+            start = time.monotonic()
+            assert httpx.get(url + "/health", timeout=30).status_code == 200
+            waits.append(time.monotonic() - start)
+            time.sleep(0.05)
+        sender.join()
+        assert answer["r"].status_code in (400, 413), (name, answer["r"].text)
+        assert max(waits, default=0) < 2.0, (name, max(waits))
+    assert _rss_mb(pid) - idle < 150  # what a request takes is given back, not kept per request
+
+
+def test_a_key_in_the_query_string_is_masked_in_the_access_log(tmp_path: Path) -> None:
+    secret = "sk-query-secret-abc123"
+    log = tmp_path / "server.log"
+    with lumotree_server(log, "--api-key", "lumo-test-key-k3y", "--max-model-len", "512") as base:
+        assert httpx.get(f"{base}/v1/models?x=1&api_key={secret}").status_code == 401  # refused, still logged
+        assert httpx.get(f"{base}/health?token={secret}").status_code == 200
+    text = log.read_text()
+    assert "GET /v1/models?x=1&api_key=*** HTTP/1.1" in text and "GET /health?token=*** HTTP/1.1" in text
+    assert secret not in text
 
 
 def test_api_key_is_required_when_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

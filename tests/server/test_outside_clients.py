@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from harness.helpers import DEMO
+from prometheus_client.parser import text_string_to_metric_families
 
 from lumobench.corpus import load_corpus
 from lumobench.errors import LumobenchError
@@ -20,6 +21,8 @@ from lumobench.metrics import parse_prometheus
 from lumobench.vllm_cpu import VENV_DIR
 from lumobench.vllm_cpu.env import build_vllm_cpu_env
 from lumotree.model import default_model_path
+
+from .live import LIVE_MAX_LEN
 
 pytestmark = pytest.mark.integration
 AGENT = [
@@ -95,42 +98,113 @@ def test_openai_sdk_logit_bias_changes_the_answer_and_image_parts_get_400(sdk: o
     assert err.value.status_code == 400 and "'image_url' is not supported" in err.value.message
 
 
+#: the histograms a stock vLLM 0.32 dashboard reads, each with the bucket family vLLM gives it
+VLLM_HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": "time_to_first_token",
+    "vllm:inter_token_latency_seconds": "inter_token_latency",
+    "vllm:request_time_per_output_token_seconds": "inter_token_latency",
+    "vllm:e2e_request_latency_seconds": "request_latency",
+    "vllm:request_queue_time_seconds": "request_latency",
+    "vllm:request_inference_time_seconds": "request_latency",
+    "vllm:request_prefill_time_seconds": "request_latency",
+    "vllm:request_decode_time_seconds": "request_latency",
+    "vllm:request_prompt_tokens": "request_tokens",
+    "vllm:request_generation_tokens": "request_tokens",
+    "vllm:request_max_num_generation_tokens": "request_tokens",
+    "vllm:iteration_tokens_total": "iteration_tokens",
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    try:
+        return str(build_vllm_cpu_env(VENV_DIR))  # reused when built (the vLLM integration tests build it)
+    except LumobenchError as exc:
+        pytest.fail(f"the vLLM CPU environment could not be built: {exc}")
+
+
+def test_metrics_carry_vllms_histograms_with_vllms_own_buckets(live_url: str, vllm_python: str) -> None:
+    # vLLM's own code says the names and the bucket bounds (its loggers' source and buckets module)
+    script = (
+        "import json, re, vllm.v1.metrics.loggers as m\n"
+        "from vllm.v1.metrics.buckets import histogram_buckets\n"
+        "names = re.findall(r'_histogram_cls\\(\\s*name=\"(vllm:[a-z0-9_]+)\"', open(m.__file__).read())\n"
+        f"families = {sorted(set(VLLM_HISTOGRAMS.values()))!r}\n"
+        f"bounds = {{f: histogram_buckets(f, max_model_len={LIVE_MAX_LEN}) for f in families}}\n"
+        "print(json.dumps([names, bounds]))"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([vllm_python, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names, buckets = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(VLLM_HISTOGRAMS) <= set(names)  # every one of them is vLLM's
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(live_url + "/metrics").text)}
+    for name, family in VLLM_HISTOGRAMS.items():
+        assert families[name].type == "histogram", name
+        bounds = [float(s.labels["le"]) for s in families[name].samples if s.name == name + "_bucket"]
+        assert bounds == [*map(float, buckets[family]), float("inf")], name
+
+
 def _counter(url: str, name: str, **labels: str) -> float:
     samples = parse_prometheus(httpx.get(url + "/metrics").text)[name]
     return sum(v for lab, v in samples if labels.items() <= lab.items())
 
 
-def test_vllm_bench_serve_completes_every_request_and_times_the_first_token_after_prefill(
-    live_url: str, tmp_path: Path
+def _histogram_counts(url: str) -> dict[str, float]:
+    """Every histogram's _count and _sum, and the finished-request and generated-token counters."""
+    families = text_string_to_metric_families(httpx.get(url + "/metrics").text)
+    out: dict[str, float] = {}
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith(("_count", "_sum")) or sample.name == "vllm:generation_tokens_total":
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            elif sample.name == "vllm:request_success_total":
+                out[f"success_{sample.labels['finished_reason']}"] = sample.value
+    return out
+
+
+def test_vllm_bench_serve_on_a_custom_dataset_is_counted_request_for_request_by_the_servers_histograms(
+    live_url: str, tmp_path: Path, vllm_python: str
 ) -> None:
-    try:
-        python = build_vllm_cpu_env(VENV_DIR)  # reused when built (the vLLM integration tests build it)
-    except LumobenchError as exc:
-        pytest.fail(f"the vLLM CPU environment could not be built: {exc}")
-    n = 2
-    ttft_before = _counter(live_url, "vllm:time_to_first_token_seconds_sum")
-    requests_before = _counter(live_url, "vllm:time_to_first_token_seconds_count")
+    # --dataset-name custom reads its JSONL with pandas, which the vLLM CPU venv lacked
+    n, out_len = 4, 12
+    dataset = tmp_path / "prompts.jsonl"
+    prompts = [m.content for r in load_corpus(DEMO)[:n] for m in r.messages if m.role == "user"][:n]
+    dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    before = _histogram_counts(live_url)
     # fmt: off
     argv = [
-        str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        vllm_python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
         "--backend", "openai-chat", "--base-url", live_url, "--endpoint", "/v1/chat/completions",
         "--model", "lumo-tiny-coder", "--tokenizer", str(default_model_path()),
-        "--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "8",
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(out_len),
         "--num-prompts", str(n), "--max-concurrency", "1", "--ignore-eos", "--temperature", "0",
-        "--num-warmups", "0", "--disable-tqdm",
-        "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json",
+        "--num-warmups", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+        "--result-dir", str(tmp_path), "--result-filename", "bench.json",
     ]
     # fmt: on
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRITON_INTERPRET": "0"}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = _histogram_counts(live_url)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
     result = json.loads((tmp_path / "bench.json").read_text())
     assert (result["completed"], result["failed"]) == (n, 0)
-    assert result["total_output_tokens"] == 8 * n
+    assert result["total_output_tokens"] == out_len * n == delta["vllm:generation_tokens_total"]
+    # the server's histograms hold one observation per request the client completed, no more
+    for name in VLLM_HISTOGRAMS:
+        if name not in ("vllm:inter_token_latency_seconds", "vllm:iteration_tokens_total"):
+            assert delta[name + "_count"] == n, name
+    assert delta["success_length"] == n and delta["vllm:request_generation_tokens_sum"] == out_len * n
+    assert delta["vllm:request_prompt_tokens_sum"] == result["total_input_tokens"]
+    # one inter-token latency per engine step after a request's first token (as vLLM observes them); the
+    # client's are gaps between chunks: it also times the role chunk, sent with the first output (one
+    # more per request), and a step whose text was held back (a partial character) sends no chunk
+    steps = delta["vllm:iteration_tokens_total_count"]
+    assert delta["vllm:inter_token_latency_seconds_count"] == steps - n
+    assert steps - n >= sum(len(itl) for itl in result["itls"]) - n
     assert result["spec_decode_num_drafts"] > 0  # read from our /metrics with vLLM's names
     # the server's own time to first token (engine arrival to first token, which includes the
-    # prefill) is part of what the client measures: the role chunk no longer goes out before it
-    served = _counter(live_url, "vllm:time_to_first_token_seconds_count") - requests_before
-    server_ttft_s = (_counter(live_url, "vllm:time_to_first_token_seconds_sum") - ttft_before) / served
-    assert served >= n  # the bench's readiness probe is one more request
+    # prefill) is part of what the client measures: the role chunk goes out with the first output
+    server_ttft_s = delta["vllm:time_to_first_token_seconds_sum"] / n
     assert result["mean_ttft_ms"] / 1000 >= 0.9 * server_ttft_s > 0

@@ -161,6 +161,14 @@ def test_image_content_part_gets_a_400_naming_it(client: TestClient, engine: Scr
         ("vllm:inter_token_latency_seconds", "inter_token_latency", [0.01, 0.012, 0.2]),
         ("vllm:e2e_request_latency_seconds", "e2e_request_latency", [0.3, 61.0]),
         ("vllm:request_queue_time_seconds", "request_queue_time", [0.0, 0.0, 9.5]),
+        ("vllm:request_prefill_time_seconds", "request_prefill_time", [0.2, 3.0]),
+        ("vllm:request_decode_time_seconds", "request_decode_time", [0.0, 12.0, 500.0]),
+        ("vllm:request_inference_time_seconds", "request_inference_time", [1.0]),
+        ("vllm:request_time_per_output_token_seconds", "request_time_per_output_token", [0.0, 0.02]),
+        ("vllm:request_prompt_tokens", "request_prompt_tokens", [1, 3, 4096, 5000]),
+        ("vllm:request_generation_tokens", "request_generation_tokens", [2, 20]),
+        ("vllm:request_max_num_generation_tokens", "request_max_num_generation_tokens", [7]),
+        ("vllm:iteration_tokens_total", "iteration_tokens", [1, 3, 700, 20000]),
     ],
 )
 def test_metrics_export_vllm_latency_histograms(name: str, field: str, observations: list[float]) -> None:

@@ -99,7 +99,7 @@ def socket_floor(port: int, events: int) -> float:
     """CPU µs per read of a bare blocking recv loop over the same stream (no HTTP or SSE parsing)."""
     body = json.dumps(_body(events)).encode()
     head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n\r\n"
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(head.encode() + body)
         reads, cpu0 = 0, time.process_time_ns()
         while True:
@@ -140,7 +140,8 @@ def measure_stream(transport: str, url: str, events: int) -> StreamMeasurement:
     """Stream one response of `events` output events and measure it (client CPU and timing error)."""
     rec = StampedRecorder()
     cpu0 = time.process_time_ns()
-    asyncio.run(TRANSPORTS[transport](url, _body(events), rec))
+    # a whole stream's deadline: the scripted server emits `events` events ~1 ms apart
+    asyncio.run(asyncio.wait_for(TRANSPORTS[transport](url, _body(events), rec), 60 + events * 0.05))
     cpu = time.process_time_ns() - cpu0
     if rec.failure() or rec.server_first_ns is None or rec.server_last_ns is None or rec.t_first_ns is None:
         raise RuntimeError(f"{transport}: stream failed: {rec.failure() or 'no stamped events'}")

@@ -19,8 +19,9 @@ not exist: create it and kill the process mid-stream, like an engine that crashe
 speculative event), unavailable_after (after that many generation requests, answer every one with
 HTTP 503, and /health too unless health_stays_ok), pid_file (write the process id there),
 echo_env (names of environment variables whose values it prints at startup, as engines print their
-settings). It prints its command line at startup, as vLLM does. With --api-key every route,
-/health included, needs `Authorization: Bearer KEY` (401 otherwise).
+settings), events ({request id: [data of each event]}: stream exactly these events, then [DONE]: a
+server whose chunks have any shape). It prints its command line at startup, as vLLM does. With
+--api-key every route, /health included, needs `Authorization: Bearer KEY` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Script:
     health_stays_ok: bool = False
     pid_file: str | None = None
     echo_env: list[str] = field(default_factory=list)
+    events: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> Script:
@@ -180,6 +182,12 @@ class ScriptedServer:
         )
         if fault in ("comments_forever", "endless_line"):
             await self.never_finish(writer, fault)
+            return
+        if (given := self.script.events.get(request_id.rsplit(".r", 1)[0])) is not None:
+            for data in [*given, "[DONE]"]:
+                await self.write_event(writer, data, None)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
             return
         chat = path == "/v1/chat/completions"
         params = req if chat else req.get("sampling_params", {})

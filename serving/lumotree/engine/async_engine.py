@@ -186,6 +186,11 @@ class EngineClient(ABC):
         """Abort a request (applied before the engine's next step; never blocks)."""
 
     @abstractmethod
+    def stop(self, request_id: str, returned: int) -> None:
+        """Finish a request as "stop" at `returned` output tokens, where the server matched a stop
+        string (`LLMEngine.stop_request`; applied before the engine's next step, never blocks)."""
+
+    @abstractmethod
     def metrics(self) -> EngineMetrics:
         """Engine counters (waits for the current step to end: call it from a worker thread)."""
 
@@ -212,7 +217,9 @@ class AsyncEngine(EngineClient):
         self.engine = engine
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._aborts: deque[str] = deque()  # appended by callers, drained by the engine thread
+        # aborts (returned None) and stop strings (returned: output tokens the client got), in the order
+        # callers made them; appended by callers, drained by the engine thread
+        self._aborts: deque[tuple[str, int | None]] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="lumotree-engine", daemon=True)
         self._thread.start()
@@ -228,7 +235,11 @@ class AsyncEngine(EngineClient):
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
-        self._aborts.append(request_id)
+        self._aborts.append((request_id, None))
+        self._wake.set()
+
+    def stop(self, request_id: str, returned: int) -> None:
+        self._aborts.append((request_id, returned))
         self._wake.set()
 
     def metrics(self) -> EngineMetrics:
@@ -246,7 +257,11 @@ class AsyncEngine(EngineClient):
             try:
                 with self._lock:
                     while self._aborts:
-                        self.engine.abort(self._aborts.popleft())
+                        request_id, returned = self._aborts.popleft()
+                        if returned is None:
+                            self.engine.abort(request_id)
+                        else:
+                            self.engine.stop_request(request_id, returned)
                     busy = self.engine.has_unfinished()
                     events = self.engine.step() if busy else []
             except BaseException as exc:  # an engine bug: fail every waiting caller, then stop
@@ -331,6 +346,11 @@ class EngineProcess(EngineClient):
             with contextlib.suppress(OSError):
                 self._send("abort", request_id)
 
+    def stop(self, request_id: str, returned: int) -> None:
+        if self._dead is None:
+            with contextlib.suppress(OSError):
+                self._send("stop", request_id, returned)
+
     def metrics(self) -> EngineMetrics:
         return self._call("metrics")
 
@@ -410,6 +430,9 @@ def _engine_main(config: EngineConfig, conn: Connection, log_level: int) -> None
 def _handle(engine: LLMEngine, conn: Connection, kind: str, args: list[Any]) -> None:
     if kind == "abort":
         engine.abort(args[0])
+        return
+    if kind == "stop":
+        engine.stop_request(args[0], args[1])
         return
     call = args[0]
     try:

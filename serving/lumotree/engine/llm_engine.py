@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,7 @@ from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE
 
 log = logging.getLogger(__name__)
 MAX_LOGPROBS = 20
+RECENT_FINISHED = 64  # finished sequences kept for a late `stop_request`
 
 
 class LLMEngine:
@@ -95,10 +97,12 @@ class LLMEngine:
             PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
         )
         self.scheduler = Scheduler()
-        self._metrics = EngineMetrics()
+        self._metrics = EngineMetrics.for_context(self._max_model_len)
         self._eos = model_eos_ids(self.model_dir, mcfg.eos_token_id)
         self._seeds = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self._events: list[TokenEvent] = []  # finished-by-abort events, reported by the next step
+        # the last finished sequences: a stop string the server matched may arrive after they finished
+        self._recent: OrderedDict[str, Sequence] = OrderedDict()
         # per active sequence
         self._prompt_seen: Tensor | None = None
         self._last_hidden: Tensor | None = None  # target hidden row of the last prefilled token
@@ -183,6 +187,28 @@ class LLMEngine:
             self._finish(seq, "abort")
             self._events.append(seq.event([], None))
 
+    def stop_request(self, request_id: str, returned: int) -> None:
+        """Finish a request as "stop" at `returned` output tokens: the server matched a stop string
+        there. What was made after it leaves the counters, and a request that finished meanwhile
+        (length, EOS, abort) is counted as stopped instead, so /metrics counts what the client got."""
+        seq = self.scheduler.get(request_id) or self._recent.get(request_id)
+        if seq is None or not 0 < returned <= len(seq.output):
+            return
+        if seq.finished and (seq.finish_reason, len(seq.output)) == ("stop", returned):
+            return
+        if seq.finished:  # its finish was counted: take it back, count the stop
+            assert seq.finished_s is not None and seq.finish_reason is not None
+            self._metrics.request_done(seq, seq.finished_s, sign=-1)
+            self._metrics.requests_finished[seq.finish_reason] -= 1
+        self._metrics.take_back(seq, returned)
+        if seq.finished:
+            seq.finish_reason, seq.finished_s = "stop", time.monotonic()
+            self._metrics.finished("stop")
+            self._metrics.request_done(seq, seq.finished_s)
+        else:
+            self._finish(seq, "stop")
+            self._events.append(seq.event([], None))
+
     def has_unfinished(self) -> bool:
         return len(self.scheduler) > 0 or bool(self._events)
 
@@ -217,9 +243,11 @@ class LLMEngine:
         was_active = self.scheduler.running is seq
         self.scheduler.finish(seq, reason)
         self._metrics.finished(reason)
-        if seq.scheduled_s is not None:  # as vLLM: latencies of requests that left the queue
-            self._metrics.e2e_request_latency.observe(time.monotonic() - seq.arrival_s)
-            self._metrics.request_queue_time.observe(seq.scheduled_s - seq.arrival_s)
+        seq.finished_s = time.monotonic()
+        self._metrics.request_done(seq, seq.finished_s)
+        self._recent[seq.request_id] = seq
+        if len(self._recent) > RECENT_FINISHED:
+            self._recent.popitem(last=False)
         if was_active:
             self.drafter.finish()
 
@@ -372,12 +400,7 @@ class LLMEngine:
         req = seq.request
         seq.output.extend(kept)
         self._metrics.generation_tokens += len(kept)
-        now = time.monotonic()
-        if seq.last_token_s is None:
-            self._metrics.time_to_first_token.observe(now - seq.arrival_s)
-        else:
-            self._metrics.inter_token_latency.observe(now - seq.last_token_s)
-        seq.last_token_s = now
+        self._metrics.emitted(seq, len(kept), time.monotonic())
         logprobs: list[TokenLogprob] | None = None
         if req.logprobs is not None:
             logprobs = token_logprobs(logits_of(rows[: len(kept)]), kept, req.logprobs)

@@ -10,8 +10,11 @@ that wall time per cycle seen by clients can be set against it.
 Latency histograms use vLLM 0.32's definitions and default buckets (vllm/v1/metrics/buckets.py),
 measured in the engine from a request's arrival (`add_request`): time to first token, inter-token
 latency (one observation per cycle that emitted tokens after the first, as vLLM observes one per
-engine step), end-to-end latency and queue time (arrival to the start of its prefill) of every
-request that finished after it was scheduled.
+engine step), tokens per engine step that emitted tokens (the prompt tokens computed, on the step of
+the first token, plus the tokens emitted), and for every request that finished after it was
+scheduled: end-to-end latency, queue time (arrival to the start of its prefill), prefill time (to its
+first token), decode time (first to last token), inference time (prefill start to last token), time
+per output token (decode time / (tokens - 1)), and its prompt, generated and most generated tokens.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from lumotree.engine.sequence import SpecStats
+from lumotree.engine.sequence import Sequence, SpecStats
 
 PHASES = ("target", "drafter", "dispatch", "prefill", "cycle")
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
@@ -37,6 +41,17 @@ INTER_TOKEN_LATENCY_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 )  # fmt: skip
+
+
+def token_count_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's buckets of per-request token counts: 1, 2, 5, 10, 20, 50, ... up to the context."""
+    bounds, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(float(b) for b in bounds)
+            bounds.append(mantissa * scale)
+        scale *= 10
 
 
 @dataclass
@@ -59,6 +74,11 @@ class Histogram:
     def observe(self, seconds: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
         self.total += seconds
+
+    def retract(self, seconds: float) -> None:
+        """Take back one earlier `observe(seconds)` (what the engine made after a stop string)."""
+        self.counts[bisect.bisect_left(self.bounds, seconds)] -= 1
+        self.total -= seconds
 
     def copy(self) -> Histogram:
         return Histogram(self.bounds, list(self.counts), self.total)
@@ -101,6 +121,84 @@ class EngineMetrics:
     e2e_request_latency: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     request_queue_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     kv_cache_usage: float = 0.0
+    request_prefill_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    request_decode_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    request_inference_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    request_time_per_output_token: Histogram = field(
+        default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+    )
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))
+    #: per-request token counts, in vLLM's 1-2-5 buckets up to the context (`for_context`)
+    request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(token_count_buckets(32768)))
+    request_generation_tokens: Histogram = field(
+        default_factory=lambda: Histogram(token_count_buckets(32768))
+    )
+    request_max_num_generation_tokens: Histogram = field(
+        default_factory=lambda: Histogram(token_count_buckets(32768))
+    )
+
+    @classmethod
+    def for_context(cls, max_model_len: int) -> EngineMetrics:
+        """Fresh counters whose token-count buckets reach `max_model_len`, as vLLM's do."""
+        return cls(
+            request_prompt_tokens=Histogram(token_count_buckets(max_model_len)),
+            request_generation_tokens=Histogram(token_count_buckets(max_model_len)),
+            request_max_num_generation_tokens=Histogram(token_count_buckets(max_model_len)),
+        )
+
+    def emitted(self, seq: Sequence, tokens: int, now: float) -> None:
+        """One engine step emitted `tokens` of `seq` at `now` (monotonic s): time to first token or the
+        inter-token latency, the step's tokens (with the prompt computed for the first), and the
+        emission remembered on `seq` so `take_back` can undo it."""
+        if seq.last_token_s is None:
+            self.time_to_first_token.observe(now - seq.arrival_s)
+            seq.first_token_s = now
+            self.iteration_tokens.observe(len(seq.prompt) - seq.cached_prompt_tokens + tokens)
+        else:
+            self.inter_token_latency.observe(now - seq.last_token_s)
+            self.iteration_tokens.observe(tokens)
+        seq.last_token_s = now
+        seq.emissions.append((len(seq.output), now))
+
+    def request_done(self, seq: Sequence, now: float, sign: int = 1) -> None:
+        """Observe (sign -1: take back) the per-request histograms of `seq`, finished at `now`."""
+        if seq.scheduled_s is None:  # as vLLM: latencies of requests that left the queue
+            return
+        first = seq.first_token_s if seq.first_token_s is not None else now
+        last = seq.last_token_s if seq.last_token_s is not None else now
+        generated = len(seq.output)
+        decode = last - first
+        for histogram, value in (
+            (self.e2e_request_latency, now - seq.arrival_s),
+            (self.request_queue_time, seq.scheduled_s - seq.arrival_s),
+            (self.request_prefill_time, first - seq.scheduled_s),
+            (self.request_decode_time, decode),
+            (self.request_inference_time, last - seq.scheduled_s),
+            (self.request_time_per_output_token, decode / (generated - 1) if generated > 1 else 0.0),
+            (self.request_prompt_tokens, len(seq.prompt)),
+            (self.request_generation_tokens, generated),
+            (self.request_max_num_generation_tokens, generated),  # n = 1: its own count
+        ):
+            (histogram.observe if sign > 0 else histogram.retract)(value)
+
+    def take_back(self, seq: Sequence, returned: int) -> None:
+        """Undo what the engine counted for `seq` after its first `returned` output tokens (a stop
+        string ended the output there): generated tokens, the later steps' inter-token latencies and
+        step tokens; `seq`'s output and emissions end at `returned`."""
+        self.generation_tokens -= len(seq.output) - returned
+        counts = [count for count, _ in seq.emissions]
+        kept = next(i for i, count in enumerate(counts) if count >= returned)
+        # the step that emitted the stop string's last token counts its tokens up to that one
+        before = counts[kept - 1] if kept else 0
+        prompt = len(seq.prompt) - seq.cached_prompt_tokens if kept == 0 else 0
+        self.iteration_tokens.retract(prompt + counts[kept] - before)
+        self.iteration_tokens.observe(prompt + returned - before)
+        for i in range(kept + 1, len(counts)):  # the steps after it, whole
+            self.inter_token_latency.retract(seq.emissions[i][1] - seq.emissions[i - 1][1])
+            self.iteration_tokens.retract(counts[i] - counts[i - 1])
+        del seq.output[returned:]
+        seq.emissions[kept:] = [(returned, seq.emissions[kept][1])]
+        seq.last_token_s = seq.emissions[kept][1]
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -138,4 +236,12 @@ class EngineMetrics:
             e2e_request_latency=self.e2e_request_latency.copy(),
             request_queue_time=self.request_queue_time.copy(),
             kv_cache_usage=self.kv_cache_usage,
+            request_prefill_time=self.request_prefill_time.copy(),
+            request_decode_time=self.request_decode_time.copy(),
+            request_inference_time=self.request_inference_time.copy(),
+            request_time_per_output_token=self.request_time_per_output_token.copy(),
+            iteration_tokens=self.iteration_tokens.copy(),
+            request_prompt_tokens=self.request_prompt_tokens.copy(),
+            request_generation_tokens=self.request_generation_tokens.copy(),
+            request_max_num_generation_tokens=self.request_max_num_generation_tokens.copy(),
         )

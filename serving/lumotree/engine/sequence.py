@@ -112,6 +112,10 @@ class Sequence:
     arrival_s: float = 0.0
     scheduled_s: float | None = None
     last_token_s: float | None = None
+    first_token_s: float | None = None
+    #: (output length after each emitting step, its time): what `LLMEngine.stop_request` takes back
+    emissions: list[tuple[int, float]] = field(default_factory=list)
+    finished_s: float | None = None
 
     @property
     def request_id(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -12,6 +13,7 @@ import uvicorn
 
 from lumotree.engine import DRAFTER_KINDS, EngineConfig, EngineProcess
 from lumotree.model import default_model_path
+from lumotree.server import access_log, memory
 from lumotree.server.app import create_app
 from lumotree.server.context import ServingContext
 from lumotree.server.guards import DEFAULT_MAX_BODY_BYTES, default_allowed_hosts
@@ -43,7 +45,7 @@ def serve(
         ),
     ] = "auto",
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -111,8 +113,15 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     max_request_bytes: Annotated[
-        int, typer.Option(min=0, help="Largest request body in bytes, 413 beyond (0: no limit).")
-    ] = DEFAULT_MAX_BODY_BYTES,
+        int | None,
+        typer.Option(
+            min=0,
+            help="Largest request body in bytes, 413 beyond (0: no byte limit); default: what a request "
+            f"at the full context can need, at most {DEFAULT_MAX_BODY_BYTES}. Prompts longer than the "
+            "context and bodies of more JSON values than it can hold are refused before any work, "
+            "whatever this limit.",
+        ),
+    ] = None,
     allowed_hosts: Annotated[
         str | None,
         typer.Option(
@@ -124,6 +133,7 @@ def serve(
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions), SGLang's /generate,
     /v1/models, /health and /metrics (vLLM metric names) with the LumoTree engine."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    memory.limit_arenas()  # before the engine and tokenizer threads start: one heap each kept memory
     if drafter not in DRAFTER_KINDS:
         raise typer.BadParameter(f"must be one of {', '.join(DRAFTER_KINDS)}", param_hint="--drafter")
     try:
@@ -163,17 +173,30 @@ def serve(
         if forced_acceptance and drafter != "ar"
         else "",
     )  # fmt: skip
+    limits = ctx.limits
+    log.info(
+        "request bodies up to %s bytes and %d JSON values; prompt texts up to %d characters are tokenized",
+        limits.body_bytes if max_request_bytes is None else max_request_bytes or "any number of",
+        limits.body_values, limits.max_model_len * limits.max_token_bytes,
+    )  # fmt: skip
     hosts = [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None
     http = create_app(
         ctx,
         lambda: render_metrics(engine.metrics(), ctx.model_name),
         allowed_hosts=hosts or default_allowed_hosts(host),
-        max_body_bytes=max_request_bytes or None,
+        max_body_bytes="context" if max_request_bytes is None else max_request_bytes or None,
     )
+    server = uvicorn.Server(
+        uvicorn.Config(http, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    )
+    access_log.install()  # after uvicorn configured its loggers
     try:
-        uvicorn.run(http, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
     finally:
         engine.shutdown()
+    if not server.started:  # the address could not be bound (uvicorn logged why), as uvicorn.run exits
+        raise typer.Exit(1)
 
 
 def main() -> None:

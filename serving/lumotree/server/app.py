@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -24,7 +25,7 @@ from lumotree.server.context import ServingContext
 from lumotree.server.disconnect import ClientDisconnected, unless_disconnected
 from lumotree.server.errors import APIError, error_response, install_error_handlers
 from lumotree.server.generation import EngineFailure
-from lumotree.server.guards import DEFAULT_MAX_BODY_BYTES, RequestGuards
+from lumotree.server.guards import RequestGuards
 from lumotree.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -59,16 +60,24 @@ def create_app(
     metrics: Callable[[], str],
     *,
     allowed_hosts: list[str] | None = None,
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | Literal["context"] | None = "context",
 ) -> FastAPI:
     """The HTTP app over `ctx`; `metrics()` renders the Prometheus text of GET /metrics (it may block
     for one engine cycle, so it runs in a worker thread).
 
     allowed_hosts: Host header names answered (None: any; see `guards.default_allowed_hosts`);
-    max_body_bytes: the largest request body (None: no limit), 413 beyond."""
+    max_body_bytes: the largest request body, 413 beyond ("context": what a request at the full
+    context can need, `RequestLimits.body_bytes`; None: no byte limit). Every body may hold at most
+    `RequestLimits.body_values` JSON values, and no prompt text longer than the context can be is
+    tokenized (`ServingContext.prompt_ids`), whatever the byte limit."""
     app = FastAPI(title="LumoTree", version=__version__, summary="OpenAI-compatible LumoTree server")
     install_error_handlers(app)
-    app.add_middleware(RequestGuards, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
+    app.add_middleware(
+        RequestGuards,
+        allowed_hosts=allowed_hosts,
+        max_body_bytes=ctx.limits.body_bytes if max_body_bytes == "context" else max_body_bytes,
+        body_values=ctx.limits.body_values,
+    )
 
     def authorized(request: Request) -> None:
         if ctx.api_key is None:
@@ -169,7 +178,7 @@ def create_app(
                 messages=req.messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt
             )
             return chat_prompt_ids(ctx, chat)
-        return ctx.tokenizer.encode(req.prompt or "")
+        return ctx.prompt_ids(req.prompt or "", "prompt")
 
     @app.post("/tokenize", dependencies=guarded, responses=_ERRORS)
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:

@@ -145,7 +145,7 @@ def chat_prompt_ids(ctx: ServingContext, req: ChatCompletionRequest) -> list[int
         )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None
-    return ctx.tokenizer.encode(text)
+    return ctx.prompt_ids(text, "messages")
 
 
 def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[GenerationRequest, TextOptions]:

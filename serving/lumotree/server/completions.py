@@ -30,7 +30,7 @@ def completion_prompt_ids(ctx: ServingContext, req: CompletionRequest) -> list[i
             raise bad_request("batched prompts are not supported: send one prompt per request", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return ctx.tokenizer.encode(prompt)
+        return ctx.prompt_ids(prompt, "prompt")
     return list(prompt)  # type: ignore[arg-type]
 
 

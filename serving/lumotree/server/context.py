@@ -17,7 +17,7 @@ from lumotree import __version__
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.server.errors import APIError
 from lumotree.server.generation import EngineClient, EngineFailure, OutputDelta, TextOptions, stream_output
-from lumotree.server.params import RequestLimits, load_sampling_defaults
+from lumotree.server.params import RequestLimits, context_error, load_sampling_defaults
 from lumotree.server.tokenizer import ModelTokenizer
 
 log = logging.getLogger("lumotree.server")
@@ -52,7 +52,8 @@ class ServingContext:
         """Context for the checkpoint folder `model_dir` (tokenizer, chat template, sampling defaults);
         `config` (e.g. the engine's configuration) enters the system fingerprint."""
         tokenizer = ModelTokenizer(model_dir)
-        limits = RequestLimits(max_model_len, tokenizer.vocab_size, load_sampling_defaults(model_dir))
+        defaults = load_sampling_defaults(model_dir)
+        limits = RequestLimits(max_model_len, tokenizer.vocab_size, defaults, tokenizer.max_token_bytes)
         name = model_name or Path(model_dir).resolve().name
         fingerprint = system_fingerprint(Path(model_dir).resolve(), max_model_len, name, config)
         return cls(engine, tokenizer, name, str(model_dir), limits, api_key, fingerprint)
@@ -89,6 +90,14 @@ class ServingContext:
                 req.request_id, last.finish_reason, last.num_output_tokens, last.num_prompt_tokens,
                 last.cached_prompt_tokens, spec.num_drafts, spec.num_accepted_tokens,
             )  # fmt: skip
+
+    def prompt_ids(self, text: str, field: str) -> list[int]:
+        """Token ids of a prompt text; a text too long for the context is refused before it is tokenized
+        (tokenizing costs memory per token: a 10 MB prompt took 1.7 GB to be refused after it)."""
+        at_least = -(-len(text) // self.limits.max_token_bytes)
+        if at_least >= self.limits.max_model_len:
+            raise context_error(self.limits, at_least, field, at_least=True)
+        return self.tokenizer.encode(text)
 
     def check_model(self, name: str | None) -> None:
         """404 unless `name` is the served model (or omitted)."""

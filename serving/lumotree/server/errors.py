@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lumotree.server.protocol import INVALID_UNICODE, ErrorInfo, ErrorResponse
+from lumotree.server.protocol import INVALID_UNICODE, TOO_MANY_VALUES, ErrorInfo, ErrorResponse, escaped
 
 log = logging.getLogger("lumotree.server")
 
@@ -30,6 +30,8 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
+        # whatever a message quotes from the request (a key, a value) must not make the body unwritable
+        message, param = escaped(message), None if param is None else escaped(param)
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> ErrorResponse:
@@ -47,19 +49,23 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body().model_dump(), status_code=err.status)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     if not errors:
-        return "invalid request", None
+        return bad_request("invalid request")
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('msg', '')}", None
+        return bad_request(f"the request body is not valid JSON: {first.get('msg', '')}")
     if first.get("type") == INVALID_UNICODE:
-        return str(first.get("msg")), str(first["ctx"]["field"])
+        return bad_request(str(first.get("msg")), str(first["ctx"]["field"]))
+    if first.get("type") == TOO_MANY_VALUES:
+        return APIError(
+            413, str(first.get("msg")), param=str(first["ctx"]["field"]), code="request_too_large"
+        )
     where = ".".join(loc) or "body"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return f"{where}: {first.get('msg', 'invalid value')}{more}", where
+    return bad_request(f"{where}: {first.get('msg', 'invalid value')}{more}", where)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -71,8 +77,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(bad_request(message, param))
+        return error_response(_validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

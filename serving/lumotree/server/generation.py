@@ -1,8 +1,9 @@
 """One request's output as text: engine token events -> detokenized, stop-string-trimmed deltas.
 
 Tokens are detokenized one at a time, so when a stop string completes inside a speculative event the
-output (ids, logprobs and the completion-token count) ends at the token that completed it; the engine
-request is then aborted (closing its stream does that) and the finish reason is "stop".
+output (ids, logprobs and the completion-token count) ends at the token that completed it, the finish
+reason is "stop", and the engine is told so (`stop`): it finishes the request as stopped there and takes
+what it made after that token out of its counters, so /metrics counts what the client received.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class EngineClient(Protocol):
     """What the server needs from the engine (`lumotree.engine.EngineProcess` or `AsyncEngine`)."""
 
     def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]: ...
+
+    def stop(self, request_id: str, returned: int) -> None: ...
 
 
 class EngineFailure(RuntimeError):
@@ -100,6 +103,8 @@ async def stream_output(
                 spec=ev.spec,
                 stop_reason=_stop_reason(reason, stops.matched, ev.token_ids),
             )
+            if stops.matched is not None:
+                engine.stop(req.request_id, count)
             if reason is not None:
                 return
         raise EngineFailure(f"the engine's stream of request {req.request_id} ended before it finished")

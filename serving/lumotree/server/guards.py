@@ -7,15 +7,22 @@
 - Body size: a body larger than the limit gets 413, known by its Content-Length or as soon as a
   chunked upload grows past the limit; it never reaches the JSON parser or the tokenizer. The rest
   of the body is read and dropped first, so the client, still sending, gets the answer rather than
-  a reset connection.
+  a reset connection. The server's default limit follows its context (`params.RequestLimits`).
+- Work per body: each request may hold at most `body_values` JSON values (`protocol.BODY_VALUES`,
+  checked before its fields are validated), and after a body of a MiB or more the freed memory goes
+  back to the system (`memory.release`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+
+from lumotree.server import memory
+from lumotree.server.protocol import BODY_VALUES
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -23,8 +30,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: default limit of a request body: a long agent prompt with its tools is a few MB
+#: the largest request body a server accepts by default, whatever its context: a long agent prompt with
+#: its tools is a few MB
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+#: bodies from this size on leave enough freed memory behind to be worth returning
+RELEASE_AFTER_BYTES = 2**20
 LOOPBACK_NAMES = ("localhost", "*.localhost", "127.0.0.1", "::1")
 
 
@@ -76,14 +86,38 @@ async def _drain(receive: Receive, more: bool = True) -> None:
 
 
 class RequestGuards:
-    """ASGI middleware: Host check (when `allowed_hosts` is not None), then the body size limit."""
+    """ASGI middleware: Host check (when `allowed_hosts` is not None), then the body size limit, the
+    JSON-value limit (`body_values`, None: none) and giving memory back after large bodies."""
 
-    def __init__(self, app: ASGIApp, allowed_hosts: list[str] | None, max_body_bytes: int | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed_hosts: list[str] | None,
+        max_body_bytes: int | None,
+        body_values: int | None = None,
+    ) -> None:
         self.app, self.allowed_hosts, self.max_body_bytes = app, allowed_hosts, max_body_bytes
+        self.body_values = body_values
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        size = [0]  # body bytes received
+
+        async def counted() -> Message:
+            message = await receive()
+            size[0] += len(message.get("body", b""))
+            return message
+
+        token = BODY_VALUES.set(self.body_values)
+        try:
+            await self._guarded(scope, counted, send)
+        finally:
+            BODY_VALUES.reset(token)
+            if size[0] >= RELEASE_AFTER_BYTES:
+                await asyncio.to_thread(memory.release)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host")
         if self.allowed_hosts is not None and host is not None and not host_allowed(host, self.allowed_hosts):

@@ -139,6 +139,25 @@ def render_metrics(m: EngineMetrics, model_name: str) -> str:
         "Histogram of time spent in WAITING phase for request.",
         m.request_queue_time,
     )
+    # the rest of vLLM 0.32's request histograms, with its help texts (a stock dashboard's panels)
+    for name, help_text, h in (
+        ("request_inference_time_seconds", "time spent in RUNNING phase for request",
+         m.request_inference_time),
+        ("request_prefill_time_seconds", "time spent in PREFILL phase for request", m.request_prefill_time),
+        ("request_decode_time_seconds", "time spent in DECODE phase for request", m.request_decode_time),
+        ("request_time_per_output_token_seconds", "time_per_output_token_seconds per request",
+         m.request_time_per_output_token),
+        ("request_max_num_generation_tokens", "maximum number of requested generation tokens",
+         m.request_max_num_generation_tokens),
+        ("iteration_tokens_total", "number of tokens per engine_step", m.iteration_tokens),
+    ):  # fmt: skip
+        w.histogram(f"vllm:{name}", f"Histogram of {help_text}.", h)
+    w.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.request_prompt_tokens)
+    w.histogram(
+        "vllm:request_generation_tokens",
+        "Number of generation tokens processed.",
+        m.request_generation_tokens,
+    )
     name = "lumotree:phase_seconds"
     w.lines += [
         f"# HELP {name} Wall time of engine phases: target forward, drafter, dispatch (acceptance + "

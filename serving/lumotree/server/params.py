@@ -14,8 +14,9 @@ import numpy as np
 
 from lumotree.engine.sequence import GenerationRequest
 from lumotree.sampling import SamplingParams
-from lumotree.server.errors import bad_request
+from lumotree.server.errors import APIError, bad_request
 from lumotree.server.generation import TextOptions
+from lumotree.server.guards import DEFAULT_MAX_BODY_BYTES
 from lumotree.server.protocol import SamplingFields
 
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -81,11 +82,37 @@ def load_sampling_defaults(model_dir: Path) -> dict[str, float | int]:
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """What the served model accepts."""
+    """What the served model accepts, and the work one request may cause, bounded by its context.
+
+    max_token_bytes: the most bytes (so characters) one token stands for: a prompt text longer than
+    max_model_len × max_token_bytes characters cannot fit and is refused before it is tokenized."""
 
     max_model_len: int
     vocab_size: int
     defaults: dict[str, float | int]
+    max_token_bytes: int = 1
+
+    @property
+    def body_values(self) -> int:
+        """JSON values a request body may hold: a rendered message, tool or content part costs at least
+        one prompt token per value, with room for logit_bias over the whole vocabulary."""
+        return 4 * self.max_model_len + 2 * self.vocab_size + 1024
+
+    @property
+    def body_bytes(self) -> int:
+        """The body size a request at the full context can need (its text JSON-escaped to twice its
+        size, plus 1 MiB for tools, logit_bias and fields), at most `DEFAULT_MAX_BODY_BYTES`."""
+        return min(DEFAULT_MAX_BODY_BYTES, 2 * self.max_model_len * self.max_token_bytes + 2**20)
+
+
+def context_error(limits: RequestLimits, prompt_tokens: int, field: str, at_least: bool = False) -> APIError:
+    """The 400 of a prompt with no room for a completion (OpenAI's context_length_exceeded)."""
+    return bad_request(
+        f"this model's maximum context length is {limits.max_model_len} tokens, but the prompt has "
+        f"{'at least ' if at_least else ''}{prompt_tokens} tokens (no room for a completion)",
+        field,
+        "context_length_exceeded",
+    )
 
 
 def _check_ids(ids: list[int], vocab: int, field: str) -> None:
@@ -160,12 +187,7 @@ def build_request(
     _check_ids(list(s.stop_token_ids or ()), limits.vocab_size, "stop_token_ids")
     room = limits.max_model_len - len(prompt_ids)
     if room < 1:
-        raise bad_request(
-            f"this model's maximum context length is {limits.max_model_len} tokens, but the prompt has "
-            f"{len(prompt_ids)} tokens (no room for a completion)",
-            prompt_field,
-            "context_length_exceeded",
-        )
+        raise context_error(limits, len(prompt_ids), prompt_field)
     if s.max_tokens is not None and s.max_tokens > room:
         raise bad_request(
             f"this model's maximum context length is {limits.max_model_len} tokens, but {len(prompt_ids)} "

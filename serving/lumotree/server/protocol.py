@@ -11,6 +11,7 @@ Unknown request fields are ignored, as OpenAI-compatible servers do.
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
@@ -23,6 +24,9 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 # vLLM allows (0, 2]; below 0.01 dividing the logits by it overflows float32 into NaN probabilities
 RepetitionPenalty = Annotated[float, Field(ge=0.01, le=2.0)]
+#: stop strings per request (each is matched against every output token)
+MAX_STOP_STRINGS = 256
+StopStrings = Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)]
 
 
 #: the error type (and `ctx["field"]`, its path) of text that is not valid Unicode
@@ -30,21 +34,44 @@ INVALID_UNICODE = "invalid_unicode"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _lone_surrogate_path(value: Any) -> str | None:
-    """Dotted path of the first string (or key) in a JSON value that holds a lone surrogate."""
+def escaped(text: str) -> str:
+    """`text` with each lone surrogate written as its `\\udXXX` escape: an error that names a key
+    holding one must still be valid UTF-8 itself."""
+    return text.encode("utf-8", "backslashreplace").decode()
+
+
+#: the error type of a body with more JSON values than the server's limit (`ctx["field"]`: the
+#: top-level field holding the most of them)
+TOO_MANY_VALUES = "too_many_values"
+#: the most JSON values (objects, arrays, strings, numbers, ...) a request body may hold; set per request
+#: by the server (`guards.RequestGuards`) from its context length; None: no limit
+BODY_VALUES: ContextVar[int | None] = ContextVar("body_values", default=None)
+
+
+def _scan(value: Any, limit: int | None) -> tuple[str | None, dict[str, int] | None]:
+    """(dotted path of the first string or key holding a lone surrogate, keys on the path escaped;
+    values per top-level field once more than `limit` values were seen, else None). Stops at the first
+    of the two, so an oversized body costs no more than `limit` steps."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    seen = 0
+    per_field: dict[str, int] = {}
     while stack:
         item, path = stack.pop()
+        seen += 1
+        if path:
+            per_field[path[0]] = per_field.get(path[0], 0) + 1
+        if limit is not None and seen > limit:
+            return None, per_field
         if isinstance(item, str):
             if _SURROGATE.search(item):
-                return ".".join(path) if path else "body"
+                return (".".join(path) if path else "body"), None
         elif isinstance(item, dict | list):
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in pairs:
                 if isinstance(key, str) and _SURROGATE.search(key):
-                    return ".".join((*path, key))
+                    return ".".join((*path, escaped(key))), None
                 stack.append((child, (*path, str(key))))
-    return None
+    return None, None
 
 
 class _Body(BaseModel):
@@ -52,16 +79,27 @@ class _Body(BaseModel):
 
 
 class _Request(_Body):
-    """A whole request body: its text must be valid Unicode everywhere (the tokenizer reads it all)."""
+    """A whole request body: its text must be valid Unicode everywhere (the tokenizer reads it all), and
+    it may hold at most `BODY_VALUES` JSON values (checked before any field is validated)."""
 
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        if (where := _lone_surrogate_path(data)) is not None:
+        limit = BODY_VALUES.get()
+        where, too_many = _scan(data, limit)
+        if where is not None:
             raise PydanticCustomError(
                 INVALID_UNICODE,
                 "{field}: a lone surrogate (an unpaired \\uD800-\\uDFFF escape) is not valid Unicode text",
                 {"field": where},
+            )
+        if too_many is not None:
+            field = max(too_many, key=lambda k: too_many[k])
+            raise PydanticCustomError(
+                TOO_MANY_VALUES,
+                "{field}: the request holds more than {limit} JSON values, this server's limit (4 per token "
+                "of its context, and its vocabulary for logit_bias)",
+                {"field": escaped(field), "limit": limit},
             )
         return data
 
@@ -92,7 +130,7 @@ class SamplingFields(_Request):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    stop: str | list[str] | None = None
+    stop: str | StopStrings | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
@@ -206,7 +244,7 @@ class GenerateSamplingParams(_Body):
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
     sampling_seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    stop: str | list[str] | None = None
+    stop: str | StopStrings | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True

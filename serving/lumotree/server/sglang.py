@@ -21,7 +21,7 @@ from lumotree.server.sse import DONE, sse_event, stream_error
 def prepare_generate(ctx: ServingContext, req: GenerateRequest) -> tuple[GenerationRequest, TextOptions]:
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("give exactly one of text and input_ids", "input_ids")
-    ids = ctx.tokenizer.encode(req.text) if req.text is not None else list(req.input_ids or ())
+    ids = ctx.prompt_ids(req.text, "text") if req.text is not None else list(req.input_ids or ())
     p = req.sampling_params
     sampling = SamplingInput(
         temperature=p.temperature,

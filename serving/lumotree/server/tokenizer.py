@@ -59,6 +59,15 @@ class ModelTokenizer:
         self._added = {i: t.content for i, t in added.items()}
         decoder = json.loads(tok_file.read_text()).get("decoder") or {}
         self._byte_level = decoder.get("type") == "ByteLevel"
+        #: the most bytes one token stands for: a text of n characters is at least n / this many tokens
+        self.max_token_bytes = max(
+            (
+                len(self.token_bytes(i))
+                for i in range(self.vocab_size)
+                if self._tok.id_to_token(i) is not None
+            ),
+            default=1,
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token strings in it become their special ids.
