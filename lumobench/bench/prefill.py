@@ -3,9 +3,11 @@
     lumobench bench prefill --tokens 3000 --reps 3 --march native --march haswell --out prefill.json
 
 The corpus's longest prompt is cut to --tokens tokens. Each engine (one per arm and -march) prefills
-it with max_tokens 1 (greedy, prefix cache off, so every repetition prefills afresh). The arms take
-turns per repetition, so a drifting machine load hits them alike. The result per arm is the
-seconds from add_request to the first token and the ratio to AR's, by minimum and by median.
+it and decodes --max-tokens tokens (greedy, ignoring EOS, prefix cache off, so every repetition
+prefills afresh). The arms take turns per repetition, so a drifting machine load hits them alike.
+The result per arm: the seconds from add_request to the step that returns the first token (TTFT)
+and from then to the last token (the decode, which now carries whatever prompt work was left after
+the first token), each with its ratio to AR's, by minimum and by median.
 """
 
 from __future__ import annotations
@@ -31,19 +33,27 @@ from lumotree.sampling import SamplingParams
 console = Console(stderr=True)
 
 
-def time_to_first_token(engine: LLMEngine, req: GenerationRequest) -> float:
-    """Seconds from submitting `req` (max_tokens 1) until it finished."""
+def time_request(engine: LLMEngine, req: GenerationRequest) -> tuple[float, float]:
+    """(seconds from submitting `req` to its first token, seconds from then to its end)."""
     start = time.perf_counter()
+    first: float | None = None
     engine.add_request(req)
     while engine.has_unfinished():
-        engine.step()
-    return time.perf_counter() - start
+        events = engine.step()
+        if first is None and any(e.token_ids for e in events):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None, "the request ended without a token"
+    return first - start, end - first
 
 
 def prefill_command(
     corpus: Annotated[Path, typer.Argument(help="Request corpus (JSONL).")] = Path("corpora/demo.jsonl"),
     tokens: Annotated[int, typer.Option(min=1, help="Cut the longest prompt to this many tokens.")] = 3000,
     reps: Annotated[int, typer.Option(min=1, help="Interleaved repetitions.")] = 3,
+    max_tokens: Annotated[
+        int, typer.Option(min=2, help="Tokens decoded after the prompt (EOS ignored): the decode time.")
+    ] = 16,
     march: Annotated[
         list[str] | None, typer.Option(help="-march of the native forward; repeat it for each ISA path.")
     ] = None,
@@ -63,35 +73,48 @@ def prefill_command(
         for kind in ARMS:
             try:
                 with native_march(target):
-                    config = EngineConfig(drafter=kind, max_model_len=len(ids) + 64, prefix_cache=False)  # type: ignore[arg-type]
+                    room = len(ids) + max_tokens + 64
+                    config = EngineConfig(drafter=kind, max_model_len=room, prefix_cache=False)  # type: ignore[arg-type]
                     engines[(target, kind)] = LLMEngine(config)
             except ValueError as exc:
                 console.print(f"[red]error:[/] {exc}")
                 raise typer.Exit(2) from None
     load_before = os.getloadavg()[0]
-    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    ttft: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    decode: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
     for i in range(reps):
         for key, engine in engines.items():
-            req = GenerationRequest(f"p{i}-{key[1]}", ids, SamplingParams(0.0), 1)
-            seconds[key].append(time_to_first_token(engine, req))
+            req = GenerationRequest(f"p{i}-{key[1]}", ids, SamplingParams(0.0), max_tokens, ignore_eos=True)
+            first, rest = time_request(engine, req)
+            ttft[key].append(first)
+            decode[key].append(rest)
     arms: list[dict[str, Any]] = []
-    for (target, kind), values in seconds.items():
-        ar, median = seconds[(target, "ar")], statistics.median(values)
-        arms.append({
-            "arm": ARMS[kind], "march": target, "seconds": values, "min_s": min(values), "median_s": median,
-            "min_vs_ar": min(values) / min(ar), "median_vs_ar": median / statistics.median(ar),
-        })  # fmt: skip
+    for target, kind in engines:
+        arm: dict[str, Any] = {"arm": ARMS[kind], "march": target}
+        for name, seconds in (("ttft", ttft), ("decode", decode)):
+            values, ar = seconds[(target, kind)], seconds[(target, "ar")]
+            arm |= {
+                f"{name}_seconds": values, f"{name}_min_s": min(values),
+                f"{name}_median_s": statistics.median(values), f"{name}_min_vs_ar": min(values) / min(ar),
+                f"{name}_median_vs_ar": statistics.median(values) / statistics.median(ar),
+            }  # fmt: skip
+        arms.append(arm)
     result = {
-        "prompt": longest.request_id, "prompt_tokens": len(ids), "reps": reps, "cpu_model": cpu_model(),
-        "load_average_1min_before_after": [load_before, os.getloadavg()[0]], "arms": arms,
+        "prompt": longest.request_id, "prompt_tokens": len(ids), "max_tokens": max_tokens, "reps": reps,
+        "cpu_model": cpu_model(), "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
+        "arms": arms,
     }  # fmt: skip
-    table = Table(title=f"time to first token, {len(ids)}-token prompt ({longest.request_id}), one process")
-    for col in ("arm", "march", "min s", "median s", "min vs AR", "median vs AR"):
+    title = f"time to first token and decode of {max_tokens} tokens, {len(ids)}-token prompt"
+    table = Table(title=f"{title} ({longest.request_id}), one process")
+    columns = ("arm", "march", "TTFT min s", "TTFT median s", "min vs AR", "median vs AR",
+               "decode min s", "decode min vs AR")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="left" if col in ("arm", "march") else "right")
     for a in arms:
-        table.add_row(a["arm"], a["march"], f"{a['min_s']:.3f}", f"{a['median_s']:.3f}",
-                      f"{a['min_vs_ar']:.2f}x", f"{a['median_vs_ar']:.2f}x")  # fmt: skip
-    Console(width=150).print(table)
+        table.add_row(a["arm"], a["march"], f"{a['ttft_min_s']:.3f}", f"{a['ttft_median_s']:.3f}",
+                      f"{a['ttft_min_vs_ar']:.2f}x", f"{a['ttft_median_vs_ar']:.2f}x",
+                      f"{a['decode_min_s']:.3f}", f"{a['decode_min_vs_ar']:.2f}x")  # fmt: skip
+    Console(width=170).print(table)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")

@@ -268,12 +268,21 @@ def test_logprobs_are_the_models_log_softmax(
 
 def test_prefix_cache_hits_restore_the_state_of_a_full_prefill(demo_prompts: list[GenerationRequest]) -> None:
     wal = [p for p in demo_prompts if p.request_id.startswith("wal-")][:3]  # each turn extends the previous
-    cold = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, prefix_cache=False))
-    warm = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, prefill_chunk=128, cache_block=64))
+    chunks = {"prefill_chunk": 128, "cache_block": 64}
+    cold = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, prefix_cache=False, **chunks))
+    warm = LLMEngine(EngineConfig(drafter="tree", max_model_len=8192, **chunks))
     requests = [GenerationRequest(p.request_id, p.prompt_token_ids, GREEDY, 16) for p in wal]
-    want = {k: output_tokens(v) for k, v in run_requests(cold, requests).items()}
+    cold_events = run_requests(cold, requests)
     got_events = run_requests(warm, requests)
-    assert {k: output_tokens(v) for k, v in got_events.items()} == want
+    assert {k: output_tokens(v) for k, v in got_events.items()} == {
+        k: output_tokens(v) for k, v in cold_events.items()
+    }
+    # the last prompt's MTP rows, mostly restored from entries completed after their background
+    # commit, are the rows a full prefill writes
+    rows = len(wal[-1].prompt_token_ids) - 1
+    for name in ("key", "value"):
+        restored, prefilled = (getattr(e.runner.mtp_cache, name)[:rows] for e in (warm, cold))
+        torch.testing.assert_close(restored, prefilled, rtol=1e-5, atol=1e-5)
     cached = [got_events[p.request_id][-1].cached_prompt_tokens for p in wal]
     assert cached[0] == 0 and all(c > 0 and c % 64 == 0 for c in cached[1:])
     metrics = warm.metrics()

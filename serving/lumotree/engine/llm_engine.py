@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -94,7 +95,9 @@ class LLMEngine:
         self.forced = forced
         self.runner = _build_runner(config, self.model, self._capacity(), self.drafter, draft_ids, forced)
         self.prefix_cache = (
-            PrefixCache(config.cache_block, config.prefix_cache_tokens) if config.prefix_cache else None
+            PrefixCache(config.cache_block, config.prefix_cache_tokens, mtp=self.runner.mtp_cache is not None)
+            if config.prefix_cache
+            else None
         )
         self.scheduler = Scheduler()
         self._metrics = EngineMetrics.for_context(self._max_model_len)
@@ -254,6 +257,10 @@ class LLMEngine:
     # ---- prefill -----------------------------------------------------------------------------
     def _begin(self, seq: Sequence) -> None:
         """Make `seq` the active sequence: fresh state, prefix-cache restore, drafter start."""
+        try:  # the last request's MTP rows complete its prefix-cache entries
+            self.runner.settle()
+        except Exception:  # its entries stay unusable; this request starts afresh
+            log.exception("the MTP prompt rows of the previous request failed")
         prompt, usable = seq.prompt, 0
         self._last_hidden = None
         self._sampler = self._proposal = self._next_tree = None
@@ -292,36 +299,39 @@ class LLMEngine:
             hidden = self.runner.prefill(prompt[start:end])
             # MTP rows are (h_t, x_{t+1}): the previous chunk's last row joins this chunk's rows
             if self._last_hidden is None:
-                self.runner.commit_mtp_rows(hidden[:-1], prompt[start + 1 : end])
+                rows, next_tokens = hidden[:-1], prompt[start + 1 : end]
             else:
-                self.runner.commit_mtp_rows(torch.cat([self._last_hidden, hidden[:-1]]), prompt[start:end])
+                rows, next_tokens = torch.cat([self._last_hidden, hidden[:-1]]), prompt[start:end]
             self._last_hidden = hidden[-1:]
             seq.prefilled = end
-            cache = self.prefix_cache
-            if cache is not None and end % cache.block == 0 and end < len(prompt):
-                cache.store(
-                    self._block_keys[: end // cache.block],
-                    self.runner.state,
-                    self.runner.mtp_cache,
-                    hidden[-1],
-                )
-        if end < len(prompt):
-            return None
-        # the first token comes from the prompt's last row: output position 0 (sampled on the
-        # host on every path: the coins are the same Philox coins as the device walk's)
-        logits = self.runner.logits(self._last_hidden).cpu()
+            if end < len(prompt):
+                self.runner.commit_mtp_rows(rows, next_tokens, then=self._store_prefix(end, hidden[-1]))
+                return None
+            # the first token comes from the prompt's last row: output position 0 (sampled on the
+            # host on every path: the coins are the same Philox coins as the device walk's); its
+            # logits go first, the last chunk's MTP rows after (a runner may write them meanwhile)
+            logits = self.runner.logits(self._last_hidden).cpu()
+            self.runner.commit_mtp_rows(rows, next_tokens)
         sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed)
         token = sampler.choose(logits, [[]])[0]
         seq.status = SequenceStatus.DECODE
         kept, reason = self._cut(seq, [token])
         self.drafter.emitted(kept)
         event = self._emit(seq, kept, reason, [0], lambda rows: logits)
-        if not seq.finished:  # the first proposal: drafting time, spread over the cycles' spans
-            started = time.perf_counter()
-            self._proposal = self.runner.start_decode(self._last_hidden, token)
-            self._metrics.spans["drafter"].seconds += time.perf_counter() - started
+        if not seq.finished:  # the first proposal waits for the first decode step: the token goes out first
             self._sampler = self.runner.sampler(seq.request.sampling, seq.seed, seq.prompt, seq.output)
         return event
+
+    def _store_prefix(self, end: int, hidden: Tensor) -> Callable[[], None] | None:
+        """At a block boundary `end` inside the prompt: store the target's blocks and the snapshot
+        now; returns the store of the MTP rows they complete, to run once those are written."""
+        cache = self.prefix_cache
+        if cache is None or end % cache.block:
+            return None
+        keys = self._block_keys[: end // cache.block]
+        cache.store(keys, self.runner.state, hidden)
+        mtp = self.runner.mtp_cache
+        return None if mtp is None else partial(cache.store_mtp, keys, mtp)
 
     def _require_prompt_seen(self) -> Tensor:
         assert self._prompt_seen is not None, "no active sequence"
@@ -337,7 +347,8 @@ class LLMEngine:
         assert sampler is not None, "decoding before the prefill finished"
         tree, self._next_tree = self._next_tree, None
         if tree is None:  # a request's first cycle; later trees are drafted inside the last cycle
-            with m.span("drafter"):  # host side; the runner's own drafting time is added below
+            with m.span("drafter"):  # the first proposal (the prompt's MTP rows settled), the tree
+                self._proposal = self.runner.start_decode(self._last_hidden, seq.output[-1])
                 tree = self.draft(seq)
         req, made = seq.request, len(seq.prompt) + len(seq.output)
         longest = self.drafter.max_depth + 1  # tokens one cycle may emit

@@ -7,12 +7,20 @@ On a CPU padding rows only cost compute, so trees are built without them (paddin
 to every stage by contract, so results are the same). With a `NativeModel` (the cpu-native
 kernels) verification, publication, logits rows and the MTP passes run in the model's native C
 forward over the same state tensors; prefill stays in the model's PyTorch code.
+
+The MTP drafter's prompt rows are written on a worker thread (`_Background`) while the target
+prefills the next chunk and the first token is sampled: the native calls and PyTorch's kernels
+release the GIL, so a second core takes them off the time to first token. The worker's passes
+touch only the MTP cache and the native forward's scratch; the main thread meanwhile runs the
+target's PyTorch prefill and `lt_logits`, which writes only its output. `settle` joins it before
+anything reads the MTP cache (the first proposal, the next request's reset).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -59,6 +67,18 @@ class ModelRunner(Runner):
                 self.mtp = NativeMTPDrafter(model, depth, k, capacity, self.native)
             else:
                 self.mtp = MTPDrafter.for_engine(model, depth, k, capacity, draft_dtype, draft_ids)
+        self._background = _Background()
+
+    def commit_mtp_rows(
+        self, hidden: Tensor, next_tokens: Sequence[int], then: Callable[[], None] | None = None
+    ) -> None:
+        if self.mtp is None:
+            super().commit_mtp_rows(hidden, next_tokens, then)
+        else:
+            self._background.submit(lambda: Runner.commit_mtp_rows(self, hidden, next_tokens, then))
+
+    def settle(self) -> None:
+        self._background.settle()
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
@@ -97,6 +117,7 @@ class ModelRunner(Runner):
         chain_next: bool = False,
         follow: Follow | None = None,
     ) -> CycleResult:
+        self.settle()
         start = time.perf_counter()
         tree = topology.descriptor(prefix_len=self.length, max_depth=self.max_depth)
         built = time.perf_counter()
@@ -126,6 +147,27 @@ class ModelRunner(Runner):
         if follow is not None:  # the host runs cycles one by one: the engine keeps the next tree
             follow(result)
         return result
+
+
+class _Background:
+    """Jobs run one after another on one worker thread (started on first use)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtp-commit")
+        self._pending.append(self._pool.submit(job))
+
+    def settle(self) -> None:
+        """Wait for every submitted job; the first failure is raised after all have ended."""
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending]
+        for error in errors:
+            if error is not None:
+                raise error
 
 
 class _RowLogits:

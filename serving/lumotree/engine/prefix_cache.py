@@ -40,12 +40,12 @@ class BlockEntry:
 
 
 class PrefixCache:
-    """See the module docstring. Counts queried and hit prompt tokens (vLLM's prefix-cache metrics)."""
+    """See the module docstring; mtp: entries are usable once their MTP rows are stored."""
 
-    def __init__(self, block: int, capacity_tokens: int) -> None:
+    def __init__(self, block: int, capacity_tokens: int, mtp: bool = False) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
-        self.block, self.capacity_blocks = block, capacity_tokens // block
+        self.block, self.capacity_blocks, self.mtp = block, capacity_tokens // block, mtp
         self._entries: OrderedDict[bytes, BlockEntry] = OrderedDict()
 
     def block_keys(self, tokens: Sequence[int]) -> list[bytes]:
@@ -62,7 +62,7 @@ class PrefixCache:
         usable = 0
         for i, key in enumerate(keys):
             entry = self._entries.get(key)
-            if entry is None or (i + 1) * self.block > prompt_len - 1:
+            if entry is None or (i + 1) * self.block > prompt_len - 1 or (self.mtp and entry.mtp is None):
                 break
             if entry.snapshot is not None:
                 usable = i + 1
@@ -95,27 +95,19 @@ class PrefixCache:
         state.length = len(keys) * b
         return snapshot.hidden
 
-    def store(
-        self,
-        keys: Sequence[bytes],
-        state: ModelState,
-        mtp: KVCache | None,
-        hidden: Tensor | None,
-    ) -> None:
+    def store(self, keys: Sequence[bytes], state: ModelState, hidden: Tensor | None) -> None:
         """After a prefill chunk that ended at block boundary len(keys) * block: store the blocks
-        not yet cached and a snapshot at the boundary (hidden: row [H] of its last token)."""
+        not yet cached and a snapshot at the boundary (hidden: row [H] of its last token). The
+        MTP rows the blocks complete come with `store_mtp` once they are written."""
         b = self.block
         attn = [s for s in state.layers if isinstance(s, KVCache)]
         for i, key in enumerate(keys):
             if key in self._entries:
                 self._entries.move_to_end(key)
                 continue
-            lo = max(i * b - 1, 0)
             self._entries[key] = BlockEntry(
                 kv=[(c.key[i * b : (i + 1) * b].clone(), c.value[i * b : (i + 1) * b].clone()) for c in attn],
-                mtp=None
-                if mtp is None
-                else (mtp.key[lo : (i + 1) * b - 1].clone(), mtp.value[lo : (i + 1) * b - 1].clone()),
+                mtp=None,
             )
         if keys and hidden is not None:
             entry = self._entries[keys[-1]]
@@ -124,3 +116,13 @@ class PrefixCache:
                 entry.snapshot = Snapshot(gdn, hidden.clone())
         while len(self._entries) > self.capacity_blocks:
             self._entries.popitem(last=False)
+
+    def store_mtp(self, keys: Sequence[bytes], mtp: KVCache) -> None:
+        """The MTP drafter's KV rows of the stored blocks `keys` that lack them (the rows up to the
+        boundary's second-last token: row t needs token t+1); evicted blocks are skipped."""
+        b = self.block
+        for i, key in enumerate(keys):
+            entry = self._entries.get(key)
+            if entry is not None and entry.mtp is None:
+                lo = max(i * b - 1, 0)
+                entry.mtp = (mtp.key[lo : (i + 1) * b - 1].clone(), mtp.value[lo : (i + 1) * b - 1].clone())

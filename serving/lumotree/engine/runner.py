@@ -77,6 +77,7 @@ class Runner(ABC):
     def reset(self, mtp_committed: int = 0) -> None:
         """Empty state for a new request whose first `mtp_committed` MTP rows come from the prefix
         cache (KV rows past `length` are never read, so they stay)."""
+        self.settle()
         for layer in self.state.layers:
             if isinstance(layer, GDNState):
                 layer.recurrent.zero_()
@@ -91,14 +92,26 @@ class Runner(ABC):
         ids = torch.tensor(tokens, dtype=torch.long).to(self.model.device)
         return self.model.prefill(ids, self.state)
 
-    def commit_mtp_rows(self, hidden: Tensor, next_tokens: Sequence[int]) -> None:
-        """Prompt rows of the MTP drafter: target rows [n, H] with the token after each."""
+    def commit_mtp_rows(
+        self, hidden: Tensor, next_tokens: Sequence[int], then: Callable[[], None] | None = None
+    ) -> None:
+        """Prompt rows of the MTP drafter: target rows [n, H] with the token after each; `then()`
+        runs once they are written (without MTP: at once). A runner may write them in the
+        background (`settle` waits for them)."""
         if self.mtp is not None:
             self.mtp.commit(hidden, next_tokens)
+        if then is not None:
+            then()
+
+    def settle(self) -> None:
+        """Wait for the MTP commits still being written (re-raising their error); a runner that
+        writes them in place has none."""
+        return None
 
     def start_decode(self, hidden: Tensor, token: int) -> MTPProposal | None:
         """After prefill: the prompt's last target row [1, H] and the first token; returns the
         first tree's MTP proposal (None without MTP)."""
+        self.settle()
         return None if self.mtp is None else self.mtp.propose(hidden, [token])
 
     @abstractmethod
