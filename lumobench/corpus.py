@@ -32,6 +32,7 @@ SAMPLING_FIELDS = (
     "repetition_penalty",
     "max_tokens",
     "seed",
+    "ignore_eos",
 )
 
 
@@ -143,6 +144,8 @@ class CorpusRecord(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    #: generate max_tokens whatever the model says (vLLM's and SGLang's ignore_eos: speed work)
+    ignore_eos: bool | None = None
     input_ids: list[Annotated[int, Field(ge=0)]] | None = None
     source: Source | None = None
     #: engine-specific request fields merged into the body as given (e.g. chat_template_kwargs)

@@ -92,11 +92,12 @@ def load_requests(
                 messages=raw["messages"], tools=raw.get("tools"), add_generation_prompt=True
             )
             ids = tokenizer.encode(text).ids
-        fields = {k: v for k, v in rec.sampling().items() if k not in ("max_tokens", "seed")}
+        fields = {k: v for k, v in rec.sampling().items() if k not in ("max_tokens", "seed", "ignore_eos")}
         fields["top_k"] = max(fields.get("top_k", 0), 0)  # vLLM's -1 is "off", here 0
         params = SamplingParams(0.0) if greedy else SamplingParams(**fields)
         seed = rec.seed if rec.seed is not None else zlib.crc32(rec.id.encode())
-        out.append(GenerationRequest(rec.id, ids, params, max_tokens or rec.max_tokens or 128, seed=seed))
+        limit = max_tokens or rec.max_tokens or 128
+        out.append(GenerationRequest(rec.id, ids, params, limit, seed=seed, ignore_eos=bool(rec.ignore_eos)))
     return out
 
 

@@ -38,6 +38,7 @@ from typing import Annotated
 import typer
 
 from lumobench.bench.output import current_commit, write_tables
+from lumobench.errors import LumobenchError
 from lumobench.metrics import phase_totals
 from lumobench.report import build_report, load_run
 from lumobench.results import RequestRow
@@ -57,14 +58,15 @@ def corpus(
 ) -> None:
     """Write a corpus of token-id prompts for the loop measurement."""
     rng = random.Random(context)
-    sampling = {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}
     with out.open("w") as f:
         for i in range(requests):
             record = {
                 "id": f"loop-{context}-{i}",
                 "messages": [{"role": "user", "content": "token ids, see input_ids"}],
                 "input_ids": [rng.randrange(3, vocab) for _ in range(context)],
-                "extra_body": {"sampling_params": sampling},
+                "temperature": 0.0,
+                "max_tokens": tokens,
+                "ignore_eos": True,
             }
             f.write(json.dumps(record) + "\n")
     typer.echo(f"wrote {out}: {requests} requests of {context} prompt tokens, {tokens} tokens each")
@@ -161,7 +163,11 @@ def table(
     """Assemble loop.json / loop.md from the run directories of one loop measurement."""
     arms: dict[str, dict] = {}
     for path in runs:
-        figures = arm_loop(path)
+        try:
+            figures = arm_loop(path)
+        except LumobenchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
         arms[ARM_KEYS.get(figures["arm"], figures["arm"])] = figures
     rate = {k: a["tokens_per_s"] for k, a in arms.items()}
     ratios = {}
