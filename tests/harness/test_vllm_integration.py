@@ -34,7 +34,7 @@ from lumobench.vllm_cpu.tiny_model import demo_training_texts, write_tiny_checkp
 
 from .helpers import DEMO, REPO, free_port, lumobench, small_corpus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 STARTUP_S = 300
 
 

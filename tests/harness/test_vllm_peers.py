@@ -19,7 +19,7 @@ from lumobench.vllm_cpu.export import export_qwen3_next
 
 from .helpers import DEMO, REPO, lumobench
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from lumotree.model import HybridLM, default_model_path, load_checkpoint
 
 from .live import lumotree_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 MAX_TOKENS = 32
 PAIRED_FACTOR = 2.0  # our bf16 error may be at most this multiple of vLLM's (max and mean)
 

@@ -123,6 +123,7 @@ def vllm_python() -> str:
         pytest.fail(f"the vLLM CPU environment could not be built: {exc}")
 
 
+@pytest.mark.vllm
 def test_metrics_carry_vllms_histograms_with_vllms_own_buckets(live_url: str, vllm_python: str) -> None:
     # vLLM's own code says the names and the bucket bounds (its loggers' source and buckets module)
     script = (
@@ -163,6 +164,7 @@ def _histogram_counts(url: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.vllm
 def test_vllm_bench_serve_on_a_custom_dataset_is_counted_request_for_request_by_the_servers_histograms(
     live_url: str, tmp_path: Path, vllm_python: str
 ) -> None:

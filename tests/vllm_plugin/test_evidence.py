@@ -21,7 +21,12 @@ from lumobench.vllm_cpu import SHIPPED_EXPORT_DIR
 from lumobench.vllm_cpu.export import export_qwen3_next
 
 REPLAY_TIMEOUT_S = 3600
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(2 * REPLAY_TIMEOUT_S)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.timeout(2 * REPLAY_TIMEOUT_S),
+]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -25,7 +25,7 @@ from lumobench.metrics import parse_prometheus
 from lumobench.vllm_cpu import SHIPPED_EXPORT_DIR
 from lumobench.vllm_cpu.export import export_qwen3_next
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 # greedy; seeded with a presence penalty; min_p with a long prompt (prefilled in chunks); repetition penalty
 RECORDS = ("ops-t01", "wal-t02", "ops-t03", "chat-explain")
 MAX_TOKENS = 32  # short: this test is in the default run

@@ -21,6 +21,7 @@ PROBE = Path(__file__).with_name("vllm_probe.py")
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.vllm
 def test_inert_unless_asked_pins_hold_a_changed_function_is_refused_and_the_kv_reader_agrees(
     vllm_python: Path,
 ) -> None:
