@@ -7,9 +7,10 @@ import random
 
 import pytest
 import torch
+from torch import Tensor
 
 from lumotree.drafting.random_trees import SHAPES, random_tree
-from lumotree.tree import chain_tree
+from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.attention import decode
 from lumotree.verify.attention import reference as ref
 from lumotree.verify.attention.decode import (
@@ -26,7 +27,11 @@ HQ, HKV, DIM = 4, 2, 16
 CONFIG = AttentionConfig(block_m=16, block_n=16, num_warps=1)
 
 
-def _run(tree, q, k_cache, v_cache, splits: int):
+def _run_with_partials(
+    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """o [R, HQ, D] and lse [R, HQ], and the split partials o_part [splits, HKV, MPAD, D] and
+    lse_part [splits, HKV, MPAD] (row m of a head's partials is query row m // G, head m % G)."""
     rows = tree.rows
     o = poisoned((rows, HQ, DIM), q.dtype)
     lse = poisoned((rows, HQ), torch.float32)
@@ -49,7 +54,13 @@ def _run(tree, q, k_cache, v_cache, splits: int):
         1.0 / math.sqrt(DIM),
         CONFIG,
     )
-    return o, lse
+    return o, lse, o_part.view(splits, HKV, -1, DIM), lse_part.view(splits, HKV, -1)
+
+
+def _run(
+    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int
+) -> tuple[Tensor, Tensor]:
+    return _run_with_partials(tree, q, k_cache, v_cache, splits)[:2]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -85,19 +96,28 @@ def test_the_merge_split_over_head_dim_blocks_writes_every_column(monkeypatch: p
     torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("prefix_len", [5, 29, 40])
+# prefix 43: the chain (49 keys) and its first steps (44-48 keys) would get different split sizes
+# from a split rule that followed the prefix instead of the cache
+@pytest.mark.usefixtures("dot_in_k_order")
+@pytest.mark.parametrize("prefix_len", [5, 29, 43])
 def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(prefix_len: int) -> None:
     # AR at position p and a chain verified from an earlier prefix see the same keys in the same
-    # splits (fixed cache rows, not relative to the prefix): their outputs agree bit for bit.
+    # splits (fixed cache rows, not relative to the prefix): each split's partials and the merged
+    # outputs agree bit for bit. dot_in_k_order: the interpreter's numpy matmul would sum in its BLAS
+    # kernel's order, which depends on the CPU and on the query's row in the tile.
     gen = torch.Generator().manual_seed(prefix_len)
     chain = chain_tree(list(range(6)), prefix_len=prefix_len)
     k_cache, v_cache = (torch.randn(prefix_len + 8, HKV, DIM, generator=gen) for _ in range(2))
     q = torch.randn(chain.rows, HQ, DIM, generator=gen)
-    o_chain, lse_chain = _run(chain, q, k_cache, v_cache, splits=3)
+    o_chain, lse_chain, o_part_chain, lse_part_chain = _run_with_partials(chain, q, k_cache, v_cache, 3)
+    group = HQ // HKV
     for depth in range(chain.rows):
         step = chain_tree([depth], prefix_len=prefix_len + depth)
-        o, lse = _run(step, q[depth : depth + 1], k_cache, v_cache, splits=3)
+        o, lse, o_part, lse_part = _run_with_partials(step, q[depth : depth + 1], k_cache, v_cache, 3)
         assert torch.equal(o[0], o_chain[depth]) and torch.equal(lse[0], lse_chain[depth]), depth
+        heads = slice(depth * group, (depth + 1) * group)  # the chain row's partial rows
+        assert torch.equal(lse_part[:, :, :group], lse_part_chain[:, :, heads]), depth
+        assert torch.equal(o_part[:, :, :group], o_part_chain[:, :, heads]), depth
 
 
 def test_tree_rows_ignore_keys_outside_their_ancestry() -> None:

@@ -6,6 +6,8 @@ the committed prefix plus draft rows) without touching the projections.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,6 +20,8 @@ from lumotree.model.norms import RMSNorm
 
 class GatedAttention(nn.Module):
     """q_proj yields [query | gate] per head; output = o_proj(attn * sigmoid(gate))."""
+
+    FUSED_INPUTS: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj")  # see fuse_projections_
 
     def __init__(self, config: HybridConfig) -> None:
         super().__init__()

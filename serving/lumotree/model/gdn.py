@@ -8,6 +8,7 @@ mix (tree conv, path scan) and keep the rest.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,8 @@ from lumotree.model.norms import GatedRMSNorm
 
 class GatedDeltaNet(nn.Module):
     """One GDN token mixer. Value head h reads key head h // (HV/H)."""
+
+    FUSED_INPUTS: ClassVar[tuple[str, ...]] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
     def __init__(self, config: HybridConfig) -> None:
         super().__init__()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,6 +14,8 @@ from lumotree.model.fused.weights import FusedProjection
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    FUSED_INPUTS: ClassVar[tuple[str, ...]] = ("gate_proj", "up_proj")  # see fuse_projections_
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()

@@ -1,12 +1,14 @@
-"""The plugin on vLLM's CUDA path, wired to LumoTree's Triton kernels. UNTESTED: this work had no GPU
-(the project's GPU budget is the lead's); everything it shares with the CPU path (plan, positions,
-walk, publication order, proposer) is tested there, the kernels are tested on the H200 by
-tests/kernels/test_gpu_parity.py, and what is GPU-only here is the glue below.
+"""The plugin's kernels on vLLM's CUDA path: LumoTree's Triton kernels behind the plugin's
+signatures, and the switch that keeps vLLM's GDN layers on the core the plugin replaces. UNTESTED on
+a GPU: this work had no GPU (the project's GPU budget is the lead's); everything it shares with the
+CPU path (plan, positions, walk, publication order, proposer) is tested there, the kernels are
+tested on the H200 by tests/kernels/test_gpu_parity.py, and what is GPU-only is the glue below and
+the CUDA patches (`patches.patch_cuda`, beside the other patches into vLLM).
 
-- GDN: vLLM's CUDA layers call `QwenGatedDeltaNetAttention._forward_core` from their core op; it is
-  replaced by the plugin's core (chunks: the project's chain ops in torch; trees: the Triton tree
-  conv and tree-parallel GDN verification), and vLLM's fused MTP decode path, which would bypass
-  it, is switched off on every layer (`disable_fused_decode`);
+- GDN: vLLM's CUDA layers call `QwenGatedDeltaNetAttention._forward_core` from their core op; the
+  patch replaces it with the plugin's core (chunks: the project's chain ops in torch; trees: the
+  Triton tree conv and tree-parallel GDN verification), and vLLM's fused MTP decode path, which
+  would bypass it, is switched off on every layer (`disable_fused_decode`);
 - attention: FlashAttention runs as before, then the tree rows are recomputed with the Triton
   tree-attention kernel over the prefix read in FlashAttention's KV layout ("flash");
 - publication: the Triton GDN replay per layer; conv and KV moves in torch.
@@ -19,7 +21,6 @@ run eager (`--enforce-eager`); the proposer refuses otherwise.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -29,7 +30,6 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.kernel_sets import REFERENCE, TreeKernels
-from lumotree.vllm.worker import LumoTreeWorker
 
 LOADED_TREES = 64  # device tables kept: a step's trees (one per request) and a few steps before
 
@@ -92,34 +92,3 @@ def disable_fused_decode(gdn_layers: Sequence[object]) -> None:
     """vLLM's fused CUDA spec-decode GDN kernel skips `_forward_core`: keep every layer off it."""
     for layer in gdn_layers:
         layer.enable_fused_gdn_spec_decode = False  # type: ignore[attr-defined]
-
-
-def patch_cuda(worker: LumoTreeWorker) -> None:
-    """The CUDA-side patches (see the module docstring)."""
-    from vllm.forward_context import get_forward_context
-    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
-
-    original_core = QwenGatedDeltaNetAttention._forward_core
-
-    @functools.wraps(original_core)
-    def _forward_core(self, mixed_qkv, b, a, core_attn_out):  # type: ignore[no-untyped-def]
-        if get_forward_context().attn_metadata is None or worker.plan is None:
-            return original_core(self, mixed_qkv, b, a, core_attn_out)  # profiling and warm-up runs
-        worker.gdn(self, mixed_qkv, b, a, core_attn_out)
-        return None
-
-    QwenGatedDeltaNetAttention._forward_core = _forward_core
-
-    original_forward = FlashAttentionImpl.forward
-
-    @functools.wraps(original_forward)
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):  # type: ignore[no-untyped-def]
-        result = original_forward(
-            self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs
-        )
-        if attn_metadata is not None:
-            worker.attention(layer, query, key, value, kv_cache, output)
-        return result
-
-    FlashAttentionImpl.forward = forward

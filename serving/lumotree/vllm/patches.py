@@ -3,6 +3,8 @@
 - vLLM's CPU GDN core op (`cpu_gdn_attention_core`) is replaced before vLLM registers it, so its
   Qwen3-Next layers call LumoTree's conv + recurrence (chunks and trees, any dtype);
 - `CPUAttentionBackendImpl.forward` runs as before, then the tree rows are recomputed;
+- on CUDA instead: `QwenGatedDeltaNetAttention._forward_core` is the plugin's core, and
+  `FlashAttentionImpl.forward` is followed by the tree rows' recomputation (kernels: `gpu.py`);
 - the model runner's `_update_states` and `_prepare_inputs` are followed by the plugin's hooks
   (the step plan, depth positions); with a LumoTree proposer, `_sample` is LumoTree's (first
   tokens, acceptance walks, publication) and `sample_tokens` carries failed requests out;
@@ -63,6 +65,37 @@ def patch_attention(worker: LumoTreeWorker) -> None:
         return result
 
     CPUAttentionBackendImpl.forward = forward
+
+
+def patch_cuda(worker: LumoTreeWorker) -> None:
+    """vLLM's CUDA GDN core and FlashAttention, routed through the worker (kernels: `gpu.py`)."""
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
+
+    original_core = QwenGatedDeltaNetAttention._forward_core
+
+    @functools.wraps(original_core)
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):  # type: ignore[no-untyped-def]
+        if get_forward_context().attn_metadata is None or worker.plan is None:
+            return original_core(self, mixed_qkv, b, a, core_attn_out)  # profiling and warm-up runs
+        worker.gdn(self, mixed_qkv, b, a, core_attn_out)
+        return None
+
+    QwenGatedDeltaNetAttention._forward_core = _forward_core
+
+    original_forward = FlashAttentionImpl.forward
+
+    @functools.wraps(original_forward)
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = original_forward(
+            self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs
+        )
+        if attn_metadata is not None:
+            worker.attention(layer, query, key, value, kv_cache, output)
+        return result
+
+    FlashAttentionImpl.forward = forward
 
 
 def patch_runner(worker: LumoTreeWorker) -> None:
@@ -173,8 +206,6 @@ def install(worker: LumoTreeWorker) -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cuda():
-        from lumotree.vllm.gpu import patch_cuda
-
         patch_cuda(worker)
     else:
         patch_gdn_op(worker)

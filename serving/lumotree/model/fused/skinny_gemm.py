@@ -11,10 +11,11 @@ Batch invariance: a row's arithmetic is one fixed-shape dot per K step, [BLOCK_N
 [BLOCK_K, 16], in the same K order (and the same splits, summed in order) for every M, and a row
 tile's dot never reads another tile's rows.
 So the result of a row depends on M only through its position inside its 16-row tile (padding rows
-are zeros). Under the interpreter (numpy matmul of one fixed shape) this is bitwise invariant, as the
-tests check. On the GPU it holds if the MMA instruction computes each output element the same way
-in every column of its tile, which NVIDIA does not document (tests/kernels/test_gpu_skinny_gemm.py
-checks it). Not guaranteed: the same result across configs, or against F.linear for M > 32.
+are zeros). Under the interpreter the tests check it bit for bit with tl.dot summing in a fixed order
+(numpy's matmul sums in its BLAS kernel's order, which may follow the column and the CPU). On the
+GPU it holds if the MMA instruction computes each output element the same way in every column of
+its tile, which NVIDIA does not document (tests/kernels/test_gpu_skinny_gemm.py checks it). Not
+guaranteed: the same result across configs, or against F.linear for M > 32.
 """
 
 from __future__ import annotations

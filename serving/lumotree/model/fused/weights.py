@@ -2,6 +2,9 @@
 q/k/v, the MLP's gate/up) concatenated into one weight, so a decode step streams each layer's
 input projections in one GEMM instead of two to four.
 
+Each block declares which of its linears are fused (`FUSED_INPUTS`, in output order) and keeps
+the fusion in its `fused` attribute; this module knows no block types.
+
 The original `nn.Linear` weights become views of the fused tensor (no extra memory; checkpoint
 names, `state_dict` and `load_state_dict` keep working and write through to it). A module uses
 its `FusedProjection` only while the views still point into it (a later `.to()` breaks that and
@@ -49,20 +52,12 @@ class FusedProjection:
 
 
 def fuse_projections_(model: nn.Module) -> int:
-    """Fuse the input projections of every GDN block, attention block and MLP of `model` (its MTP
-    module included) in place; modules already fused are left alone. Returns how many were fused."""
-    from lumotree.model.attention import GatedAttention
-    from lumotree.model.gdn import GatedDeltaNet
-    from lumotree.model.mlp import MLP
-
-    names = {
-        GatedDeltaNet: ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
-        GatedAttention: ("q_proj", "k_proj", "v_proj"),
-        MLP: ("gate_proj", "up_proj"),
-    }
+    """Fuse the input projections of every block of `model` (its MTP module included) that declares
+    them: a module whose class names its bias-free input linears in `FUSED_INPUTS` (GDN, attention,
+    MLP) and has a `fused` attribute. Modules already fused are left alone. Returns how many were fused."""
     fused = 0
     for module in model.modules():
-        parts = names.get(type(module))
+        parts: tuple[str, ...] | None = getattr(type(module), "FUSED_INPUTS", None)
         if parts is None or (module.fused is not None and module.fused.current()):
             continue
         module.fused = FusedProjection([getattr(module, n) for n in parts])

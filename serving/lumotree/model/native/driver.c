@@ -3,6 +3,7 @@
  * (callgrind counts the instructions of the calls alone, without Python).
  *
  *   driver IMAGE OUT [REPEAT]
+ *   driver --layout        prints lt_layout()'s table, "name value" a line (this target's layout)
  *
  * IMAGE (little endian): "LTIMG1\0\0"; u32 regions, each u64 bytes + the bytes; u32 relocations, each
  * (u32 region, u64 offset) -> (u32 region, u64 offset): a pointer to write; u32 calls, each u32 call
@@ -50,8 +51,12 @@ static int64_t run(uint32_t id, const uint64_t* a) {
 }
 
 int main(int argc, char** argv) {
+    if (argc == 2 && !strcmp(argv[1], "--layout")) {
+        for (const LtLayout* e = lt_layout(); e->name; e++) printf("%s %lld\n", e->name, (long long)e->value);
+        return 0;
+    }
     if (argc < 3 || !(in = fopen(argv[1], "rb"))) {
-        fprintf(stderr, "usage: driver IMAGE OUT [REPEAT]\n");
+        fprintf(stderr, "usage: driver IMAGE OUT [REPEAT] | driver --layout\n");
         return 2;
     }
     char magic[8];

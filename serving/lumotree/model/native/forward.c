@@ -28,6 +28,7 @@
  * GDN recurrent state [HV, V, K]; conv state [C, W-1] oldest first; KV cache [T, Hkv, D] token-major.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -304,6 +305,43 @@ typedef struct {
 
 static inline int64_t ancestor(const Rows* r, int i, int d) { return r->anc[(int64_t)i * r->anc_stride + d]; }
 static inline int64_t prefix_of(const Rows* r, int i) { return r->row_prefix ? r->row_prefix[i] : r->prefix; }
+
+/* The layout of the structures above, for the check of their ctypes mirror (model.py): "Struct" ->
+ * sizeof, "Struct.field" -> offsetof, ending with a NULL name. Every field is listed, so a field
+ * added here and not in the mirror (or moved, or resized) makes model.layout_mismatches name it. */
+typedef struct {
+    const char* name;
+    int64_t value;
+} LtLayout;
+
+#define LT_SIZE(S) {#S, (int64_t)sizeof(S)}
+#define LT_AT(S, f) {#S "." #f, (int64_t)offsetof(S, f)}
+
+static const LtLayout LT_LAYOUT[] = {
+    LT_SIZE(Linear), LT_AT(Linear, n_pad), LT_AT(Linear, k), LT_AT(Linear, w),
+
+    LT_SIZE(Layer), LT_AT(Layer, is_gdn), LT_AT(Layer, in_norm), LT_AT(Layer, post_norm),
+    LT_AT(Layer, proj), LT_AT(Layer, out), LT_AT(Layer, gate_up), LT_AT(Layer, down),
+    LT_AT(Layer, conv_w), LT_AT(Layer, neg_a), LT_AT(Layer, dt_bias), LT_AT(Layer, gnorm),
+    LT_AT(Layer, recurrent), LT_AT(Layer, conv_state), LT_AT(Layer, rec_x), LT_AT(Layer, rec_u),
+    LT_AT(Layer, rec_eg), LT_AT(Layer, rec_k), LT_AT(Layer, q_norm), LT_AT(Layer, k_norm),
+    LT_AT(Layer, k_cache), LT_AT(Layer, v_cache),
+
+    LT_SIZE(Model), LT_AT(Model, hidden), LT_AT(Model, inter), LT_AT(Model, vocab),
+    LT_AT(Model, n_layers), LT_AT(Model, max_rows), LT_AT(Model, hk), LT_AT(Model, hv),
+    LT_AT(Model, dk), LT_AT(Model, dv), LT_AT(Model, conv_dim), LT_AT(Model, conv_w),
+    LT_AT(Model, hq), LT_AT(Model, hkv), LT_AT(Model, hd), LT_AT(Model, rot), LT_AT(Model, eps),
+    LT_AT(Model, kv_capacity), LT_AT(Model, inv_freq), LT_AT(Model, embed), LT_AT(Model, final_norm),
+    LT_AT(Model, lm_head), LT_AT(Model, layers), LT_AT(Model, work), LT_AT(Model, states),
+    LT_AT(Model, mtp_norm_e), LT_AT(Model, mtp_norm_h), LT_AT(Model, mtp_norm), LT_AT(Model, mtp_fc),
+    LT_AT(Model, mtp_layer), LT_AT(Model, draft_head), LT_AT(Model, draft_ids), LT_AT(Model, draft_n),
+
+    LT_SIZE(Rows), LT_AT(Rows, n), LT_AT(Rows, prefix), LT_AT(Rows, row_prefix), LT_AT(Rows, pos),
+    LT_AT(Rows, depth), LT_AT(Rows, slot), LT_AT(Rows, anc), LT_AT(Rows, anc_stride),
+    {NULL, 0},
+};
+
+const LtLayout* lt_layout(void) { return LT_LAYOUT; }
 
 /* floats of the work buffer for `rows` rows, widest projection `wide`, mixer width `mix`, `keys` keys */
 int64_t lt_work_floats(int32_t rows, int32_t hidden, int32_t wide, int32_t inter, int32_t mix, int64_t keys) {

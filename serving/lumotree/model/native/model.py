@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.model import HybridLM
-from lumotree.model.native.build import load_library
+from lumotree.model.native.build import NativeBuildError, load_library
 from lumotree.model.norms import RMSNorm
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
@@ -108,6 +108,51 @@ class _Rows(ctypes.Structure):
     ]
 
 
+class _LayoutEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", c_int64)]
+
+
+_MIRRORS: dict[str, type[ctypes.Structure]] = {
+    "Linear": _Linear,
+    "Layer": _Layer,
+    "Model": _Model,
+    "Rows": _Rows,
+}
+
+
+def c_layout(lib: ctypes.CDLL) -> dict[str, int]:
+    """forward.c's structure layout as the library was compiled (`lt_layout`): "Struct" -> size,
+    "Struct.field" -> offset, in bytes."""
+    fn = lib.lt_layout
+    fn.argtypes, fn.restype = [], ctypes.POINTER(_LayoutEntry)
+    table, out, i = fn(), {}, 0
+    while table[i].name is not None:
+        out[table[i].name.decode()] = int(table[i].value)
+        i += 1
+    return out
+
+
+def mirror_layout() -> dict[str, int]:
+    """The same table for the ctypes mirror of this module."""
+    out: dict[str, int] = {}
+    for name, struct in _MIRRORS.items():
+        out[name] = ctypes.sizeof(struct)
+        for field, *_ in struct._fields_:
+            out[f"{name}.{field}"] = getattr(struct, field).offset
+    return out
+
+
+def layout_mismatches(c: dict[str, int]) -> list[str]:
+    """Each size or offset where the table `c` (c_layout, or a driver's --layout) and the mirror
+    differ, and each entry only one of them has; [] when they agree."""
+    mirror = mirror_layout()
+    return [
+        f"{key}: C {c.get(key, 'missing')}, ctypes {mirror.get(key, 'missing')}"
+        for key in sorted(c.keys() | mirror.keys())
+        if c.get(key) != mirror.get(key)
+    ]
+
+
 _P = c_void_p
 _SIGNATURES = {
     "lt_pack_bf16": [_P, c_int32, c_int32, c_int32, _P],
@@ -131,6 +176,11 @@ _MAX_TOPK = 64
 
 def _library() -> ctypes.CDLL:
     lib = load_library()
+    mismatches = layout_mismatches(c_layout(lib))
+    if mismatches:  # a call would read and write through wrong offsets
+        raise NativeBuildError(
+            f"forward.c's structures differ from model.py's mirror: {'; '.join(mismatches)}"
+        )
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = args

@@ -10,8 +10,10 @@ the device, so one captured graph serves every cycle.
 
 The splits do not move with the prefix: a key lands in the same split, at the same place in its
 tiles, whether it is committed or a tree slot. So a query of a chain (or of a tree's spine) at
-position p sums over the same keys in the same order as the 1-row step at p (bit for bit under the
-interpreter, tested; on the GPU the dot's instruction tile still follows the query block's height).
+position p sums over the same keys in the same splits and tiles as the 1-row step at p; the order
+inside a dot is the dot's own (on the GPU its instruction tile follows the query block's height;
+under the interpreter, numpy's matmul sums in its BLAS kernel's order, which differs between CPUs).
+The tests check it bit for bit, split partials included, with the interpreter's dot in a fixed order.
 With the prefix-relative splits of before, bf16 MTP-5 and AR parted on a sampled demo request.
 
 `tree_attention` and `publish_kv_` have the reference's signatures; `tree_attention_` and
