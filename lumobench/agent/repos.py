@@ -112,21 +112,27 @@ def _git_dir(mirror: Path) -> Path:
     return dot_git if dot_git.is_dir() else mirror
 
 
-def _borrow(mirror: Path, repo: Path, bare: bool = False) -> None:
-    """Make `repo` a new repository that reads `mirror`'s objects (and its shallow list) in place."""
-    source = _git_dir(mirror).resolve()
+def mirror_objects(mirror: Path) -> Path:
+    """The absolute path of `mirror`'s object store."""
+    return _git_dir(mirror).resolve() / "objects"
+
+
+def borrow(mirror: Path, repo: Path, bare: bool = False) -> None:
+    """Make `repo` a new repository that reads `mirror`'s objects (and its shallow list) in place.
+    It must never write an object `mirror` holds: git would freshen (touch) the mirror's pack."""
+    objects = mirror_objects(mirror)
     git(["init", "--quiet", *(["--bare"] if bare else []), str(repo)])
     own = repo if bare else repo / ".git"
-    (own / "objects" / "info" / "alternates").write_text(f"{source / 'objects'}\n")
-    if (source / "shallow").is_file():  # without it, history stops at a missing parent with an error
-        shutil.copyfile(source / "shallow", own / "shallow")
+    (own / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    if (objects.parent / "shallow").is_file():  # without it, history stops at a missing parent
+        shutil.copyfile(objects.parent / "shallow", own / "shallow")
 
 
 def missing_commits(mirror: Path, commits: list[str]) -> list[str]:
     """Those of `commits` (full ids) that `mirror` does not hold; reads the mirror, writes nothing into it."""
     with tempfile.TemporaryDirectory(prefix="lumobench-mirror-") as tmp:
         probe = Path(tmp) / "probe.git"
-        _borrow(mirror, probe, bare=True)
+        borrow(mirror, probe, bare=True)
         queries = "".join(f"{commit}^{{commit}}\n" for commit in commits)
         answers = git(["cat-file", "--batch-check=%(objecttype)"], cwd=probe, stdin=queries).splitlines()
     return [commit for commit, answer in zip(commits, answers, strict=True) if answer != "commit"]
@@ -139,7 +145,7 @@ def prepare_workspace(mirror: Path, base_commit: str, dest: Path) -> Path:
     space, and results hold the recorded patches."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _borrow(mirror, dest)
+    borrow(mirror, dest)
     try:
         git(["checkout", "--quiet", "--detach", base_commit], cwd=dest)
     except LumobenchError as exc:
