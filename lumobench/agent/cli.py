@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -306,7 +307,8 @@ def evaluate_command(
         specs = _split(tasks or []) or (meta.tasks if meta else [])
         task_map = {t.instance_id: t for t in resolve_tasks([*specs, *ids])}
         if local:
-            repos_dir = repos or (Path(meta.repos_dir) if meta else CACHE_DIR / "repos")
+            # abspath, not absolute(): the messages name the mirror without "x/../"
+            repos_dir = Path(os.path.abspath(repos or (meta.repos_dir if meta else CACHE_DIR / "repos")))
             if not repos_dir.is_dir():
                 raise LumobenchError(f"--repos {repos_dir} is not a folder")
             out_dir = predictions.with_name(evaluation_path(predictions).stem + ".local")
@@ -314,7 +316,7 @@ def evaluate_command(
             evaluations = evaluate_locally(
                 preds,
                 task_map,
-                repos_dir.absolute(),
+                repos_dir,
                 out_dir.absolute(),
                 lambda line: err.print(line, highlight=False),
                 rebuild=rebuild,

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         entries.append(entry)
     result = {
         "created": now_iso(),
-        "command": f"python -m lumobench.agent.local_eval_check --repos {args.repos} --out {args.out}",
+        "command": " ".join(["python -m lumobench.agent.local_eval_check", *(argv or sys.argv[1:])]),
         "host": host_info(),
         "swebench": version("swebench"),
         "specs": local_env.SPECS_SOURCE,
