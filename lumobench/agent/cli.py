@@ -286,8 +286,8 @@ def evaluate_command(
     repos: Annotated[
         Path | None,
         typer.Option(
-            help="--local: folder of repository mirrors [default: the agent run's --repos, else "
-            f"{CACHE_DIR / 'repos'}]."
+            help="--local: folder of repository mirrors (default: the agent run's --repos, else "
+            f"{CACHE_DIR / 'repos'})."
         ),
     ] = None,
     rebuild: Annotated[
@@ -310,7 +310,7 @@ def evaluate_command(
             # abspath, not absolute(): the messages name the mirror without "x/../"
             repos_dir = Path(os.path.abspath(repos or (meta.repos_dir if meta else CACHE_DIR / "repos")))
             if not repos_dir.is_dir():
-                raise LumobenchError(f"--repos {repos_dir} is not a folder")
+                raise LumobenchError(f"no folder of mirrors at {repos_dir} (give --repos DIR)")
             out_dir = predictions.with_name(evaluation_path(predictions).stem + ".local")
             err.print(f"grading locally (logs in {out_dir})", highlight=False)
             evaluations = evaluate_locally(

@@ -80,7 +80,7 @@ def test_bad_local_options_are_one_line_errors(tmp_path):
         (["--rebuild"], "error: --repos and --rebuild belong to --local"),
         (
             ["--local", "--repos", tmp_path / "nowhere"],
-            f"error: --repos {tmp_path / 'nowhere'} is not a folder",
+            f"error: no folder of mirrors at {tmp_path / 'nowhere'} (give --repos DIR)",
         ),
     ):
         result = lumobench("evaluate", preds, *args)
