@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +26,10 @@ from lumobench.agent.driver import (
     pending,
     resume_settings,
 )
+from lumobench.agent.local_eval import evaluate_locally
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.qwen_code import DEFAULT_VERSION
-from lumobench.agent.rundir import ATTEMPTED, RUN_FILE, AgentRunDir, TaskRow, evaluation_path
+from lumobench.agent.rundir import ATTEMPTED, RUN_FILE, AgentRunDir, AgentRunMeta, TaskRow, evaluation_path
 from lumobench.agent.table import TABLE_MD, table_rows, write_task_table
 from lumobench.agent.tasks import Task, resolve_tasks
 from lumobench.corpus import load_corpus
@@ -243,14 +245,14 @@ def _print_table(run: AgentRunDir) -> None:
     out.print(table)
 
 
-def _run_task_specs(folder: Path) -> list[str]:
-    """The --tasks of the agent run whose predictions lie in `folder` ([] for any other folder)."""
+def _run_meta(folder: Path) -> AgentRunMeta | None:
+    """The metadata of the agent run whose predictions lie in `folder` (None for any other folder)."""
     if not (folder / RUN_FILE).is_file():
-        return []
+        return None
     try:
-        return AgentRunDir.open(folder).read_meta().tasks
+        return AgentRunDir.open(folder).read_meta()
     except (LumobenchError, ValueError):  # another kind of run, or unreadable metadata
-        return []
+        return None
 
 
 def evaluate_command(
@@ -271,16 +273,56 @@ def evaluate_command(
     run_id: Annotated[str, typer.Option(help="Run id for the SWE-bench harness.")] = "lumobench",
     max_workers: Annotated[int, typer.Option(min=1, help="Parallel harness containers.")] = 1,
     timeout_s: Annotated[
-        int, typer.Option("--timeout-s", min=1, help="Harness timeout per instance.")
+        int, typer.Option("--timeout-s", min=1, help="Harness (or --local test run) timeout per instance.")
     ] = 1800,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="Grade here without Docker: one cached venv per task version (SWE-bench's specs), tests "
+            "run with pytest, graded by swebench's parser.",
+        ),
+    ] = False,
+    repos: Annotated[
+        Path | None,
+        typer.Option(
+            help="--local: folder of repository mirrors (default: the agent run's --repos, else "
+            f"{CACHE_DIR / 'repos'})."
+        ),
+    ] = None,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="--local: build the task versions' environments again.")
+    ] = False,
 ) -> None:
-    """Evaluate predictions with the SWE-bench harness (needs Docker) or grade existing harness logs."""
+    """Evaluate predictions with the SWE-bench harness (needs Docker), locally (--local), or grade
+    existing harness logs (--logs)."""
     with user_errors():
+        if local and logs is not None:
+            raise LumobenchError("give --local or --logs, not both")
+        if not local and (repos is not None or rebuild):
+            raise LumobenchError("--repos and --rebuild belong to --local")
         preds = ev.read_predictions(predictions)
         ids = [p.instance_id for p in preds]
-        specs = _split(tasks or []) or _run_task_specs(predictions.parent)
+        meta = _run_meta(predictions.parent)
+        specs = _split(tasks or []) or (meta.tasks if meta else [])
         task_map = {t.instance_id: t for t in resolve_tasks([*specs, *ids])}
-        if logs is not None:
+        if local:
+            # abspath, not absolute(): the messages name the mirror without "x/../"
+            repos_dir = Path(os.path.abspath(repos or (meta.repos_dir if meta else CACHE_DIR / "repos")))
+            if not repos_dir.is_dir():
+                raise LumobenchError(f"no folder of mirrors at {repos_dir} (give --repos DIR)")
+            out_dir = predictions.with_name(evaluation_path(predictions).stem + ".local")
+            err.print(f"grading locally (logs in {out_dir})", highlight=False)
+            evaluations = evaluate_locally(
+                preds,
+                task_map,
+                repos_dir,
+                out_dir.absolute(),
+                lambda line: err.print(line, highlight=False),
+                rebuild=rebuild,
+                timeout_s=timeout_s,
+            )
+        elif logs is not None:
             evaluations = ev.grade(preds, task_map, ev.find_test_logs(logs))
         elif why := ev.docker_unavailable():
             err.print(

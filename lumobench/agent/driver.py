@@ -5,8 +5,9 @@ the patch, and write the row, the predictions and the task table as the task end
 The arm is either launched from its TOML (and stopped at the end) or an already-running `--endpoint`.
 A run directory can be resumed: attempts already recorded as the agent's work are kept, the rest run.
 
-Before the run starts, every task's repository mirror is found (or cloned, `find_mirrors`): when
-none can be had the command stops with that one line. Once the arm answers, its context window is
+Before the run starts, every task's repository mirror is found (or cloned, `find_mirrors`) and its
+base commit looked up there: a task without one is an "error" row naming why (the others run); when
+no task can start the command stops with that one line. Once the arm answers, its context window is
 read (`/v1/models` `max_model_len`): Qwen Code is told it (so it compresses its history in time)
 and the proxy fits each request's `max_tokens` into it (`RecordingProxy(fit_context=True)`); an arm
 that cannot hold Qwen Code's first prompt, or whose context `--max-tokens` cannot fit without
@@ -27,7 +28,13 @@ from lumobench.agent.counters import counter_deltas, snapshot
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.process import ProcessOutcome
 from lumobench.agent.qwen_code import AgentEndpoint, AgentReport, ensure_qwen_code, run_qwen_code
-from lumobench.agent.repos import collect_patch, ensure_mirror, prepare_workspace, uncommitted_changes
+from lumobench.agent.repos import (
+    collect_patch,
+    ensure_mirror,
+    missing_commits,
+    prepare_workspace,
+    uncommitted_changes,
+)
 from lumobench.agent.rundir import ATTEMPTED, REQUESTS_LOG, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
 from lumobench.agent.table import write_task_table
 from lumobench.agent.tasks import Task
@@ -227,7 +234,7 @@ class AgentRunner:
     arm_url: str
     sampling: dict[str, Any]
     note: Callable[[str], None]
-    mirrors: dict[str, Path | str]  # repository -> its mirror, or why there is none
+    mirrors: dict[str, Path | str]  # instance id -> its mirror, or why it has none
     context_window: int | None = None
 
     def _metrics(self, log_dir: Path, when: str) -> str | None:
@@ -258,7 +265,7 @@ class AgentRunner:
             )
 
         notes: list[str] = []
-        mirror = self.mirrors[task.repo]
+        mirror = self.mirrors[task.instance_id]
         if isinstance(mirror, str):
             return row("error", mirror)
         try:
@@ -375,15 +382,24 @@ def new_run(
 
 
 def find_mirrors(todo: list[tuple[int, Task]], settings: AgentSettings) -> dict[str, Path | str]:
-    """The mirror of every repository the pending attempts need (cloned once if allowed), or why
-    there is none; raises the first reason when no attempt could start."""
-    mirrors: dict[str, Path | str] = {}
+    """The mirror of every pending task, keyed by instance id (each repository found or cloned once, if
+    allowed), or why there is none: no mirror of its repository, or its base commit not in the mirror.
+    Raises the first reason when no attempt could start."""
+    repos: dict[str, Path | str] = {}
     for _, task in todo:
-        if task.repo not in mirrors:
+        if task.repo not in repos:
             try:
-                mirrors[task.repo] = ensure_mirror(task.repo, settings.repos_dir, settings.allow_clone)
+                repos[task.repo] = ensure_mirror(task.repo, settings.repos_dir, settings.allow_clone)
             except LumobenchError as exc:
-                mirrors[task.repo] = str(exc)
+                repos[task.repo] = str(exc)
+    tasks = {task.instance_id: task for _, task in todo}
+    mirrors: dict[str, Path | str] = {i: repos[t.repo] for i, t in tasks.items()}
+    for mirror in {m for m in repos.values() if isinstance(m, Path)}:
+        ids = [i for i, m in mirrors.items() if m == mirror]
+        for commit in missing_commits(mirror, sorted({tasks[i].base_commit for i in ids})):
+            for i in ids:
+                if tasks[i].base_commit == commit:
+                    mirrors[i] = f"base commit {commit[:12]} of {i} is not in mirror {mirror}"
     reasons = [m for m in mirrors.values() if isinstance(m, str)]
     if mirrors and len(reasons) == len(mirrors):
         raise LumobenchError(reasons[0])

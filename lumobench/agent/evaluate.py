@@ -1,4 +1,5 @@
-"""Evaluate agent patches with the SWE-bench harness, or grade its existing logs offline.
+"""Evaluate agent patches with the SWE-bench harness, or grade its existing logs offline (`--local`
+grades without Docker: local_eval.py).
 
 The harness (`swebench`, an optional dependency) runs tests in Docker containers. Without a reachable
 Docker daemon nothing is run: non-empty patches are marked "not-evaluated". Empty patches count as
@@ -45,11 +46,13 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The outcome for one prediction: `status` is resolved, unresolved, empty-patch or not-evaluated."""
+    """The outcome for one prediction: `status` is resolved, unresolved, empty-patch or not-evaluated;
+    `seconds` the time its local grade took (None where it was not graded here)."""
 
     instance_id: str
     status: str
     detail: str = ""
+    seconds: float | None = None
 
 
 def read_predictions(path: Path) -> list[Prediction]:

@@ -1,20 +1,26 @@
 """Task repositories: find or clone a mirror, make a clean working copy at the task's base commit, and
 collect the agent's patch from it afterwards.
 
-The agent never works inside a mirror: each attempt gets its own clone, so a user's mirror (which may
-be their own working clone, dirty or not) is never modified.
+The agent never works inside a mirror, and nothing here writes into one: each attempt gets its own
+repository that borrows the mirror's objects (`objects/info/alternates`) to check out the base
+commit and then copies them (repack), so a user's mirror (their own working clone, dirty or not, or
+a read-only folder) is only read. Borrowing also takes mirrors that `git clone` refuses: a bare
+folder whose empty `refs/` was lost in copying (as in ../shared/data/repos) is still a pack and a HEAD.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from lumobench.errors import LumobenchError
 
-# Settings that a user's git config could change and that would corrupt a SWE-bench patch or a checkout.
+# Settings that a user's git config could change and that would corrupt a SWE-bench patch or a checkout;
+# no optional locks, so `status` in a mirror never refreshes (writes) its index.
 _GIT_SAFE = (
+    "--no-optional-locks",
     "-c",
     "core.quotepath=off",
     "-c",
@@ -97,20 +103,57 @@ def uncommitted_changes(mirror: Path) -> list[str]:
     return [line[3:] for line in status.splitlines() if line.strip()]
 
 
+def _git_dir(mirror: Path) -> Path:
+    """The git directory holding a mirror's objects: `.git` of a working clone (or the common directory
+    a `.git` file points to), else the bare mirror itself."""
+    dot_git = mirror / ".git"
+    if dot_git.is_file():  # a linked worktree or a submodule
+        return Path(git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=mirror).strip())
+    return dot_git if dot_git.is_dir() else mirror
+
+
+def mirror_objects(mirror: Path) -> Path:
+    """The absolute path of `mirror`'s object store."""
+    return _git_dir(mirror).resolve() / "objects"
+
+
+def borrow(mirror: Path, repo: Path, bare: bool = False) -> None:
+    """Make `repo` a new repository that reads `mirror`'s objects (and its shallow list) in place.
+    It must never write an object `mirror` holds: git would freshen (touch) the mirror's pack."""
+    objects = mirror_objects(mirror)
+    git(["init", "--quiet", *(["--bare"] if bare else []), str(repo)])
+    own = repo if bare else repo / ".git"
+    (own / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    if (objects.parent / "shallow").is_file():  # without it, history stops at a missing parent
+        shutil.copyfile(objects.parent / "shallow", own / "shallow")
+
+
+def missing_commits(mirror: Path, commits: list[str]) -> list[str]:
+    """Those of `commits` (full ids) that `mirror` does not hold; reads the mirror, writes nothing into it."""
+    with tempfile.TemporaryDirectory(prefix="lumobench-mirror-") as tmp:
+        probe = Path(tmp) / "probe.git"
+        borrow(mirror, probe, bare=True)
+        queries = "".join(f"{commit}^{{commit}}\n" for commit in commits)
+        answers = git(["cat-file", "--batch-check=%(objecttype)"], cwd=probe, stdin=queries).splitlines()
+    return [commit for commit, answer in zip(commits, answers, strict=True) if answer != "commit"]
+
+
 def prepare_workspace(mirror: Path, base_commit: str, dest: Path) -> Path:
-    """A fresh clone of `mirror` at `dest`, detached at `base_commit`, with no remote, branches or tags
-    (so later history — the fix — is not reachable by `git log --all`). A leftover `dest` from an
-    interrupted attempt is replaced: it is scratch space, and results hold the recorded patches."""
+    """A new repository at `dest` detached at `base_commit` of `mirror`, holding its own copy of that
+    commit's objects, with no remote, branches or tags (so later history — the fix — is not reachable
+    by `git log --all`). A leftover `dest` from an interrupted attempt is replaced: it is scratch
+    space, and results hold the recorded patches."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    git(["clone", "--quiet", "--no-checkout", str(mirror), str(dest)])
+    borrow(mirror, dest)
     try:
         git(["checkout", "--quiet", "--detach", base_commit], cwd=dest)
     except LumobenchError as exc:
         raise LumobenchError(f"base commit {base_commit} is not usable in mirror {mirror} ({exc})") from None
-    git(["remote", "remove", "origin"], cwd=dest)
-    every_ref = git(["for-each-ref", "--format=delete %(refname)"], cwd=dest)
-    git(["update-ref", "--stdin"], cwd=dest, stdin=every_ref)
+    # Copy what HEAD needs and stop borrowing: git "freshens" (sets the mtime of) a borrowed pack
+    # whenever it writes an object the pack already holds, as the agent's `git add` would.
+    git(["repack", "-a", "-d", "--quiet"], cwd=dest)
+    (dest / ".git" / "objects" / "info" / "alternates").unlink()
     git(["config", "user.name", "lumobench agent"], cwd=dest)
     git(["config", "user.email", "agent@lumobench.invalid"], cwd=dest)
     head, base = (git(["rev-parse", ref], cwd=dest) for ref in ("HEAD", f"{base_commit}^{{commit}}"))

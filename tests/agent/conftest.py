@@ -1,9 +1,13 @@
 """Fixtures of the agent tests: the real Qwen Code install, a local task repository with a failing
-test, scripted arms (the scripted model server, a test double, launched from an arm TOML)."""
+test, a read-only copy of the project's real Astropy mirror, scripted arms (the scripted model server,
+a test double, launched from an arm TOML)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,6 +23,13 @@ from lumobench.agent.qwen_code import ensure_qwen_code
 
 HERE = Path(__file__).resolve().parent
 SCRIPTED_SERVER = HERE / "scripted_server.py"
+#: The project's shared data (../shared/data/README.md): the ten Astropy task records and a bare, shallow
+#: mirror of astropy/astropy holding the base trees of seven of them.
+SHARED_DATA = Path(os.environ.get("LUMO_SHARED_DATA", HERE.parents[2] / "shared" / "data"))
+ASTROPY_PRESENT = tuple(
+    f"astropy__astropy-{n}" for n in ("12907", "13033", "13977", "14096", "14182", "14309", "14369")
+)
+ASTROPY_ABSENT = ("astropy__astropy-14365", "astropy__astropy-14508", "astropy__astropy-14995")
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
@@ -112,6 +123,29 @@ def make_calc_repo(root: Path) -> CalcRepo:
     (mirror / "calc.py").write_text(FIXED)
     git(mirror, "commit", "-qam", "upstream fix")
     return CalcRepo(mirrors, mirror, base, git(mirror, "rev-parse", "HEAD"))
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int, int, str]]:
+    """Every path under `root` with its mode, size, mtime (ns) and, for files, sha256: what "nothing
+    was written" is checked against (root may write into a chmod a-w folder)."""
+    state = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        state[str(path.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return state
+
+
+@pytest.fixture(scope="session")
+def readonly_mirrors(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of ../shared/data/repos made read-only (chmod -R a-w), as the folder is in CI."""
+    source = SHARED_DATA / "repos"
+    if not (source / "astropy__astropy.git").is_dir():
+        pytest.skip(f"the shared Astropy mirror is not at {source} (set LUMO_SHARED_DATA)")
+    copy = tmp_path_factory.mktemp("readonly") / "repos"
+    shutil.copytree(source, copy)
+    subprocess.run(["chmod", "-R", "a-w", str(copy)], check=True)
+    return copy
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from .conftest import (
     make_scripted_arm,
     only_run_dir,
     read_jsonl,
+    tree_state,
     write_tasks,
 )
 
@@ -434,3 +435,34 @@ def test_ctrl_c_and_sigterm_stop_agent_and_arm_and_mark_the_run_interrupted(
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert not (run / "tasks.jsonl").exists()  # the interrupted attempt is not a result; --resume reruns it
     assert _marked_processes(str(run / "tasks")) == []
+
+
+def test_astropy_tasks_from_a_readonly_mirror_run_and_an_absent_base_commit_is_one_line(
+    qwen_cli, readonly_mirrors: Path, scripted_arm, tmp_path
+):
+    """The issue's offline command on the real mirror (read-only): the present task runs in its own
+    clone at the base commit, the absent one is one line naming it, the run goes on, exit code 1."""
+    before = tree_state(readonly_mirrors)
+    look = {"name": "run_shell_command", "arguments": {"command": "git log --oneline", "description": "look"}}
+    arm = scripted_arm([{"tool_calls": [look]}, {"content": "nothing to change"}])
+    result = lumobench(
+        "agent", "--tasks", "astropy__astropy-14365,astropy__astropy-12907", "--arm", arm,
+        "--repos", readonly_mirrors, "--no-clone", "--budget-s", 300, "--out", tmp_path / "results",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    run = only_run_dir(tmp_path / "results")
+    absent, present = read_jsonl(run / "tasks.jsonl")
+    mirror = readonly_mirrors / "astropy__astropy.git"
+    why = f"base commit 7269fa3e33e8 of astropy__astropy-14365 is not in mirror {mirror}"
+    assert (absent["instance_id"], absent["status"]) == ("astropy__astropy-14365", "error")
+    assert absent["error"] == why
+    [line] = [line for line in result.stderr.splitlines() if "astropy__astropy-14365" in line]
+    assert line.startswith("error astropy__astropy-14365 run 1: not started") and line.endswith(f"({why})")
+    assert "1 attempt(s) failed (error)" in result.stderr and "Traceback" not in result.stderr
+    assert present["instance_id"] == "astropy__astropy-12907"
+    assert (present["status"], present["patch"]) == ("completed", "")
+    [shown] = _tool_results(run / present["log_dir"] / "agent.jsonl")
+    # the agent saw the base commit alone (shallow: "grafted"), with no branch of the mirror
+    [commit] = shown.strip().splitlines()
+    assert commit.startswith("d16bfe0 (grafted, HEAD) Merge pull request #12900")
+    assert tree_state(readonly_mirrors) == before

@@ -23,7 +23,7 @@ from lumobench.agent.driver import (
 )
 from lumobench.agent.process import ProcessOutcome
 from lumobench.agent.qwen_code import AgentReport, ensure_qwen_code, npm_failure
-from lumobench.agent.tasks import Task
+from lumobench.agent.tasks import Task, resolve_tasks
 from lumobench.errors import LumobenchError
 
 from .conftest import free_port, lumobench
@@ -71,15 +71,22 @@ def test_resume_continues_with_the_runs_repos_clone_and_workdir_settings(tmp_pat
     assert (overridden.allow_clone, overridden.keep_workdirs, overridden.max_tokens) == (True, False, 512)
 
 
-def test_no_usable_mirror_stops_the_run_with_one_line(tmp_path: Path) -> None:
+def test_tasks_without_mirror_or_base_commit_are_named_and_none_usable_stops_the_run(
+    readonly_mirrors: Path, tmp_path: Path
+) -> None:
     tasks = [(0, Task(f"a__b-{i}", "a/b", "0" * 40, "x", {})) for i in range(3)]
     settings = AgentSettings(repos_dir=tmp_path / "none", allow_clone=False)
     with pytest.raises(LumobenchError, match=r"^no mirror of a/b under .*none \(looked for a__b, a/b, b\)$"):
         find_mirrors(tasks, settings)
-    (tmp_path / "none" / "c").mkdir(parents=True)
-    (tmp_path / "none" / "c" / "HEAD").write_text("ref: refs/heads/main\n")  # a bare mirror of x/c
-    mirrors = find_mirrors([*tasks, (0, Task("x__c-1", "x/c", "0" * 40, "x", {}))], settings)
-    assert mirrors["x/c"] == tmp_path / "none" / "c" and "no mirror of a/b" in str(mirrors["a/b"])
+    astropy = [(0, t) for t in resolve_tasks(["astropy__astropy-12907", "astropy__astropy-14365"])]
+    settings = AgentSettings(repos_dir=readonly_mirrors, allow_clone=False)
+    mirrors = find_mirrors([*tasks, *astropy], settings)
+    mirror = readonly_mirrors / "astropy__astropy.git"
+    assert mirrors["astropy__astropy-12907"] == mirror and "no mirror of a/b" in str(mirrors["a__b-0"])
+    absent = f"base commit 7269fa3e33e8 of astropy__astropy-14365 is not in mirror {mirror}"
+    assert mirrors["astropy__astropy-14365"] == absent
+    with pytest.raises(LumobenchError, match=f"^{absent}$"):
+        find_mirrors(astropy[1:], settings)
 
 
 def test_an_arm_whose_context_cannot_fit_the_agent_stops_the_run(tmp_path: Path) -> None:
@@ -92,7 +99,9 @@ def test_an_arm_whose_context_cannot_fit_the_agent_stops_the_run(tmp_path: Path)
 
 
 @pytest.mark.integration
-def test_readme_agent_command_without_mirrors_fails_fast_with_one_line(live_url: str, tmp_path: Path) -> None:
+def test_readme_agent_command_without_mirrors_fails_fast_with_one_line(
+    live_url: str, readonly_mirrors: Path, tmp_path: Path
+) -> None:
     """The README's command with a --repos folder that does not exist, and no cloning: one line, exit 2,
     before any agent or arm starts."""
     result = lumobench(
@@ -104,12 +113,9 @@ def test_readme_agent_command_without_mirrors_fails_fast_with_one_line(live_url:
     assert line.startswith("error: no mirror of astropy/astropy under ")
     assert not (tmp_path / "mirrors").exists() and not (tmp_path / "results").exists()
     # with a mirror, the shared server (8,192-token context) is too small for Qwen Code's first prompt
-    mirror = tmp_path / "mirrors" / "astropy__astropy.git"
-    mirror.mkdir(parents=True)
-    (mirror / "HEAD").write_text("ref: refs/heads/main\n")
     result = lumobench(
         "agent", "--tasks", "astropy__astropy-12907", "--endpoint", f"{live_url}/v1",
-        "--repos", tmp_path / "mirrors", "--out", tmp_path / "results",
+        "--repos", readonly_mirrors, "--out", tmp_path / "results",
     )  # fmt: skip
     assert result.returncode == 2 and "error: arm endpoint has a context of 8192 tokens" in result.stderr
     assert "Traceback" not in result.stderr

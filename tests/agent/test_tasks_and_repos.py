@@ -7,11 +7,17 @@ import subprocess
 
 import pytest
 
-from lumobench.agent.repos import collect_patch, ensure_mirror, prepare_workspace, uncommitted_changes
+from lumobench.agent.repos import (
+    collect_patch,
+    ensure_mirror,
+    missing_commits,
+    prepare_workspace,
+    uncommitted_changes,
+)
 from lumobench.agent.tasks import TASK_LISTS_DIR, load_task_file, resolve_tasks
 from lumobench.errors import LumobenchError
 
-from .conftest import BUGGY, CalcRepo, git, write_tasks
+from .conftest import ASTROPY_ABSENT, ASTROPY_PRESENT, BUGGY, CalcRepo, git, tree_state, write_tasks
 
 PAPER_TASKS = {"12907", "13033", "13977", "14096", "14182", "14309", "14365", "14369", "14508", "14995"}
 
@@ -114,3 +120,23 @@ def test_mirror_layouts_are_found(calc_repo: CalcRepo, tmp_path):
             str(target),
         )
         assert ensure_mirror("local/calc", root, allow_clone=False) == target
+
+
+def test_readonly_astropy_mirror_gives_clean_base_trees_and_is_never_written(readonly_mirrors, tmp_path):
+    """The real mirror as CI has it (bare, shallow, read-only, no refs/ folder, so `git clone` refuses
+    it): each present task's base tree checks out clean, the absent ones are named, nothing is written."""
+    mirror = readonly_mirrors / "astropy__astropy.git"
+    before = tree_state(readonly_mirrors)
+    tasks = {t.instance_id: t for t in resolve_tasks(["astropy"])}
+    assert missing_commits(mirror, sorted(t.base_commit for t in tasks.values())) == sorted(
+        tasks[i].base_commit for i in ASTROPY_ABSENT
+    )
+    for instance_id in ASTROPY_PRESENT[:2]:
+        base = tasks[instance_id].base_commit
+        work = prepare_workspace(mirror, base, tmp_path / instance_id)
+        assert git(work, "log", "--all", "--format=%H") == base  # shallow: the base commit alone
+        assert git(work, "status", "--porcelain") == "" and git(work, "remote") == ""
+        assert len(git(work, "ls-files").splitlines()) > 1800 and (work / "astropy" / "__init__.py").is_file()
+    with pytest.raises(LumobenchError, match=r"is not usable in mirror .*reference is not a tree"):
+        prepare_workspace(mirror, tasks[ASTROPY_ABSENT[0]].base_commit, tmp_path / "absent")
+    assert tree_state(readonly_mirrors) == before
