@@ -5,9 +5,11 @@
 The corpus's longest prompt is cut to --tokens tokens. Each engine (one per arm and -march) prefills
 it and decodes --max-tokens tokens (greedy, ignoring EOS, prefix cache off, so every repetition
 prefills afresh). The arms take turns per repetition, so a drifting machine load hits them alike.
-The result per arm: the seconds from add_request to the step that returns the first token (TTFT)
-and from then to the last token (the decode, which now carries whatever prompt work was left after
-the first token), each with its ratio to AR's, by minimum and by median.
+`--inline-mtp` adds the speculative arms with the prompt's MTP rows written inside the prefill steps
+(`EngineConfig.overlap_prompt_mtp` off) beside the default worker thread. The result per arm: the
+seconds from add_request to the step that returns the first token (TTFT) and from then to the last
+token (the decode, which carries whatever prompt work was left after the first token), each with
+its ratio to AR's, by minimum and by median.
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ def prefill_command(
     march: Annotated[
         list[str] | None, typer.Option(help="-march of the native forward; repeat it for each ISA path.")
     ] = None,
+    inline_mtp: Annotated[
+        bool,
+        typer.Option(
+            "--inline-mtp",
+            help="Also run the speculative arms with the prompt's MTP rows written inside the prefill "
+            "steps (EngineConfig.overlap_prompt_mtp off): the A/B of the worker thread.",
+        ),
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
 ) -> None:
     """Prefill time (TTFT) of the AR, MTP-5 and tree arms side by side (see the module docstring)."""
@@ -68,20 +78,25 @@ def prefill_command(
     folder = default_model_path()
     longest = max(load_requests(corpus, folder, 1, True), key=lambda r: len(r.prompt_token_ids))
     ids = longest.prompt_token_ids[:tokens]
-    engines: dict[tuple[str, str], LLMEngine] = {}
+    variants = [(kind, True) for kind in ARMS] + [(k, False) for k in ARMS if k != "ar" and inline_mtp]
+    engines: dict[tuple[str, str, bool], LLMEngine] = {}
     for target in marches:
-        for kind in ARMS:
+        for kind, overlap in variants:
             try:
                 with native_march(target):
-                    room = len(ids) + max_tokens + 64
-                    config = EngineConfig(drafter=kind, max_model_len=room, prefix_cache=False)  # type: ignore[arg-type]
-                    engines[(target, kind)] = LLMEngine(config)
+                    config = EngineConfig(
+                        drafter=kind,  # type: ignore[arg-type]
+                        max_model_len=len(ids) + max_tokens + 64,
+                        prefix_cache=False,
+                        overlap_prompt_mtp=overlap,
+                    )
+                    engines[(target, kind, overlap)] = LLMEngine(config)
             except ValueError as exc:
                 console.print(f"[red]error:[/] {exc}")
                 raise typer.Exit(2) from None
     load_before = os.getloadavg()[0]
-    ttft: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
-    decode: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    ttft: dict[tuple[str, str, bool], list[float]] = {key: [] for key in engines}
+    decode: dict[tuple[str, str, bool], list[float]] = {key: [] for key in engines}
     for i in range(reps):
         for key, engine in engines.items():
             req = GenerationRequest(f"p{i}-{key[1]}", ids, SamplingParams(0.0), max_tokens, ignore_eos=True)
@@ -89,10 +104,10 @@ def prefill_command(
             ttft[key].append(first)
             decode[key].append(rest)
     arms: list[dict[str, Any]] = []
-    for target, kind in engines:
-        arm: dict[str, Any] = {"arm": ARMS[kind], "march": target}
+    for target, kind, overlap in engines:
+        arm: dict[str, Any] = {"arm": ARMS[kind], "march": target, "overlap_prompt_mtp": overlap}
         for name, seconds in (("ttft", ttft), ("decode", decode)):
-            values, ar = seconds[(target, kind)], seconds[(target, "ar")]
+            values, ar = seconds[(target, kind, overlap)], seconds[(target, "ar", True)]
             arm |= {
                 f"{name}_seconds": values, f"{name}_min_s": min(values),
                 f"{name}_median_s": statistics.median(values), f"{name}_min_vs_ar": min(values) / min(ar),
@@ -106,12 +121,13 @@ def prefill_command(
     }  # fmt: skip
     title = f"time to first token and decode of {max_tokens} tokens, {len(ids)}-token prompt"
     table = Table(title=f"{title} ({longest.request_id}), one process")
-    columns = ("arm", "march", "TTFT min s", "TTFT median s", "min vs AR", "median vs AR",
+    columns = ("arm", "MTP rows", "march", "TTFT min s", "TTFT median s", "min vs AR", "median vs AR",
                "decode min s", "decode min vs AR")  # fmt: skip
     for col in columns:
-        table.add_column(col, justify="left" if col in ("arm", "march") else "right")
+        table.add_column(col, justify="left" if col in ("arm", "MTP rows", "march") else "right")
     for a in arms:
-        table.add_row(a["arm"], a["march"], f"{a['ttft_min_s']:.3f}", f"{a['ttft_median_s']:.3f}",
+        rows = "-" if a["arm"] == ARMS["ar"] else "worker thread" if a["overlap_prompt_mtp"] else "inline"
+        table.add_row(a["arm"], rows, a["march"], f"{a['ttft_min_s']:.3f}", f"{a['ttft_median_s']:.3f}",
                       f"{a['ttft_min_vs_ar']:.2f}x", f"{a['ttft_median_vs_ar']:.2f}x",
                       f"{a['decode_min_s']:.3f}", f"{a['decode_min_vs_ar']:.2f}x")  # fmt: skip
     Console(width=170).print(table)

@@ -105,12 +105,15 @@ def test_bench_engine_runs_the_drafting_arms_once_per_draft_vocabulary(tmp_path:
 
 def test_bench_prefill_times_every_arm_against_ar(tmp_path: Path) -> None:
     out = tmp_path / "prefill.json"
-    args = ["bench", "prefill", str(DEMO), "--tokens", "200", "--reps", "2", "--out", str(out)]
+    args = ["bench", "prefill", str(DEMO), "--tokens", "200", "--reps", "2", "--inline-mtp"]
+    args += ["--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     written = json.loads(out.read_text())
     assert written["prompt_tokens"] == 200
-    assert [a["arm"] for a in written["arms"]] == ["lumotree-ar", "lumotree-mtp5", "lumotree"]
+    arms = [(a["arm"], a["overlap_prompt_mtp"]) for a in written["arms"]]
+    spec = [("lumotree-mtp5", True), ("lumotree", True), ("lumotree-mtp5", False), ("lumotree", False)]
+    assert arms == [("lumotree-ar", True), *spec]
     for name in ("ttft", "decode"):
         assert all(len(a[f"{name}_seconds"]) == 2 and a[f"{name}_min_s"] > 0 for a in written["arms"])
         assert written["arms"][0][f"{name}_min_vs_ar"] == 1.0

@@ -68,6 +68,9 @@ class EngineConfig:
     MTP drafting passes may propose, so each pass reads only those rows of the vocabulary
     projection; verification still scores every token (outputs unchanged, acceptance may drop).
     threads: torch intra-op threads (1 is fastest for this model size on CPU: measured).
+    overlap_prompt_mtp: the host runner writes the prompt's MTP rows on a worker thread while the
+        target prefills and the first token goes out (False: inside each prefill step, as the
+        device runner does; for one-core machines and A/B timing).
     forced_acceptance: speed work only (`lumotree.sampling.forced`): every drafting cycle accepts a
     spine prefix of lengths from this schedule ("paper", a mean, counts, "hist:FILE") instead of
     the walk's, so a random-weight model's cycles publish realistic paths; outputs are not a
@@ -86,6 +89,7 @@ class EngineConfig:
     max_model_len: int | None = None
     dtype: str = "float32"
     threads: int = 1
+    overlap_prompt_mtp: bool = True
     device: str = "auto"
     kernels: KernelSet = "auto"
     eager: bool = False

@@ -470,5 +470,6 @@ def _build_runner(
     kernels = CPU_FAST if config.kernels in ("cpu-fast", "cpu-native") else REFERENCE
     native = (geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None
     return ModelRunner(
-        model, capacity, config.max_depth, kernels, mtp, native, draft_ids, config.draft_head_dtype, forced
-    )
+        model, capacity, config.max_depth, kernels, mtp, native, draft_ids, config.draft_head_dtype, forced,
+        background=config.overlap_prompt_mtp,
+    )  # fmt: skip

@@ -43,7 +43,8 @@ class ModelRunner(Runner):
     """The host cycle. native=(tree rows, MTP rows): verification, publication, logits and MTP passes
     run in the native forward; mtp=(depth, k) of the MTP drafter or None (AR); draft_ids: the MTP
     passes' draft vocabulary (None: the whole vocabulary); draft_dtype: the PyTorch passes'
-    projection precision; forced: a forced-acceptance schedule (speed work)."""
+    projection precision; forced: a forced-acceptance schedule (speed work); background: the prompt's
+    MTP rows on a worker thread (`_Background`)."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class ModelRunner(Runner):
         draft_ids: Tensor | None = None,
         draft_dtype: str = "float32",
         forced: ForcedAcceptance | None = None,
+        background: bool = True,
     ) -> None:
         super().__init__(model, capacity, max_depth, None)
         self.kernels, self.forced, self._forced_cycle = kernels, forced, 0
@@ -67,18 +69,19 @@ class ModelRunner(Runner):
                 self.mtp = NativeMTPDrafter(model, depth, k, capacity, self.native)
             else:
                 self.mtp = MTPDrafter.for_engine(model, depth, k, capacity, draft_dtype, draft_ids)
-        self._background = _Background()
+        self._background = _Background() if background else None
 
     def commit_mtp_rows(
         self, hidden: Tensor, next_tokens: Sequence[int], then: Callable[[], None] | None = None
     ) -> None:
-        if self.mtp is None:
+        if self.mtp is None or self._background is None:
             super().commit_mtp_rows(hidden, next_tokens, then)
         else:
             self._background.submit(lambda: Runner.commit_mtp_rows(self, hidden, next_tokens, then))
 
     def settle(self) -> None:
-        self._background.settle()
+        if self._background is not None:
+            self._background.settle()
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
