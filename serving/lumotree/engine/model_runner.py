@@ -120,7 +120,6 @@ class ModelRunner(Runner):
         chain_next: bool = False,
         follow: Follow | None = None,
     ) -> CycleResult:
-        self.settle()
         start = time.perf_counter()
         tree = topology.descriptor(prefix_len=self.length, max_depth=self.max_depth)
         built = time.perf_counter()

@@ -83,9 +83,8 @@ class PrefixCache:
             if mtp is not None:
                 if entry.mtp is None:
                     raise ValueError("cached block has no MTP rows")
-                lo = max(i * b - 1, 0)
-                mtp.key[lo : (i + 1) * b - 1] = entry.mtp[0]
-                mtp.value[lo : (i + 1) * b - 1] = entry.mtp[1]
+                rows = self._mtp_rows(i)
+                mtp.key[rows], mtp.value[rows] = entry.mtp
         snapshot = self._entries[keys[-1]].snapshot
         assert snapshot is not None
         gdn = [s for s in state.layers if isinstance(s, GDNState)]
@@ -120,9 +119,12 @@ class PrefixCache:
     def store_mtp(self, keys: Sequence[bytes], mtp: KVCache) -> None:
         """The MTP drafter's KV rows of the stored blocks `keys` that lack them (the rows up to the
         boundary's second-last token: row t needs token t+1); evicted blocks are skipped."""
-        b = self.block
         for i, key in enumerate(keys):
             entry = self._entries.get(key)
             if entry is not None and entry.mtp is None:
-                lo = max(i * b - 1, 0)
-                entry.mtp = (mtp.key[lo : (i + 1) * b - 1].clone(), mtp.value[lo : (i + 1) * b - 1].clone())
+                rows = self._mtp_rows(i)
+                entry.mtp = (mtp.key[rows].clone(), mtp.value[rows].clone())
+
+    def _mtp_rows(self, i: int) -> slice:
+        """The MTP KV rows block i completes: [i*block - 1, (i+1)*block - 1) (row t needs token t+1)."""
+        return slice(max(i * self.block - 1, 0), (i + 1) * self.block - 1)
