@@ -229,7 +229,10 @@ def _wait_for(url: str, key: str, value: float, timeout_s: float = 20.0) -> dict
 def test_client_disconnects_abort_running_and_queued_requests(url: str) -> None:
     aborted = counters(url).get("success_abort", 0)
     chat = url + "/v1/chat/completions"
-    long = {"messages": CODE, "max_tokens": 3000, "ignore_eos": True, "temperature": 0.7, "seed": 1}
+    # as many tokens as the context holds: the engine must not finish the running request while the
+    # test waits (a seeded run of 3,000 tokens took 3.5 s here, and a faster CI machine beat the test)
+    most = MAX_LEN - 200
+    long = {"messages": CODE, "max_tokens": most, "ignore_eos": True, "temperature": 0.7, "seed": 1}
     # (keep each response's chunk iterator referenced: dropping it makes httpx close the stream)
     with httpx.stream("POST", chat, json=long | {"stream": True}, timeout=60) as running:
         running_chunks = running.iter_raw()
@@ -240,7 +243,7 @@ def test_client_disconnects_abort_running_and_queued_requests(url: str) -> None:
             _wait_for(url, "vllm:num_requests_waiting", 1)  # queued behind the running request
         _wait_for(url, "success_abort", aborted + 1)
         with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
-            httpx.post(chat, json=long, timeout=2.0)
+            httpx.post(chat, json=long, timeout=1.0)
         _wait_for(url, "success_abort", aborted + 2)
         assert counters(url)["vllm:num_requests_running"] == 1  # the first stream still runs
         next(running_chunks)
