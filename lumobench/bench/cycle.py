@@ -9,8 +9,8 @@ Per context length: the AR step (1 row), the chain MTP-5 cycle (6 rows) and the 
 engine builds it, its drafter (`lumotree.drafting.drafter.Drafter`, the tree's suffix drafter primed
 with a repetitive history so that tails and rescue branches appear) forming each tree from the last
 cycle's results, and `runner.cycle(tree, sampler, chain_next=True, follow=...)` back to back, as
-the engine calls it (AR and chain cycles launched ahead, the tree's next cycle started as soon as
-its topology is drafted). Random weights accept nothing, so the runner runs
+the engine calls it (every cycle launched ahead, the tree drafted on the device as the engine's
+runner does). Random weights accept nothing, so the runner runs
 with a forced-acceptance schedule (the paper's mean 4.05 accepted drafts per tree event and 3.17
 per MTP-5 event, as `--tree-accepted` / `--mtp-accepted`; `lumotree.sampling.forced`): publication
 and drafting work on paths of realistic length. Reported per arm, medians over the timed cycles:
@@ -173,8 +173,11 @@ def build_runner(model: HybridLM, ctx: int, arm: Arm, graphs: bool, cycles: int 
     forced = ForcedAcceptance(mean_schedule(arm.accepted), f"{arm.accepted}") if arm.mtp else None
     ids = draft_ids(arm.draft_vocab, model.config.vocab_size, model.device)
     capacity = ctx + (cycles + 2) * (MAX_DEPTH + 1) + geo.rows
-    chained = Drafter(geo, SuffixDrafter()).kind != "tree"
-    return DeviceRunner(model, capacity, geo.rows, MAX_DEPTH, arm.mtp, chained, graphs, ids, forced)
+    tree = Drafter(geo, SuffixDrafter()).kind == "tree"
+    drafting = (geo, SuffixDrafter()) if tree else None  # the tree drafted on the device, as the engine does
+    return DeviceRunner(
+        model, capacity, geo.rows, MAX_DEPTH, arm.mtp, not tree, graphs, ids, forced, drafting
+    )
 
 
 def weight_bytes(model: HybridLM) -> int:
@@ -213,6 +216,7 @@ def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) 
     prompt = history(ctx, runner.model.config.vocab_size)
     drafter.begin(prompt)
     root = prompt[-1]
+    runner.load_drafting(prompt[:-1], suffix)  # (start_decode adds the root)
     hidden = torch.zeros(
         1, runner.model.config.hidden_size, device=runner.model.device, dtype=runner.model.dtype
     )
@@ -226,7 +230,7 @@ def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) 
         """As the engine does: the next tree as soon as the results are in (started at once)."""
         nonlocal tree
         drafter.emitted(result.emitted)
-        tree = drafter.topology(result.emitted[-1], result.proposal)
+        tree = result.next_tree or drafter.topology(result.emitted[-1], result.proposal)
         return tree
 
     for i in range(warmup + cycles):

@@ -45,7 +45,12 @@ from lumobench.results import RequestRow
 from lumotree.drafting.draft_vocab import save_draft_vocab
 
 app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
-ARM_KEYS = {"lumotree-ar": "ar", "lumotree-mtp5": "mtp5", "lumotree": "tree"}
+ARM_KEYS = {
+    "lumotree-ar": "ar",
+    "lumotree-mtp5": "mtp5",
+    "lumotree": "tree",
+    "lumotree-hostdraft": "tree-host",
+}
 
 
 @app.command()
@@ -175,6 +180,8 @@ def table(
         ratios["tree_over_ar"] = rate["tree"] / rate["ar"]
     if {"mtp5", "tree"} <= rate.keys():
         ratios["tree_over_mtp5"] = rate["tree"] / rate["mtp5"]
+    if {"tree-host", "tree"} <= rate.keys():  # trees drafted on the device against the host
+        ratios["tree_over_tree_host"] = rate["tree"] / rate["tree-host"]
     doc = {
         "arms": arms,
         "ratios": ratios,

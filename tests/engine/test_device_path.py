@@ -214,11 +214,13 @@ def test_forced_acceptance_on_the_device_equals_the_host_forced_cycle(checkpoint
     assert events >= 3 and sum(min(c, 2) for c in schedule) <= accepted <= sum(schedule)
 
 
-def test_the_next_tree_is_started_before_the_results_are_emitted(checkpoint: Path) -> None:
-    """The tree's next cycle needs the host's suffix drafter: the engine drafts it as soon as the
-    results are in (`follow`), and the runner starts it before the step returns its event."""
+@pytest.mark.parametrize("drafting", ["device", "host"])
+def test_the_next_tree_is_started_before_the_results_are_emitted(checkpoint: Path, drafting: str) -> None:
+    """The tree's next cycle starts before the step returns its event: drafted on the device it is
+    launched with this cycle, before its results are read; drafted on the host, as soon as they are
+    in (`follow`)."""
     request = _request(SamplingParams(temperature=0.0), max_tokens=8)
-    engine = _engine(checkpoint, "triton", "tree")
+    engine = _engine(checkpoint, "triton", "tree", tree_drafting=drafting)
     engine.add_request(request)
     started = 0
     while engine.has_unfinished():
@@ -228,3 +230,41 @@ def test_the_next_tree_is_started_before_the_results_are_emitted(checkpoint: Pat
             assert ahead is not None and ahead.tokens == engine._next_tree.tokens  # type: ignore[union-attr]
             started += 1
     assert started >= 2 and engine.runner._ahead is None  # type: ignore[attr-defined]
+
+
+def test_trees_drafted_on_the_device_are_the_host_drafters_trees(checkpoint: Path) -> None:
+    """Two requests, the second after the first's output joined the suffix cache (primed with part
+    of the first's output beforehand, so the lookups find continuations): the device tree
+    drafter verifies the same trees as the host drafter, cycle by cycle, and the host drafts only
+    each request's first tree."""
+    first = _request(SamplingParams(temperature=0.0), max_tokens=9)
+    second = replace(first, request_id="s", prompt_token_ids=[*PROMPT[3:], 3, 9], max_tokens=7)
+    ref = output_tokens(run_requests(_engine(checkpoint, "reference", "tree"), [first])["r"])
+    trees: dict[str, list[TreeTopology]] = {}
+    outputs = {}
+    for drafting in ("device", "host"):
+        engine = _engine(checkpoint, "triton", "tree", tree_drafting=drafting)
+        _prime_suffix_cache(engine, ref[:5])  # an earlier output: the suffix lookups find it
+        verified: list[TreeTopology] = []
+        cycle, topology = engine.runner.cycle, engine.drafter.topology
+        host_drafted = 0
+
+        def record(tree: TreeTopology, *args: object, cycle=cycle, verified=verified, **kw: object) -> object:
+            verified.append(tree)
+            return cycle(tree, *args, **kw)
+
+        def count(*args: object, topology=topology) -> TreeTopology:
+            nonlocal host_drafted
+            host_drafted += 1
+            return topology(*args)
+
+        engine.runner.cycle = record  # type: ignore[method-assign]
+        engine.drafter.topology = count  # type: ignore[method-assign]
+        got = run_requests(engine, [first])
+        got |= run_requests(engine, [second])
+        outputs[drafting] = {r: output_tokens(e) for r, e in got.items()}
+        trees[drafting] = verified
+        assert host_drafted == (2 if drafting == "device" else len(verified)), drafting
+    assert outputs["device"] == outputs["host"]
+    assert trees["device"] == trees["host"] and len(trees["device"]) >= 4
+    assert any(len(t.tokens) > 1 + 2 * 2 for t in trees["device"])  # suffix branches in the trees

@@ -20,6 +20,7 @@ from lumotree.drafting.draft_vocab import corpus_texts, load_draft_vocab, most_f
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.model import default_model_path
 from lumotree.sampling import SamplingParams
+from lumotree.tree import TreeTopology
 from tests.engine.conftest import DEMO
 from tests.engine.helpers import output_tokens, run_requests
 
@@ -62,6 +63,32 @@ def test_drafters_give_identical_outputs_on_the_gpu(
         differing = [rid for rid in outputs["ar"] if outputs[drafter][rid] != outputs["ar"][rid]]
         assert not differing, f"{drafter} differs from AR ({dtype}) on {differing}"
         assert syncs[drafter] == cycles[drafter]
+
+
+def test_trees_drafted_on_the_device_equal_the_hosts_on_the_gpu(
+    demo_prompts: list[GenerationRequest],
+) -> None:
+    """bf16 paper tree, eight demo requests on one engine (the later ones find the earlier outputs
+    in the suffix cache): drafted inside the cycle, every verified tree is the one the host drafter
+    makes between cycles, and so are the outputs."""
+    requests = _requests(demo_prompts)
+    trees: dict[str, list[TreeTopology]] = {}
+    outputs = {}
+    for drafting in ("device", "host"):
+        engine = LLMEngine(EngineConfig(drafter="tree", dtype="bfloat16", tree_drafting=drafting))  # type: ignore[arg-type]
+        verified: list[TreeTopology] = []
+        cycle = engine.runner.cycle
+
+        def record(tree: TreeTopology, *args: object, cycle=cycle, verified=verified, **kw: object) -> object:
+            verified.append(tree)
+            return cycle(tree, *args, **kw)
+
+        engine.runner.cycle = record  # type: ignore[method-assign]
+        outputs[drafting] = {rid: output_tokens(ev) for rid, ev in run_requests(engine, requests).items()}
+        trees[drafting] = verified
+    assert outputs["device"] == outputs["host"]
+    assert trees["device"] == trees["host"]
+    assert sum(t.n_active > 16 for t in trees["device"]) > len(requests)  # suffix branches were drafted
 
 
 def test_a_draft_vocabulary_keeps_the_outputs_and_drafts_inside_it_on_the_gpu(

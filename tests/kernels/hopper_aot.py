@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
+from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
 from lumotree.verify.gdn import tree_scan, tree_value_major
 
@@ -65,6 +66,28 @@ for block_n, block_k, tiles, splits in (
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
+# The device tree drafter's launches at the paper geometry (5-depth spine, top-3, tail 6, rescues 4
+# and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 1024-token blocks
+TYPES |= {name: "*i64" for name in ("hist_ptr", "hist_len_ptr", "cache_ptr", "cache_len_ptr", "spine_ptr")}
+TYPES |= {name: "*i64" for name in ("emitted_ptr", "path_len_ptr", "topk_ptr", "picked_ptr", "picked_len_ptr")}
+TYPES |= {name: "*i64" for name in ("rescue_lens_ptr", "feed_ptr", "merges_ptr")}
+TYPES |= {"counts_ptr": "*i32", "ends_ptr": "*i32"}
+KERNELS["tree drafter append"] = (tree_drafter.append_history_kernel, dict(CAP=33792, WP=16), dict(num_warps=1))
+KERNELS["tree drafter scan"] = (
+    tree_drafter.suffix_scan_kernel,
+    dict(DEPTH=5, K=2, PK=32, BLOCK=1024, NBH=33, NBP=256),
+    dict(num_warps=4),
+)
+KERNELS["tree drafter pick"] = (
+    tree_drafter.suffix_pick_kernel,
+    dict(DEPTH=5, K=2, MAXM=24, PER_KEY=32, PK=32, NBP=256, TAIL=6, MAXD=11, CANDIDATES=4, LENP=16, NCP=4),
+    dict(num_warps=4),
+)
+KERNELS["tree drafter assemble"] = (
+    tree_drafter.paper_tree_kernel,
+    dict(DEPTH=5, KTOP=3, SIBS=2, TAIL=6, N_RESCUE=2, R=32, RP=32, MAXD=11, LENP=16, NCP=4, PAD=0),
+    dict(num_warps=1),
+)
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
 KERNELS["skinny n32 k128 t1 split m1"] = (
     skinny_gemm.skinny_gemm_kernel,

@@ -32,7 +32,13 @@ def compiled() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kernel", ["value-major prepare", "value-major apply", "tree-parallel"])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "value-major prepare", "value-major apply", "tree-parallel", "tree drafter append",
+        "tree drafter scan", "tree drafter pick", "tree drafter assemble",
+    ],
+)  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:
     assert compiled[kernel]["ok"], compiled[kernel]["error"]
 

@@ -4,8 +4,9 @@
 # then, each step inside its own time limit,
 #   1. the engine's GPU tests (tests/engine/test_device_path_gpu.py: drafters identical, one
 #      synchronisation per cycle, the cycle captured, forced acceptance, the random-weight preset),
-#   2. for each dtype: `lumobench replay corpora/demo.jsonl` with the three lumotree arms, launched
-#      by the harness on this machine (their server picks the GPU: device auto), its
+#   2. for each dtype: `lumobench replay corpora/demo.jsonl` with the three lumotree arms and the
+#      tree drafted on the host (lumotree-hostdraft, the A/B of device drafting), interleaved,
+#      launched by the harness on this machine (their server picks the GPU: device auto), its
 #      `lumobench report --format json` as $OUT/engine-tiny-<dtype>.json, and the server's wall
 #      time per cycle against its device-timed cycle (`python -m lumobench.bench.loop table`) as
 #      $OUT/loop-tiny-<dtype>.json,
@@ -37,10 +38,12 @@ fi
 for dtype in ${DTYPES:-float32 bfloat16}; do
     runs=/tmp/engine-replay/$dtype
     LUMOTREE_DTYPE=$dtype timeout "${REPLAY_S:-170}" python3 -m lumobench.cli replay corpora/demo.jsonl \
+        --arm lumotree-ar --arm lumotree-mtp5 --arm lumotree --arm lumotree-hostdraft \
         --runs "${RUNS:-1}" --out "$runs" > "$logs/replay-$dtype.log" 2>&1
-    arms=("$runs"/*-lumotree-ar "$runs"/*-lumotree-mtp5 "$runs"/*-lumotree)  # AR first: the reference
+    # AR first: the reference
+    arms=("$runs"/*-lumotree-ar "$runs"/*-lumotree-mtp5 "$runs"/*-lumotree "$runs"/*-lumotree-hostdraft)
     python3 -m lumobench.cli report "${arms[@]}" --format json > "$OUT/engine-tiny-$dtype.json"
-    LUMOBENCH_COMMAND="LUMOTREE_DTYPE=$dtype lumobench replay corpora/demo.jsonl --runs ${RUNS:-1}" \
+    LUMOBENCH_COMMAND="LUMOTREE_DTYPE=$dtype lumobench replay corpora/demo.jsonl --arm lumotree-ar --arm lumotree-mtp5 --arm lumotree --arm lumotree-hostdraft --runs ${RUNS:-1}" \
         python3 -m lumobench.bench.loop table "${arms[@]}" --out "$logs/loop-tiny-$dtype" > /dev/null 2>&1
     cp "$logs/loop-tiny-$dtype.json" "$OUT/" 2>/dev/null
     for dir in "$runs"/*/; do cp "$dir/server.log" "$logs/server-$dtype-$(basename "$dir").log"; done

@@ -6,6 +6,11 @@ it. A lookup takes the context's last key_len tokens, extends each occurrence ba
 match length (up to `max_match`) and ranks occurrences by match length, then this request before the
 cache, then recency. The tree drafter uses the best continuation after root + MTP spine as the
 principal tail and the next distinct continuations after the root as rescue branches.
+
+A key's occurrences are its latest `per_key` ones among the live sequences (removing a sequence
+drops its occurrences at once), so a lookup is a function of the live token sequences alone: the
+device tree drafter (`device_tree_drafter.py`) finds the same occurrences by scanning the request's
+tokens and `OutputCache.concatenated()`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+#: what separates (and precedes) the outputs in `OutputCache.concatenated()`; no token id is negative
+SEPARATOR = -1
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,6 @@ class SuffixIndex:
         # key -> (sequence id, position after the key), oldest first
         self._where: dict[tuple[int, ...], deque[tuple[int, int]]] = {}
         self._next_id = 0
-        self._stale = 0  # tokens of removed sequences still referenced by the key map
 
     @property
     def tokens(self) -> int:
@@ -62,13 +71,18 @@ class SuffixIndex:
             slot.append((sid, end + 1))
 
     def remove(self, sid: int) -> None:
-        """Forget a sequence; the key map is rebuilt once removed tokens outnumber live ones."""
-        self._stale += len(self.seqs.pop(sid))
-        if self._stale > self.tokens:
-            seqs, self.seqs, self._where, self._stale = self.seqs, {}, {}, 0
-            for old_id, seq in seqs.items():
-                self.seqs[old_id] = []
-                self.extend(old_id, seq)
+        """Forget a sequence and its occurrences. Removed oldest first (as `OutputCache` evicts),
+        every key keeps its latest `per_key` live occurrences: a removed sequence's entries are
+        older than any live one's, so none of these was pushed out of a key's slots by them."""
+        seq, k = self.seqs.pop(sid), self.key_len
+        for key in {tuple(seq[end - k + 1 : end + 1]) for end in range(k - 1, len(seq))}:
+            slot = self._where[key]
+            while slot and slot[0][0] == sid:
+                slot.popleft()
+            if any(entry[0] == sid for entry in slot):  # not the oldest sequence: filter
+                slot = self._where[key] = deque((e for e in slot if e[0] != sid), maxlen=self.per_key)
+            if not slot:
+                del self._where[key]
 
     def matches(self, context: Sequence[int], max_match: int) -> list[tuple[int, int, int]]:
         """Occurrences of the context's last key_len tokens that have a continuation, latest first:
@@ -101,6 +115,8 @@ class OutputCache:
         self.budget = budget
         self._cached: deque[tuple[int, int]] = deque()  # (sequence id, tokens), oldest first
         self._tokens = 0
+        self.version = 0  # counts the changes (a device copy is refreshed when it differs)
+        self._flat: tuple[int, np.ndarray] | None = None
 
     def add(self, output: Sequence[int]) -> None:
         """Keep a finished request's output, evicting the oldest outputs beyond the budget."""
@@ -112,6 +128,20 @@ class OutputCache:
             sid, n = self._cached.popleft()
             self.index.remove(sid)
             self._tokens -= n
+        self.version += 1
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the outputs held (<= budget)."""
+        return self._tokens
+
+    def concatenated(self) -> np.ndarray:
+        """The outputs held, oldest first, each preceded by `SEPARATOR` (int64; one separator when
+        empty): what a scan must search to find the occurrences `index` holds."""
+        if self._flat is None or self._flat[0] != self.version:
+            tokens = [t for sid, _ in self._cached for t in (SEPARATOR, *self.index.seqs[sid])]
+            self._flat = (self.version, np.array(tokens or [SEPARATOR], dtype=np.int64))
+        return self._flat[1]
 
 
 class SuffixDrafter:

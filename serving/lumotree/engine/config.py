@@ -75,6 +75,9 @@ class EngineConfig:
     spine prefix of lengths from this schedule ("paper", a mean, counts, "hist:FILE") instead of
     the walk's, so a random-weight model's cycles publish realistic paths; outputs are not a
     model's. Ignored by the "ar" drafter (nothing to accept).
+    tree_drafting: with the triton kernels, where the tree's next topology is drafted: "device"
+    (inside the cycle, `DeviceTreeDrafter`, so the next cycle starts before the host reads the
+    results) or "host" (the engine's drafter between two cycles; for A/B timing). The same trees.
     """
 
     model: Path | str | None = None  # None: lumotree.model.default_model_path()
@@ -104,6 +107,7 @@ class EngineConfig:
     suffix_cache_tokens: int = 65_536
     seed: int | None = None  # seeds drawn for seedless requests come from this (None: os entropy)
     forced_acceptance: str | None = None
+    tree_drafting: Literal["device", "host"] = "device"
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_KINDS:
@@ -120,6 +124,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.tree_drafting not in ("device", "host"):
+            raise ValueError(f"tree_drafting must be device or host, got {self.tree_drafting!r}")
         if self.prefill_chunk < 1 or self.cache_block < 1 or self.prefill_chunk % self.cache_block:
             raise ValueError("prefill_chunk must be a positive multiple of cache_block")
         self.geometry()  # validates the tree counts

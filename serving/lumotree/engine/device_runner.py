@@ -18,12 +18,15 @@ one captured graph:
 
 CUDA events recorded inside the graph time the phases. A graph is captured per (sampler key,
 slot), with two slots, so that a cycle can run while the host reads the other's results: when the
-next tree can be formed on the device (AR, chain MTP), the next cycle is launched before this one's
-results are read (`cycle(..., chain_next=True)`), so the device never waits for the host; the
-paper tree needs the host's suffix drafter, so its next cycle is launched as soon as the engine has
-drafted its topology from this cycle's results (`follow`), and the rest of the host's work (events,
-detokenization in the server) overlaps with the device. On a CPU (tests, under TRITON_INTERPRET=1) and with
-`--eager` the same stages run eagerly in the same order.
+next tree is formed on the device, the next cycle is launched before this one's results are read
+(`cycle(..., chain_next=True)`), so the device never waits for the host. AR and chain MTP form it
+from the last results; the paper tree is drafted on the device too (`DeviceTreeDrafter`: after the
+MTP passes, the suffix lookups over the request's tokens and the earlier outputs and the tree's
+assembly write the feed the next cycle derives its tables from). With host drafting
+(`tree_drafting="host"`) the tree's next cycle starts as soon as the engine has drafted its topology
+from this cycle's results (`follow`). The rest of the host's work (events, detokenization in the
+server) overlaps with the device. On a CPU (tests, under TRITON_INTERPRET=1) and with `--eager` the
+same stages run eagerly in the same order.
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from lumotree.drafting.device_mtp import DeviceMTP
+from lumotree.drafting.device_tree_drafter import DeviceTreeDrafter, topology_from_feed
+from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.mtp import MTPProposal
+from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.runner import CycleResult, Follow, Runner
 from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.model import HybridLM
@@ -72,7 +78,9 @@ class DeviceRunner(Runner):
     rows: the verification rows of every tree; max_depth: the deepest tree; mtp: (depth, k) of the
     MTP drafter or None (AR); chained: trees are chains (AR, chain MTP), formed on the device;
     capacity: KV rows of the state bank; graphs: capture the cycle (CUDA only); draft_ids: the MTP
-    passes' draft vocabulary (None: the whole vocabulary); forced: a forced-acceptance schedule.
+    passes' draft vocabulary (None: the whole vocabulary); forced: a forced-acceptance schedule;
+    tree: (geometry, suffix drafter) to draft the paper tree on the device (None: the host sends
+    every tree).
     """
 
     def __init__(
@@ -86,6 +94,7 @@ class DeviceRunner(Runner):
         graphs: bool,
         draft_ids: Tensor | None = None,
         forced: ForcedAcceptance | None = None,
+        tree: tuple[GeometryConfig, SuffixDrafter] | None = None,
     ) -> None:
         device = model.device
         self.cuda = device.type == "cuda"
@@ -108,12 +117,23 @@ class DeviceRunner(Runner):
         self.rows, self.chained = rows, chained
         if chained and rows != 1 + (0 if mtp is None else mtp[0]):
             raise ValueError(f"a chained runner verifies 1 + depth rows, not {rows}")
+        self.tree_drafter = None
+        if tree is not None:
+            if chained or mtp is None:
+                raise ValueError("the device tree drafter drafts a tree from MTP proposals, not a chain")
+            geometry, suffix = tree
+            if geometry.rows != rows:
+                raise ValueError(f"the tree geometry has {geometry.rows} rows, the runner {rows}")
+            history = capacity + max_depth + 2  # the prompt and the output, with a cycle in flight
+            self.tree_drafter = DeviceTreeDrafter(geometry, suffix, mtp[0], mtp[1], history, device)
+        self.forms_trees = chained or self.tree_drafter is not None  # the next tree is made on the device
         self.tables = DeviceTree(rows, max_depth, device)
         vocab = model.config.vocab_size
         self.walk = DeviceWalk(rows, vocab, 1, max_depth, rows, device, tables=self.tables)
         self.forcing = None if forced is None else DeviceForcing(forced, device)
         self.acceptance = DeviceSampler(vocab, self.walk, self.forcing)
         n_out = 2 * width + 1 + (0 if mtp is None else mtp[0] * (1 + mtp[1]))
+        n_out += 0 if self.tree_drafter is None else 2 * rows + 2  # the next tree's feed, its merges
         self._out = torch.zeros(n_out, dtype=torch.int64, device=device)
         self._results = [torch.zeros(n_out, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
         self._feeds = [torch.zeros(2 * rows + 1, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
@@ -155,6 +175,10 @@ class DeviceRunner(Runner):
         self._drop_ahead()
         super().reset(mtp_committed)
 
+    def load_drafting(self, prompt: Sequence[int], suffix: SuffixDrafter | None) -> None:
+        if self.tree_drafter is not None and suffix is not None:
+            self.tree_drafter.load(prompt, suffix)
+
     def _drop_ahead(self) -> None:
         """Discard a cycle launched ahead for a request that has ended (its state is discarded too)."""
         if self._ahead is not None:
@@ -183,6 +207,8 @@ class DeviceRunner(Runner):
         self.tables.prefix_len.fill_(self.state.length)
         r.emitted[0, 0] = token
         r.path_len.fill_(1)
+        if self.tree_drafter is not None:
+            self.tree_drafter.push(token)
         if mtp is None or self._first_graph is None:
             return super().start_decode(hidden, token)
         self._first_hidden.copy_(hidden.reshape(self._first_hidden.shape))
@@ -223,8 +249,9 @@ class DeviceRunner(Runner):
         if self.chained:
             spine = mtp.spine if mtp is not None else r.emitted[0]
             self.tables.derive_(chained=(r.emitted[0], r.path_len[:1], spine))
-        else:
-            self.tables.feed.copy_(self._feeds[slot], non_blocking=True)
+        else:  # a drafted tree's feed is written on the device, a host tree's is copied (`_launch`)
+            if self.tree_drafter is None:
+                self.tables.feed.copy_(self._feeds[slot], non_blocking=True)
             self.tables.derive_()
         forward = tree_forward(self.model, self.state, self.tables, self.kernels)
         logits = self.logits(forward.hidden)
@@ -246,6 +273,9 @@ class DeviceRunner(Runner):
             mtp.queue_(rows, r.emitted[0].clamp(min=0), r.path_len[:1])
             mtp.propose_()
             parts += [mtp.spine, mtp.topk.reshape(-1)]
+        if self.tree_drafter is not None and mtp is not None:  # the next tree, into the feed
+            self.tree_drafter.draft_(r.emitted[0], r.path_len[:1], mtp.spine, mtp.topk, self.tables.feed)
+            parts += [self.tables.feed, self.tree_drafter.merges]
         self.tables.prefix_len += r.path_len[:1]
         self._out.copy_(torch.cat(parts))
 
@@ -263,6 +293,7 @@ class DeviceRunner(Runner):
         warm = chain_topology([0] * min(self.rows, self.max_depth + 1))
         self.tables.fill_feed(self._feed_arrays[0], warm)
         self.tables.fill_feed(self._feed_arrays[1], warm)
+        self.tables.feed.copy_(self._feeds[0])
         self.walk.result.path_len.fill_(1)
         self.walk.result.emitted.zero_()
         side = torch.cuda.Stream(self.model.device)
@@ -329,6 +360,8 @@ class DeviceRunner(Runner):
         slot, self._slot = self._slot, self._slot ^ 1
         if topology is not None and not self.chained:
             self.tables.fill_feed(self._feed_arrays[slot], topology)
+            if self.tree_drafter is not None:  # the graph reads the device feed: the host's tree goes there
+                self.tables.feed.copy_(self._feeds[slot], non_blocking=True)
         key = self.acceptance.key
         graph = self._graphs.get((key, slot))
         if graph is not None:
@@ -345,27 +378,27 @@ class DeviceRunner(Runner):
         if done is not None:
             done.synchronize()
 
-    def _collect(self, launch: _Launch) -> tuple[list[int], list[int], MTPProposal | None]:
+    def _collect(self, launch: _Launch) -> CycleResult:
         """Wait for a launched cycle (the one synchronisation) and read its results: accepted
-        nodes, emitted tokens, the next proposal."""
+        nodes, emitted tokens, the next proposal and, when drafted on the device, the next tree."""
         self._wait(launch.slot)
         out, width = self._results[launch.slot].tolist(), self.max_depth + 1
         path_len = out[width]
         accepted, emitted = out[:path_len], out[width + 1 : width + 1 + path_len]
         self.state.length += path_len
-        proposal = None
+        proposal, next_tree, at = None, None, 2 * width + 1
         if self.device_mtp is not None:
             self.device_mtp.advance_host(path_len)
             d, k = self.device_mtp.depth, self.device_mtp.k
-            flat = out[2 * width + 1 + d :]
-            proposal = MTPProposal(
-                out[2 * width + 1 : 2 * width + 1 + d], [flat[i * k : (i + 1) * k] for i in range(d)]
-            )
-        return accepted, emitted, proposal
+            flat = out[at + d : at + d + d * k]
+            proposal = MTPProposal(out[at : at + d], [flat[i * k : (i + 1) * k] for i in range(d)])
+            at += d + d * k
+        if self.tree_drafter is not None:
+            feed = 2 * self.rows + 1
+            next_tree = topology_from_feed(out[at : at + feed], self.rows, out[at + feed])
+        return CycleResult(accepted, emitted, proposal, next_tree=next_tree)
 
-    def _result(
-        self, launch: _Launch, collected: tuple[list[int], list[int], MTPProposal | None]
-    ) -> CycleResult:
+    def _result(self, launch: _Launch, collected: CycleResult) -> CycleResult:
         """The cycle's result with its phase times (read once the next cycle is on its way)."""
         slot = launch.slot
         if self.cuda:
@@ -378,7 +411,7 @@ class DeviceRunner(Runner):
         def logits_of(rows: list[int]) -> Tensor:  # the raw logits of tree rows, on the host
             return logits[torch.tensor(rows, device=logits.device)].cpu()
 
-        return CycleResult(*collected, spans, logits_of, 1)
+        return replace(collected, spans=spans, logits_of=logits_of, syncs=1)
 
     @torch.inference_mode()
     def cycle(  # type: ignore[override]
@@ -403,13 +436,16 @@ class DeviceRunner(Runner):
             check_capacity(self.state, self.rows)
             launch = self._launch(topology)
         room = self.state.length + self.max_depth + 1 + self.rows <= self.capacity
-        # a chain's next tree is formed on the device: start it before this cycle's results are in
-        ahead = self._launch(None) if chain_next and self.chained and room else None
+        # the next tree is formed on the device: start it before this cycle's results are in
+        ahead = self._launch(None) if chain_next and self.forms_trees and room else None
         collected = self._collect(launch)
-        following = None if follow is None else follow(CycleResult(*collected))
-        if ahead is not None:  # its tree: the last emitted token, then the new spine
-            _, emitted, proposal = collected
-            ahead.tokens = (emitted[-1], *(() if proposal is None else proposal.spine))
+        following = None if follow is None else follow(collected)
+        if ahead is not None:  # its tree: the device's drafted tree, or the last token and the spine
+            if collected.next_tree is not None:
+                ahead.tokens = collected.next_tree.tokens
+            else:
+                spine = () if collected.proposal is None else collected.proposal.spine
+                ahead.tokens = (collected.emitted[-1], *spine)
             self._ahead = ahead
         elif following is not None and self.state.length + self.rows <= self.capacity:
             self._ahead = self._launch(following)  # the host's next tree, before the results are emitted

@@ -278,6 +278,7 @@ class LLMEngine:
             self._last_hidden = hidden[None]
             self._metrics.prefix_cache_hits += cached
         self.drafter.begin(prompt)
+        self.runner.load_drafting(prompt, self.drafter.suffix)
         self._prompt_seen = history_counts(prompt, self.vocab_size) > 0
         seq.prefilled = seq.cached_prompt_tokens = cached
         seq.status = SequenceStatus.PREFILL
@@ -364,6 +365,9 @@ class LLMEngine:
             self.drafter.emitted(kept)
             if reason:
                 return None
+            if result.next_tree is not None:  # the runner drafted it (on the device)
+                self._next_tree = result.next_tree
+                return self._next_tree
             with m.span("drafter"):
                 self._next_tree = self.drafter.topology(kept[-1], result.proposal)
             return self._next_tree
@@ -463,9 +467,13 @@ def _build_runner(
             DeviceRunner,  # needs Triton, which CPU-only installs may lack
         )
 
+        tree = None
+        if drafter.kind == "tree" and config.tree_drafting == "device":
+            assert drafter.suffix is not None
+            tree = (geometry, drafter.suffix)
         return DeviceRunner(
             model, capacity, geometry.rows, config.max_depth, mtp, drafter.kind != "tree",
-            not config.eager, draft_ids, forced,
+            not config.eager, draft_ids, forced, tree,
         )  # fmt: skip
     kernels = CPU_FAST if config.kernels in ("cpu-fast", "cpu-native") else REFERENCE
     native = (geometry.rows, config.prefill_chunk) if config.kernels == "cpu-native" else None

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lumotree.drafting.mtp import MTPProposal, MTPSource
+from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache
 from lumotree.sampling.logits import SamplingParams
@@ -42,7 +43,8 @@ class CycleResult:
     chosen token (len(accepted) of them); proposal: the MTP proposal for the next tree (None
     without MTP); spans: seconds of each phase ("target", "dispatch", "drafter") and of the whole
     cycle ("cycle"; device time on the device path); logits_of(rows) -> raw logits [n, V] of tree
-    rows, on the host (for logprobs); syncs: device->host synchronisations it made."""
+    rows, on the host (for logprobs); syncs: device->host synchronisations it made; next_tree: the
+    next tree when the runner drafted it itself (the device tree drafter), else None."""
 
     accepted: list[int]
     emitted: list[int]
@@ -50,6 +52,7 @@ class CycleResult:
     spans: dict[str, float] = field(default_factory=dict)
     logits_of: Callable[[list[int]], Tensor] | None = None
     syncs: int = 0
+    next_tree: TreeTopology | None = None
 
 
 #: what the engine does as soon as a cycle's results are in: the next tree, or None
@@ -91,6 +94,11 @@ class Runner(ABC):
         """Fold prompt tokens into the state (sequence mode). Returns post-norm hidden [n, H]."""
         ids = torch.tensor(tokens, dtype=torch.long).to(self.model.device)
         return self.model.prefill(ids, self.state)
+
+    def load_drafting(self, prompt: Sequence[int], suffix: SuffixDrafter | None) -> None:
+        """A new request's drafting context, for a runner that drafts trees itself: the prompt and
+        the suffix drafter's earlier outputs (the host runner has nothing to load)."""
+        return None
 
     def commit_mtp_rows(
         self, hidden: Tensor, next_tokens: Sequence[int], then: Callable[[], None] | None = None

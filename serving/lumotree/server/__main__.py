@@ -98,6 +98,15 @@ def serve(
             "publishes realistic paths. Outputs are then not the model's. Ignored with --drafter ar.",
         ),
     ] = None,
+    tree_drafting: Annotated[
+        str,
+        typer.Option(
+            envvar="LUMOTREE_TREE_DRAFTING",
+            help="On the GPU, where the tree's next topology is drafted: device (inside the cycle, "
+            "so the next cycle starts before the host reads the results) or host (between two "
+            "cycles; for A/B timing). The same trees either way.",
+        ),
+    ] = "device",
     draft_vocab: Annotated[
         Path | None,
         typer.Option(
@@ -145,6 +154,7 @@ def serve(
             dtype=dtype, threads=threads, seed=seed, device=device, kernels=kernels,  # type: ignore[arg-type]
             eager=eager, random_weights=random_weights, tree_shape=tree_shape,  # type: ignore[arg-type]
             draft_vocab=draft_vocab, forced_acceptance=forced_acceptance,
+            tree_drafting=tree_drafting,  # type: ignore[arg-type]
         )  # fmt: skip
         engine = EngineProcess(config, logging.getLevelName(log_level.upper()))
     except (FileNotFoundError, ValueError, TimeoutError, RuntimeError) as exc:
