@@ -19,6 +19,7 @@ import aiohttp
 
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
+from lumobench.probe import auth_headers
 from lumobench.results import RequestRow, now_iso
 from lumobench.sse import SSELineTooLong
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
@@ -110,10 +111,6 @@ def request_deadline(record: CorpusRecord, target: Target) -> float:
 def request_headers(record: CorpusRecord, run_index: int) -> dict[str, str]:
     """Per-request headers: the request id servers log (`corpus check` guarantees it fits a header)."""
     return {"X-Request-Id": f"{record.id}.r{run_index}"}
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def new_session(

@@ -26,11 +26,12 @@ import aiohttp
 import httpx
 
 from lumobench.arms import ResolvedArm, resolve_arm
-from lumobench.client import ServerUnreachable, auth_headers, new_session, send_request
+from lumobench.client import ServerUnreachable, new_session, send_request
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer, arm_redactor, free_port, port_in_use
+from lumobench.launch import ArmServer, arm_redactor, free_port, port_in_use, start_arm
 from lumobench.metrics import scrape
-from lumobench.plan import Plan, probe_endpoint
+from lumobench.plan import Plan
+from lumobench.probe import auth_headers
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
 from lumobench.replay import AvailabilityCheck, ReplayOutcome, ReplayProgress, RunAborted
 from lumobench.results import RequestRow, Segment, WriteFailed, missing_keys, now_iso
@@ -151,19 +152,18 @@ def _start(
     for m in members:
         m.dead = None
         arm = on_free_port(m, on_note)
-        m.server = ArmServer(arm, m.plan.run.server_log)
         try:
-            m.server.start()
-            m.server.wait_ready(on_wait=lambda s, a=arm.name: on_status(f"starting arm {a}: waiting for {s}"))
-            _, m.plan.meta.engine_version, m.plan.meta.engine_config = probe_endpoint(
-                arm.base_url, arm.api_key
+            m.server, info = start_arm(
+                arm,
+                m.plan.run.server_log,
+                on_wait=lambda s, a=arm.name: on_status(f"starting arm {a}: waiting for {s}"),
             )
         except LumobenchError as exc:
-            m.server.stop()
-            m.server, m.dead = None, str(exc).splitlines()[0]
+            m.dead = str(exc).splitlines()[0]
             on_note(f"arm {arm.name} did not start: {m.dead}")
             continue
-        m.plan.meta.model = m.plan.target.model or m.server.served_model
+        m.plan.meta.engine_version, m.plan.meta.engine_config = info.engine_version, info.engine_config
+        m.plan.meta.model = m.plan.target.model or info.model
         m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
         m.plan.run.write_meta(m.plan.meta)
 

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from lumobench.arms import ResolvedArm
-from lumobench.client import auth_headers
 from lumobench.errors import LumobenchError
-from lumobench.probe import Answer, ProbeError, call_sync
+from lumobench.probe import EndpointInfo, ProbeError, auth_headers, call_sync, model_cards, probe_endpoint
 from lumobench.redact import Redactor
 
 STOP_GRACE_S = 15.0
@@ -76,15 +75,6 @@ def check_port_free(host: str, port: int) -> None:
             f"port {port} on {host} is already in use (another server running?); "
             f"stop it or pick another port with --port"
         )
-
-
-def _listed_model(models: Answer) -> str | None:
-    """The first model id of a models list, or None while the server lists none."""
-    try:
-        data = models.json().get("data")
-        return str(data[0]["id"]) if data else None
-    except (ValueError, AttributeError, KeyError, IndexError, TypeError):
-        return None
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -230,7 +220,8 @@ class ArmServer:
                 if stage == "health":
                     stage = "models"
                     continue
-                if (model := _listed_model(answer)) is not None:
+                if cards := model_cards(answer):
+                    model: str = cards[0]["id"]
                     self.served_model = model
                     return model
             time.sleep(0.5)
@@ -280,15 +271,28 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-@contextmanager
-def launched(
+def start_arm(
     arm: ResolvedArm, log_path: Path, on_wait: Callable[[str], None] | None = None
-) -> Iterator[ArmServer]:
-    """Start the arm, wait until it is ready, yield it, and stop its whole group on any exit (Ctrl-C too)."""
+) -> tuple[ArmServer, EndpointInfo]:
+    """Launch the arm, wait until it is ready and ask it what it serves and runs (`probe_endpoint`); an
+    arm that fails any of that is stopped again before the error propagates."""
     server = ArmServer(arm, log_path)
     server.start()
     try:
         server.wait_ready(on_wait=on_wait)
+        return server, probe_endpoint(arm.base_url, arm.api_key)
+    except BaseException:
+        server.stop()
+        raise
+
+
+@contextmanager
+def launched(
+    arm: ResolvedArm, log_path: Path, on_wait: Callable[[str], None] | None = None
+) -> Iterator[ArmServer]:
+    """`start_arm`, yield the server, and stop its whole group on any exit (Ctrl-C too)."""
+    server, _ = start_arm(arm, log_path, on_wait)
+    try:
         yield server
     finally:
         server.stop()

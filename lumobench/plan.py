@@ -7,12 +7,10 @@ directory is locked by the one process that writes it (`RunDir.lock`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from lumobench.arms import (
@@ -24,12 +22,12 @@ from lumobench.arms import (
     load_arm,
     resolve_arm,
 )
-from lumobench.client import Target, auth_headers
+from lumobench.client import Target
 from lumobench.corpus import CorpusRecord, file_sha256, load_corpus, record_sha256
 from lumobench.errors import LumobenchError
 from lumobench.launch import arm_redactor, check_port_free
 from lumobench.manifest import ManifestDiff, ManifestMismatch, read_manifest, select_by_manifest
-from lumobench.probe import Answer, ProbeError, call_sync
+from lumobench.probe import probe_endpoint
 from lumobench.redact import Redactor
 from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, now_iso
 
@@ -117,44 +115,6 @@ def _normalise_endpoint(url: str) -> str:
         )
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _first_model(models: Answer) -> str | None:
-    try:
-        model = models.json()["data"][0]["id"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
-    return model if isinstance(model, str) else None
-
-
-def probe_endpoint(
-    base_url: str, api_key: str | None = None
-) -> tuple[str | None, str | None, dict[str, Any]]:
-    """(first served model id, engine version, engine configuration) of a running server (the last
-    two from `/version` when it has them); raises `LumobenchError` in one line when it cannot be
-    reached or does not answer `/v1/models` and `/version` within their deadline."""
-    headers = auth_headers(api_key)
-    try:
-        models = call_sync("GET", base_url + "/v1/models", headers=headers)
-        if models.status in (401, 403):
-            raise LumobenchError(
-                f"endpoint {base_url} refused the models list (HTTP {models.status}): "
-                + ("a wrong API key?" if api_key else "it needs an API key: --api-key-env NAME")
-            )
-        version = call_sync("GET", base_url + "/version", headers=headers)
-    except ProbeError as exc:
-        raise LumobenchError(f"cannot reach endpoint {base_url}: {exc}") from None
-    body: object = {}
-    if version.status == 200:
-        with contextlib.suppress(ValueError):
-            body = version.json()
-    engine = body.get("version") if isinstance(body, dict) else None
-    config = body.get("engine") if isinstance(body, dict) else None
-    return (
-        _first_model(models) if models.status == 200 else None,
-        engine if isinstance(engine, str) else None,
-        config if isinstance(config, dict) else {},
-    )
 
 
 def _new_meta(
@@ -293,19 +253,19 @@ def plan_new(
             running = resolve_arm(config, source, model=model, api_key_env=api_key_env)
             _check_limits(running, records, corpus)
         key = running.api_key if running else api_key_from_env(api_key_env, "--endpoint")
-        served, engine, engine_config = probe_endpoint(base, key)
+        served = probe_endpoint(base, key)
         redactor = (arm_redactor(running) if running else Redactor()) | Redactor.for_launch(api_key=key)
         target = Target(
             base_url=base,
             api=api or "chat",  # type: ignore[arg-type]
-            model=model or served,
+            model=model or served.model,
             request_timeout_s=timeouts.silence_s,
             request_deadline_s=timeouts.deadline_s,
             api_key=key,
         )
         info = ArmInfo(name=label or "endpoint")
         if running:
-            target = replace(_arm_target(running, api, timeouts), base_url=base, model=model or served)
+            target = replace(_arm_target(running, api, timeouts), base_url=base, model=model or served.model)
             info = _arm_info(running, redactor).model_copy(
                 update={"launched": False, "name": label or running.name}
             )
@@ -322,7 +282,7 @@ def plan_new(
             concurrency,
             redactor,
         )
-        meta.engine_version, meta.engine_config = engine, engine_config
+        meta.engine_version, meta.engine_config = served.engine_version, served.engine_config
         meta.api_key_env = running.api_key_env if running else api_key_env
         (run,) = _create_run_dirs(out, [(out / meta.run_id, meta, redactor)])
         return [Plan(run, meta, records, target, None)]

@@ -24,13 +24,13 @@ from typing import Literal, Protocol
 import httpx
 
 from lumobench.arms import ResolvedArm
-from lumobench.client import ServerUnreachable, Target, auth_headers, new_session, send_request
+from lumobench.client import ServerUnreachable, Target, new_session, send_request
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer, launched
+from lumobench.launch import ArmServer, start_arm
 from lumobench.metrics import scrape
-from lumobench.plan import Plan, probe_endpoint
-from lumobench.probe import ProbeError, call
+from lumobench.plan import Plan
+from lumobench.probe import ProbeError, auth_headers, call
 from lumobench.results import RequestRow, RunDir, RunMeta, Segment, WriteFailed, missing_keys, now_iso
 
 #: answers that mean "no server to serve this" rather than "this request is bad"
@@ -280,13 +280,16 @@ def _launch_and_replay(
     log = plan.run.server_log
     ui.arm_starting(arm.name, log, None)
     try:
-        with launched(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting)) as server:
+        server, info = start_arm(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting))
+        try:
             ui.arm_started()
-            _, plan.meta.engine_version, plan.meta.engine_config = probe_endpoint(arm.base_url, arm.api_key)
-            plan.meta.model = plan.target.model or server.served_model
+            plan.meta.engine_version, plan.meta.engine_config = info.engine_version, info.engine_config
+            plan.meta.model = plan.target.model or info.model
             plan.target = replace(plan.target, model=plan.meta.model)
             plan.run.write_meta(plan.meta)
             return _replay(plan, concurrency, server, run_indices, ui)
+        finally:
+            server.stop()
     finally:
         ui.arm_started()
 

@@ -40,8 +40,8 @@ from lumobench.agent.table import write_task_table
 from lumobench.agent.tasks import Task
 from lumobench.arms import check_launchable, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer, launched, log_tail
-from lumobench.probe import ProbeError, call_sync
+from lumobench.launch import ArmServer, log_tail, start_arm
+from lumobench.probe import EndpointInfo, ProbeError, call_sync, probe_endpoint
 from lumobench.record import BackgroundProxy, RecordingProxy
 from lumobench.results import ArmInfo, host_info, new_run_id, now_iso
 
@@ -93,24 +93,15 @@ def resume_settings(
 
 @dataclass(frozen=True)
 class Serving:
-    """Where the agent's requests go (`base_url` without /v1), and the launched arm (None for an
-    existing endpoint)."""
+    """Where the agent's requests go (`base_url` without /v1), what the server said about itself, and
+    the launched arm (None for an existing endpoint)."""
 
     arm: ArmInfo
     base_url: str
     model: str
+    info: EndpointInfo
     server: ArmServer | None
     extra_body: dict[str, Any]
-
-
-def _served_model(base_url: str) -> str:
-    url = base_url + "/v1/models"
-    try:
-        return str(call_sync("GET", url).json()["data"][0]["id"])
-    except (ProbeError, ValueError, KeyError, IndexError, TypeError):
-        raise LumobenchError(
-            f"cannot read the served model from {url} (endpoint down? pass --model)"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -123,21 +114,15 @@ class ArmContext:
     can_fit: bool
 
 
-def probe_context(base_url: str, model: str) -> ArmContext:
-    """Ask the arm for its context window and try its /tokenize once."""
+def probe_context(served: Serving) -> ArmContext:
+    """The context window from the arm's models list, and whether its /tokenize answers (tried once)."""
     try:
-        cards = call_sync("GET", base_url + "/v1/models").json()["data"]
-        card = next((c for c in cards if c.get("id") == model), cards[0])
-        context = card.get("max_model_len")
-    except (ProbeError, ValueError, KeyError, IndexError, AttributeError, TypeError):
-        context = None
-    try:
-        probe = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-        answer = call_sync("POST", base_url + "/tokenize", TOKENIZE_DEADLINE_S, json=probe)
+        probe = {"model": served.model, "messages": [{"role": "user", "content": "hi"}]}
+        answer = call_sync("POST", served.base_url + "/tokenize", TOKENIZE_DEADLINE_S, json=probe)
         can_fit = isinstance(answer.json().get("count"), int)
     except (ProbeError, ValueError, AttributeError):
         can_fit = False
-    return ArmContext(context if isinstance(context, int) else None, can_fit)
+    return ArmContext(served.info.max_model_len(served.model), can_fit)
 
 
 def check_context(context: ArmContext, max_tokens: int, arm: str) -> None:
@@ -158,12 +143,26 @@ def check_context(context: ArmContext, max_tokens: int, arm: str) -> None:
         )
 
 
+def running_endpoint(endpoint: str, model: str | None) -> Serving:
+    """An already-running server (its base URL without /v1) and the model to ask for: `model`, else
+    the first one it lists."""
+    root = endpoint.rstrip("/").removesuffix("/v1")  # /v1/... and /metrics both hang off the root
+    try:
+        info = probe_endpoint(root)
+    except LumobenchError:
+        info = EndpointInfo()
+    if not (model := model or info.model):
+        raise LumobenchError(
+            f"cannot read the served model from {root}/v1/models (endpoint down? pass --model)"
+        )
+    return Serving(ArmInfo(name="endpoint"), root, model, info, None, {})
+
+
 @contextmanager
 def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path) -> Iterator[Serving]:
     """Launch `arm` (until the block ends) or use the running `endpoint`; resolve the served model."""
     if endpoint is not None:
-        root = endpoint.rstrip("/").removesuffix("/v1")  # /v1/... and /metrics both hang off the root
-        yield Serving(ArmInfo(name="endpoint"), root, model or _served_model(root), None, {})
+        yield running_endpoint(endpoint, model)
         return
     if arm is None:
         raise LumobenchError("give an arm (--arm NAME or FILE.toml) or a running --endpoint URL")
@@ -173,9 +172,18 @@ def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path)
     info = ArmInfo(
         name=resolved.name, config=config.model_dump(), config_sha256=resolved.source_sha256, launched=True
     )
-    with launched(resolved, log) as server:
-        served = model or server.wait_ready(timeout_s=30)
-        yield Serving(info, resolved.base_url, served, server, dict(config.request.extra_body))
+    server, served = start_arm(resolved, log)
+    try:
+        yield Serving(
+            info,
+            resolved.base_url,
+            model or served.model or "",
+            served,
+            server,
+            dict(config.request.extra_body),
+        )
+    finally:
+        server.stop()
 
 
 _ERROR_LINE = re.compile(r"\w*(Error|Exception)\b|\bE[A-Z]{3,}\b")
@@ -430,7 +438,7 @@ def execute(
     try:
         cli = ensure_qwen_code(settings.qwen_code_version)
         with serving(arm, endpoint, model, run.path / "server.log") as served:
-            context = probe_context(served.base_url, served.model)
+            context = probe_context(served)
             check_context(context, settings.max_tokens, served.arm.name)
             meta = meta.model_copy(
                 update={
