@@ -1,26 +1,23 @@
 """`lumobench replay`: replay a frozen corpus against arms (launched) or a running endpoint; the user
 interface only: the options, the terminal's status and progress, the outcome and exit codes. What
-runs is `lumobench.plan` (what to do) and `lumobench.replay.run_plan` (doing it)."""
+runs is `lumobench.plan` (what to do) and `lumobench.replay.run_group` (doing it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.status import Status
 
 from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
 from lumobench.corpus import MAX_TOKENS
 from lumobench.errors import LumobenchError, user_errors
-from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
+from lumobench.interleave import available_memory_gb, choose_mode
 from lumobench.launch import interrupt_on_signals, log_tail
 from lumobench.plan import PEER_ARMS, Plan, Timeouts, plan_new, plan_resume_group
-from lumobench.replay import ReplayOutcome, run_plan
+from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import MAX_RUNS, RequestRow
 
@@ -49,35 +46,25 @@ class RichProgress:
         self.progress.update(self.task, advance=1, last=last)
 
 
-class RichPlanUI:
-    """`run_plan`'s events on the terminal: a status line while an arm starts, progress bars."""
+class RichGroupUI:
+    """`run_group`'s events on the terminal: a transient line while an arm starts, a progress bar per
+    arm and repetition, notes kept above them."""
 
-    def __init__(self) -> None:
-        self.status: Status | None = None
+    def __init__(self, bars: Progress) -> None:
+        self.bars = bars
+        self.boot = bars.add_task("", total=None, last="", visible=False)
 
     def resuming(self, run_path: Path, kept_rows: int) -> None:
-        console.print(f"resuming {run_path}: {kept_rows} completed rows kept")
+        self.bars.console.print(f"resuming {run_path}: {kept_rows} completed rows kept")
 
-    def arm_starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
-        text = (
-            f"starting arm {arm}" + (f": waiting for {waiting_for}" if waiting_for else "") + f" (log: {log})"
-        )
-        if self.status is None:
-            self.status = console.status(text)
-            self.status.start()
-        else:
-            self.status.update(text)
+    def status(self, text: str) -> None:
+        self.bars.update(self.boot, description=text, visible=bool(text))
 
-    def arm_started(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
+    def note(self, text: str) -> None:
+        self.bars.console.print(text, markup=False, highlight=False)
 
-    @contextmanager
-    def replaying(self, plan: Plan) -> Iterator[RichProgress]:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
-            yield RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
+    def progress(self, plan: Plan) -> RichProgress:
+        return RichProgress(self.bars, plan.meta.arm.name, plan.meta.runs)
 
 
 def _print_abort(plan: Plan, outcome: ReplayOutcome) -> None:
@@ -101,51 +88,31 @@ def _interrupted(plans: list[Plan]) -> typer.Exit:
     return typer.Exit(EXIT_INTERRUPTED)
 
 
-def _run_sequential(plans: list[Plan], concurrency: int) -> list[ReplayOutcome]:
-    """Arms one after another. With several arms, an arm that aborts is reported and the rest still run."""
-    outcomes = []
-    for plan in plans:
-        try:
-            with user_errors():
-                try:
-                    outcome = run_plan(plan, concurrency, RichPlanUI())
-                except LumobenchError as exc:  # did not start (busy port, exited, not ready)
-                    if len(plans) == 1:
-                        raise
-                    outcome = ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])
-        except KeyboardInterrupt:
-            raise _interrupted([plan]) from None
-        if outcome.status == "aborted" and len(plans) == 1:
-            _print_abort(plan, outcome)
-            raise typer.Exit(EXIT_ABORTED)
-        outcomes.append(outcome)
-    return outcomes
-
-
-def _run_interleaved(plans: list[Plan]) -> list[ReplayOutcome]:
-    """All arms up at once, requests sent to each in rotated order (lumobench.interleave)."""
-    group = [p.meta.run_id for p in plans]
-    for plan in plans:
-        if kept := plan.run.prepare_resume():
-            console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
-        plan.meta.interleaved_with = group
-        plan.run.write_meta(plan.meta)
+def _run(plans: list[Plan], interleave: bool, concurrency: int) -> list[ReplayOutcome]:
+    """Every arm through the one loop: all in one interleaved group, or each alone, one after another.
+    One arm that aborts ends the command; of several, an arm that does not start is reported and the
+    rest still run."""
+    groups = [plans] if interleave else [[p] for p in plans]
+    outcomes: list[ReplayOutcome] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
-        boot = progress.add_task("starting arms", total=None, last="")
-
-        def on_status(text: str) -> None:
-            progress.update(boot, description=text, visible=bool(text))
-
-        try:
-            return run_interleaved(
-                plans,
-                lambda p: RichProgress(progress, p.meta.arm.name, p.meta.runs),
-                on_status,
-                lambda note: progress.console.print(note, markup=False, highlight=False),
-            )
-        except KeyboardInterrupt:
-            raise _interrupted(plans) from None
+    with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as bars:
+        ui = RichGroupUI(bars)
+        for group in groups:
+            try:
+                with user_errors():
+                    try:
+                        outcomes += run_group([Member(p) for p in group], ui, concurrency)
+                    except LumobenchError as exc:  # did not start (busy port, exited, not ready)
+                        if len(plans) == 1:
+                            raise
+                        outcomes += [ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])] * len(group)
+            except KeyboardInterrupt:
+                raise _interrupted(group) from None
+            if len(plans) == 1 and outcomes[0].status == "aborted":
+                bars.stop()
+                _print_abort(plans[0], outcomes[0])
+                raise typer.Exit(EXIT_ABORTED)
+    return outcomes
 
 
 def _refuse_new_run_options(run: Path, given: dict[str, object]) -> None:
@@ -306,7 +273,7 @@ def replay(
             )
     if note:
         console.print(note, markup=False)
-    outcomes = _run_interleaved(plans) if interleave else _run_sequential(plans, concurrency or 1)
+    outcomes = _run(plans, interleave, concurrency or 1)
     aborted = [(p, o) for p, o in zip(plans, outcomes, strict=True) if o.status == "aborted"]
     for plan, outcome in zip(plans, outcomes, strict=True):
         console.print(

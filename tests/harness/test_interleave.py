@@ -16,9 +16,10 @@ import pytest
 
 from lumobench.arms import ResolvedArm, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
-from lumobench.interleave import Member, choose_mode, on_free_port, rotation
+from lumobench.interleave import choose_mode, rotation
 from lumobench.plan import Timeouts, plan_new
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
+from lumobench.replay import Member, on_free_port
 from lumobench.results import RunDir
 
 from .helpers import free_port, lumobench, small_corpus

@@ -4,7 +4,6 @@ take the port asked for. Arms are the scripted SSE server (a real HTTP server pr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
@@ -25,7 +24,7 @@ from lumobench.errors import LumobenchError
 from lumobench.launch import ArmStartError, launched
 from lumobench.plan import Plan, Timeouts, plan_new, plan_resume
 from lumobench.redact import Redactor
-from lumobench.replay import ReplayOutcome, execute
+from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.results import RunDir
 
 from .helpers import REPO, free_port, processes_with, small_corpus
@@ -65,11 +64,11 @@ def _new_plan(tmp_path: Path, arm: Path, n: int) -> Plan:
 
 def _launch_and_replay(plan: Plan) -> ReplayOutcome:
     assert plan.arm is not None
-    with launched(plan.arm, plan.run.server_log):
-        run = execute(plan.run, plan.meta, plan.records, plan.target)
-        return asyncio.run(asyncio.wait_for(run, HARD_TIMEOUT_S))
+    (outcome,) = run_group([Member(plan)])  # launches the arm, replays, stops it
+    return outcome
 
 
+@pytest.mark.timeout(HARD_TIMEOUT_S)
 def test_a_keyed_arm_gets_its_key_and_no_secret_reaches_the_run_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,7 +16,7 @@ from harness.helpers import DEMO, lumobench, processes_with
 from lumobench.corpus import load_corpus
 from lumobench.metrics import parse_prometheus
 from lumobench.plan import Timeouts, plan_new
-from lumobench.replay import execute
+from lumobench.replay import Member, run_group
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
 from lumotree.engine.config import NATIVE_TREE_SHAPE, EngineConfig
 from lumotree.model.native.build import isa as native_isa
@@ -395,7 +395,7 @@ def test_api_key_is_required_when_set(tmp_path: Path, monkeypatch: pytest.Monkey
             corpus, arms=[], endpoint=base, api=None, label=None, runs=1, manifest=None, concurrency=1,
             out=tmp_path / "r", port=None, model=None, timeouts=Timeouts(), api_key_env="LUMO_TEST_KEY",
         )  # fmt: skip
-        outcome = asyncio.run(execute(plan.run, plan.meta, plan.records, plan.target))
+        (outcome,) = run_group([Member(plan)])
     assert (outcome.status, outcome.completed) == ("finished", 2)
     assert plan.run.read_meta().api_key_env == "LUMO_TEST_KEY"
     files = [p for p in plan.run.path.rglob("*") if p.is_file()]
