@@ -14,9 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
 from lumobench.corpus import MAX_TOKENS
 from lumobench.errors import LumobenchError, user_errors
-from lumobench.interleave import available_memory_gb, choose_mode
 from lumobench.launch import interrupt_on_signals, log_tail
-from lumobench.plan import PEER_ARMS, Plan, Timeouts, plan_new, plan_resume_group
+from lumobench.plan import PEER_ARMS, Plan, ReplayArgs, Timeouts, plan_replay
 from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.report import build_report, print_table, report_command, table_console
 from lumobench.results import MAX_RUNS, RequestRow
@@ -113,16 +112,6 @@ def _run(plans: list[Plan], interleave: bool, concurrency: int) -> list[ReplayOu
                 _print_abort(plans[0], outcomes[0])
                 raise typer.Exit(EXIT_ABORTED)
     return outcomes
-
-
-def _refuse_new_run_options(run: Path, given: dict[str, object]) -> None:
-    """`--resume` continues a run with the settings it started with: options that would change them are
-    refused rather than silently ignored."""
-    if named := [flag for flag, value in given.items() if value is not None]:
-        raise LumobenchError(
-            f"--resume continues {run} with its own settings; {', '.join(named)} cannot change them "
-            "(start a new run instead)"
-        )
 
 
 def replay(
@@ -227,53 +216,35 @@ def replay(
     interrupt_on_signals()
     if api not in (None, "chat", "generate"):
         raise typer.BadParameter("must be chat or generate", param_hint="--api")
-    timeouts = Timeouts(request_timeout, request_deadline)
     with user_errors():
-        if resume:
-            _refuse_new_run_options(
-                resume,
-                {
-                    "--arm": arm, "--endpoint": endpoint, "--runs": runs, "--manifest": manifest,
-                    "--concurrency": concurrency, "--out": out, "--api": api, "--label": label,
-                    "--model": model, "--boot-per-run" if boot_per_run else "--one-boot": boot_per_run,
-                    "--max-tokens-cap": max_tokens_cap, "--with-peers": with_peers or None,
-                },
-            )  # fmt: skip
-            plans = plan_resume_group(resume, corpus, timeouts, port, api_key_env)
-            concurrency = plans[0].meta.concurrency
-        elif corpus is None:
-            raise LumobenchError("give a CORPUS file (or --resume RUN_DIR)")
-        else:
-            plans = plan_new(
-                corpus,
-                arms=arm or [],
+        replay_plan = plan_replay(
+            ReplayArgs(
+                corpus=corpus,
+                arms=tuple(arm or ()),
                 endpoint=endpoint,
-                api=api,
-                label=label,
-                runs=runs or 1,
+                runs=runs,
                 manifest=manifest,
-                concurrency=concurrency or 1,
-                out=out or Path("results"),
+                resume=resume,
+                concurrency=concurrency,
+                out=out,
+                api=api,  # type: ignore[arg-type]
+                label=label,
                 port=port,
                 model=model,
-                timeouts=timeouts,
+                timeouts=Timeouts(request_timeout, request_deadline),
+                api_key_env=api_key_env,
                 boot_per_run=boot_per_run,
                 max_tokens_cap=max_tokens_cap,
+                interleaved=interleaved,
                 with_peers=with_peers,
-                api_key_env=api_key_env,
             )
-            if plans[0].meta.manifest:
-                console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
-    if resume:  # an interleaved group resumes interleaved unless --sequential says otherwise
-        interleave, note = bool(plans[0].meta.interleaved_with) and interleaved is not False, None
-    else:
-        with user_errors():
-            interleave, note = choose_mode(
-                [p.arm for p in plans], interleaved, concurrency or 1, available_memory_gb()
-            )
-    if note:
-        console.print(note, markup=False)
-    outcomes = _run(plans, interleave, concurrency or 1)
+        )
+    plans = replay_plan.plans
+    if not resume and plans[0].meta.manifest:
+        console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
+    if replay_plan.note:
+        console.print(replay_plan.note, markup=False)
+    outcomes = _run(plans, replay_plan.interleave, replay_plan.concurrency)
     aborted = [(p, o) for p, o in zip(plans, outcomes, strict=True) if o.status == "aborted"]
     for plan, outcome in zip(plans, outcomes, strict=True):
         console.print(

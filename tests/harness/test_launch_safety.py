@@ -22,7 +22,7 @@ import pytest
 from lumobench.arms import load_arm, resolve_arm
 from lumobench.errors import LumobenchError
 from lumobench.launch import ArmStartError, launched
-from lumobench.plan import Plan, Timeouts, plan_new, plan_resume
+from lumobench.plan import Plan, ReplayArgs, plan_replay
 from lumobench.redact import Redactor
 from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.results import RunDir
@@ -45,20 +45,8 @@ def _arm(tmp_path: Path, script: dict, extra: str = "", command: str | None = No
 
 
 def _new_plan(tmp_path: Path, arm: Path, n: int) -> Plan:
-    (plan,) = plan_new(
-        small_corpus(tmp_path, n, max_tokens=4),
-        arms=[str(arm)],
-        endpoint=None,
-        api=None,
-        label=None,
-        runs=1,
-        manifest=None,
-        concurrency=1,
-        out=tmp_path / "r",
-        port=None,
-        model=None,
-        timeouts=Timeouts(),
-    )
+    corpus = small_corpus(tmp_path, n, max_tokens=4)
+    (plan,) = plan_replay(ReplayArgs(corpus=corpus, arms=(str(arm),), out=tmp_path / "r")).plans
     return plan
 
 
@@ -143,7 +131,7 @@ def test_kill_9_leaves_no_server_behind_and_a_run_has_one_writer(tmp_path: Path)
         (run_dir,) = out.iterdir()
         # a second process may not write the same run while the first does
         with pytest.raises(LumobenchError, match=rf"in use by another lumobench process \(pid {first.pid}: "):
-            plan_resume(run_dir, None, Timeouts())
+            plan_replay(ReplayArgs(resume=run_dir))
         assert first.poll() is None, "the first replay finished too early for the test"
         first.kill()  # SIGKILL: no finally block, no handler runs in lumobench
         first.wait(30)
@@ -153,7 +141,7 @@ def test_kill_9_leaves_no_server_behind_and_a_run_has_one_writer(tmp_path: Path)
         first.kill()
     script.write_text(json.dumps({"tokens": 30, "interval_ms": 1}))  # the resumed run need not be slow
     port = free_port()
-    plan = plan_resume(run_dir, None, Timeouts(), port=port)
+    (plan,) = plan_replay(ReplayArgs(resume=run_dir, port=port)).plans
     plan.run.prepare_resume()
     assert _launch_and_replay(plan).status == "finished"
     assert Counter(r.key for r in RunDir(run_dir).read_rows()) == Counter(

@@ -5,12 +5,13 @@ the run, a keyed endpoint gets its key and the key never reaches the disk."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from lumobench.errors import LumobenchError
-from lumobench.plan import Plan, Timeouts, plan_new
+from lumobench.plan import Plan, ReplayArgs, Timeouts, plan_replay
 from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.sse import MAX_LINE_BYTES
 
@@ -21,21 +22,9 @@ pytestmark = pytest.mark.timeout(HARD_TIMEOUT_S)
 
 
 def _plan(tmp_path: Path, url: str, n: int, timeouts: Timeouts, **kw: object) -> Plan:
-    (plan,) = plan_new(
-        small_corpus(tmp_path, n, max_tokens=6),
-        arms=[],
-        endpoint=url,
-        api=None,
-        label="faults",
-        runs=1,
-        manifest=None,
-        concurrency=1,
-        out=tmp_path / "r",
-        port=None,
-        model=None,
-        timeouts=timeouts,
-        **kw,  # type: ignore[arg-type]
-    )
+    corpus = small_corpus(tmp_path, n, max_tokens=6)
+    args = ReplayArgs(corpus=corpus, endpoint=url, label="faults", out=tmp_path / "r", timeouts=timeouts)
+    (plan,) = plan_replay(replace(args, **kw)).plans  # type: ignore[arg-type]
     return plan
 
 
