@@ -89,11 +89,6 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def arm_redactor(arm: ResolvedArm) -> Redactor:
-    """The secrets of a launched arm: its environment, its command line and its API key."""
-    return Redactor.for_launch(arm.argv, arm.env, arm.api_key)
-
-
 def _copy_masked(pipe: IO[bytes], log: IO[bytes], redactor: Redactor) -> None:
     """Copy the arm's output to its log line by line, secrets masked (a thread, until end of output)."""
     with contextlib.suppress(ValueError, OSError):  # the log closed under us at shutdown
@@ -110,7 +105,7 @@ class ArmServer:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.served_model: str | None = None  # first id listed by the models endpoint once ready
-        self.redactor = arm_redactor(arm)
+        self.redactor = Redactor.for_arm(arm)
         self._log: IO[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._keeper: threading.Thread | None = None
@@ -198,18 +193,19 @@ class ArmServer:
         limit_s = timeout_s or ready.timeout_s
         deadline = time.monotonic() + limit_s
         stage = "health"
-        headers = auth_headers(self.arm.api_key)
         while True:
+            if on_wait:
+                on_wait(stage)
             if (code := self.exit_code()) is not None:
                 raise self._fail(f"exited with code {code} before it was ready")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._fail(f"was not ready after {limit_s:.0f} s (waiting for {stage})")
-            if on_wait:
-                on_wait(stage)
             path = ready.health if stage == "health" else ready.models
             try:
-                answer = call_sync("GET", self.base_url + path, min(READY_PROBE_S, left), headers)
+                answer = call_sync(
+                    "GET", self.base_url + path, min(READY_PROBE_S, left), auth_headers(self.arm.api_key)
+                )
             except ProbeError:
                 answer = None  # not listening yet, or a half-started server
             if answer is not None and answer.status in (401, 403):  # a key will not appear by waiting
@@ -296,19 +292,3 @@ def launched(
         yield server
     finally:
         server.stop()
-
-
-def interrupt_on_signals() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session) raise KeyboardInterrupt, so
-    `finally` blocks stop launched servers and agents, and run files say "interrupted".
-
-    SIGINT is set explicitly because a process started in the background by a non-interactive shell
-    inherits it ignored.
-    """
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)

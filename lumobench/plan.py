@@ -21,6 +21,7 @@ from lumobench.arms import (
     api_key_from_env,
     arm_path,
     check_launchable,
+    check_serves,
     load_arm,
     resolve_arm,
 )
@@ -28,11 +29,11 @@ from lumobench.client import Target
 from lumobench.corpus import CorpusRecord, file_sha256, load_corpus, record_sha256
 from lumobench.errors import LumobenchError
 from lumobench.interleave import available_memory_gb, choose_mode
-from lumobench.launch import arm_redactor, check_port_free
+from lumobench.launch import check_port_free
 from lumobench.manifest import ManifestDiff, ManifestMismatch, read_manifest, select_by_manifest
 from lumobench.probe import EndpointInfo, probe_endpoint
 from lumobench.redact import Redactor
-from lumobench.results import ArmInfo, RunDir, RunMeta, host_info, new_run_id, now_iso
+from lumobench.results import ArmInfo, RunDir, RunMeta, create_run_dirs, host_info, new_run_id, now_iso
 
 #: the embedded default: LumoTree's own arms, compared on the matched set (their TOML files come
 #: with the engine)
@@ -126,7 +127,7 @@ class _Pending:
     arm: ResolvedArm | None = None
     boot_per_run: bool = False
     api_key_env: str | None = None
-    engine: EndpointInfo = field(default_factory=EndpointInfo)
+    engine: EndpointInfo | None = None  # what a running endpoint said about itself
 
 
 def _manifest_for(corpus: Path, manifest: Path | None) -> Path | None:
@@ -152,19 +153,6 @@ def _require_input_ids(records: list[CorpusRecord]) -> None:
     if lacking := [r.id for r in records if r.input_ids is None]:
         raise LumobenchError(
             f"the generate API replays input_ids, which these records lack: {', '.join(lacking)}"
-        )
-
-
-def _check_limits(arm: ResolvedArm, records: list[CorpusRecord], corpus: Path) -> None:
-    """Refuse, before anything is sent, a corpus with requests the arm cannot serve."""
-    limits = arm.config.limits
-    if limits.greedy_only and (sampled := [r.id for r in records if not r.is_greedy]):
-        shown = ", ".join(sampled[:3]) + (", ..." if len(sampled) > 3 else "")
-        why = f" ({limits.why})" if limits.why else ""
-        raise LumobenchError(
-            f"arm {arm.name} serves greedy requests only{why}; {len(sampled)} of {len(records)} records of "
-            f"{corpus} sample or leave temperature unset ({shown}): replay a greedy corpus such as "
-            f"corpora/demo-greedy.jsonl"
         )
 
 
@@ -218,17 +206,6 @@ def _arm_target(arm: ResolvedArm, args: ReplayArgs) -> Target:
     )
 
 
-def _create_run_dirs(out: Path, plans: list[tuple[Path, RunMeta, Redactor]]) -> list[RunDir]:
-    """Create (and lock) the run directories, last of all: every check that can refuse the run is done."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise LumobenchError(f"--out {out} is not a directory") from None
-    except OSError as exc:  # e.g. a component longer than the file system allows
-        raise LumobenchError(f"cannot create the results folder {out}: {exc.strerror or exc}") from None
-    return [RunDir.create(path, meta, redactor) for path, meta, redactor in plans]
-
-
 def _arm_names(args: ReplayArgs) -> list[str]:
     """The arms to replay: the ones named, `--with-peers`' additions, the default three when neither an
     arm nor an endpoint is given."""
@@ -259,11 +236,11 @@ def _endpoint_run(args: ReplayArgs, endpoint: str, arms: list[str], records: lis
     if arms:  # an arm already running at the endpoint: use its request settings, launch nothing
         config, source = load_arm(arms[0])
         running = resolve_arm(config, source, model=args.model, api_key_env=args.api_key_env)
-        _check_limits(running, records, args.corpus)
+        check_serves(running, records, args.corpus)
     key = running.api_key if running else api_key_from_env(args.api_key_env, "--endpoint")
     served = probe_endpoint(base, key)
     model = args.model or served.model
-    redactor = (arm_redactor(running) if running else Redactor()) | Redactor.for_launch(api_key=key)
+    redactor = (Redactor.for_arm(running) if running else Redactor()) | Redactor.for_launch(api_key=key)
     if running:
         target = replace(_arm_target(running, args), base_url=base, model=model)
         info = _arm_info(running, redactor).model_copy(
@@ -300,7 +277,7 @@ def _arm_runs(args: ReplayArgs, arms: list[str], records: list[CorpusRecord]) ->
         config, source = load_arm(name)
         arm = resolve_arm(config, source, port=args.port, model=args.model, api_key_env=args.api_key_env)
         check_launchable(arm)
-        _check_limits(arm, records, args.corpus)
+        check_serves(arm, records, args.corpus)
         resolved.append(arm)
     if any(a.config.request.api == "generate" for a in resolved):
         _require_input_ids(records)
@@ -309,7 +286,7 @@ def _arm_runs(args: ReplayArgs, arms: list[str], records: list[CorpusRecord]) ->
     return [
         _Pending(
             label=arm.name if not args.label else f"{args.label}-{arm.name}",
-            info=_arm_info(arm, redactor := arm_redactor(arm)),
+            info=_arm_info(arm, redactor := Redactor.for_arm(arm)),
             endpoint=arm.base_url,
             target=_arm_target(arm, args),
             redactor=redactor,
@@ -332,8 +309,8 @@ def _new_meta(run: _Pending, args: ReplayArgs, records: list[CorpusRecord], mani
         endpoint=run.endpoint,
         api=target.api,
         model=target.model,
-        engine_version=run.engine.engine_version,
-        engine_config=run.engine.engine_config,
+        engine_version=run.engine.engine_version if run.engine else None,
+        engine_config=run.engine.engine_config if run.engine else {},
         corpus=str(args.corpus.resolve()),  # absolute, so --resume works from any directory
         corpus_sha256=file_sha256(args.corpus),
         manifest=str(manifest.resolve()) if manifest else None,
@@ -383,9 +360,7 @@ def plan_replay(args: ReplayArgs) -> ReplayPlan:
     )
     metas = [_new_meta(p, args, records, manifest) for p in pending]
     out = args.out or Path("results")
-    runs = _create_run_dirs(
-        out, [(out / m.run_id, m, p.redactor) for p, m in zip(pending, metas, strict=True)]
-    )
+    runs = create_run_dirs(out, [(m, p.redactor) for p, m in zip(pending, metas, strict=True)])
     plans = [
         Plan(run, meta, records, p.target, p.arm) for run, meta, p in zip(runs, metas, pending, strict=True)
     ]
@@ -427,7 +402,7 @@ def _resume(run_path: Path, args: ReplayArgs) -> Plan:
             raise LumobenchError(f"arm file {source} changed since run {meta.run_id} started; resume refused")
         check_launchable(arm)
         check_port_free(arm.config.host, arm.port)
-        run.redactor = arm_redactor(arm)
+        run.redactor = Redactor.for_arm(arm)
         meta.endpoint, meta.api_key_env = arm.base_url, arm.api_key_env
         target = _arm_target(arm, replace(args, api=meta.api, max_tokens_cap=meta.max_tokens_cap))
         return Plan(run, meta, records, target, arm)

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -39,11 +40,12 @@ from lumobench.client import ServerUnreachable, Target, new_session, send_reques
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
 from lumobench.interleave import rotation
-from lumobench.launch import ArmServer, arm_redactor, free_port, port_in_use, start_arm
+from lumobench.launch import ArmServer, free_port, port_in_use, start_arm
 from lumobench.metrics import scrape
 from lumobench.plan import Plan
 from lumobench.probe import ProbeError, auth_headers, call
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
+from lumobench.redact import Redactor
 from lumobench.results import RequestRow, Segment, WriteFailed, missing_keys, now_iso
 
 #: answers that mean "no server to serve this" rather than "this request is bad"
@@ -95,12 +97,12 @@ class ReplayProgress(Protocol):
 
 
 class GroupUI(Protocol):
-    """What `run_group` tells the person watching."""
+    """What `run_group` tells the person watching (each member's progress is its `progress`)."""
 
     def resuming(self, run_path: Path, kept_rows: int) -> None: ...
-    def status(self, text: str) -> None: ...  # transient: an arm starting ("" when done)
+    def starting(self, arm: str, log: Path, waiting_for: str | None) -> None: ...
+    def started(self) -> None: ...  # also after a failed start
     def note(self, text: str) -> None: ...  # a line to keep: a moved port, an arm that did not start
-    def progress(self, plan: Plan) -> ReplayProgress | None: ...
 
 
 class QuietUI:
@@ -109,14 +111,14 @@ class QuietUI:
     def resuming(self, run_path: Path, kept_rows: int) -> None:
         pass
 
-    def status(self, text: str) -> None:
+    def starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
+        pass
+
+    def started(self) -> None:
         pass
 
     def note(self, text: str) -> None:
         pass
-
-    def progress(self, plan: Plan) -> ReplayProgress | None:
-        return None
 
 
 @dataclass
@@ -129,13 +131,12 @@ class ReplayOutcome:
 
 @dataclass
 class Member:
-    """One arm of a group: its plan, its server while it runs, and why it left the rotation.
-
-    `server_alive` stands for the launched process where there is none to watch (tests)."""
+    """One arm of a group: its plan, its progress display, its server while it runs, and why it left the
+    rotation. `server_alive` stands for the launched process where there is none to watch (tests)."""
 
     plan: Plan
-    server_alive: Callable[[], bool] | None = None
     progress: ReplayProgress | None = None
+    server_alive: Callable[[], bool] | None = None
     server: ArmServer | None = None
     dead: str | None = None  # why this arm left the rotation (did not start, server went away)
     todo: set[tuple[int, str]] = field(default_factory=set)
@@ -192,7 +193,7 @@ def on_free_port(m: Member, on_note: Callable[[str], None]) -> ResolvedArm:
     )
     on_note(f"arm {arm.name}: port {port} is in use by another process; started on {moved.base_url} instead")
     m.plan.arm, m.plan.meta.endpoint = moved, moved.base_url
-    m.plan.meta.arm.config["argv"] = arm_redactor(moved).argv(moved.argv)
+    m.plan.meta.arm.config["argv"] = Redactor.for_arm(moved).argv(moved.argv)
     m.plan.target = replace(m.plan.target, base_url=moved.base_url)
     return moved
 
@@ -207,12 +208,11 @@ def _start(members: Sequence[Member], ui: GroupUI, alone: bool) -> None:
         m.dead = None
         arm = on_free_port(m, ui.note)
         log = m.plan.run.server_log
-        starting = f"starting arm {arm.name}"
-        ui.status(f"{starting} (log: {log})")
+        ui.starting(arm.name, log, None)
         try:
-            m.server, info = start_arm(
-                arm, log, on_wait=lambda s, a=starting, f=log: ui.status(f"{a}: waiting for {s} (log: {f})")
-            )
+            m.server, info = start_arm(arm, log, on_wait=partial(ui.starting, arm.name, log))
+            m.plan.meta.model = m.plan.target.model or info.model
+            m.plan.meta.engine_version, m.plan.meta.engine_config = info.engine_version, info.engine_config
         except LumobenchError as exc:
             if alone:
                 raise
@@ -220,9 +220,7 @@ def _start(members: Sequence[Member], ui: GroupUI, alone: bool) -> None:
             ui.note(f"arm {arm.name} did not start: {m.dead}")
             continue
         finally:
-            ui.status("")
-        m.plan.meta.engine_version, m.plan.meta.engine_config = info.engine_version, info.engine_config
-        m.plan.meta.model = m.plan.target.model or info.model
+            ui.started()
         m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
         m.plan.run.write_meta(m.plan.meta)
 
@@ -289,7 +287,7 @@ async def replay_repetition(
                 m.progress.run_started(run_index, len(request_ids), done)
             probe = await stack.enter_async_context(httpx.AsyncClient(headers=auth_headers(target.api_key)))
             segment = await stack.enter_async_context(
-                m.plan.run.segment(m.plan.meta, run_index, lambda p=probe, u=target.base_url: scrape(p, u))
+                m.plan.run.segment(m.plan.meta, run_index, partial(scrape, probe, target.base_url))
             )
             session = new_session(concurrency, target.request_timeout_s, target.api_key)
             await stack.enter_async_context(session)
@@ -375,7 +373,6 @@ def run_group(
     for m in members:
         if kept := m.plan.run.prepare_resume():
             ui.resuming(m.plan.run.path, len(kept))
-        m.progress = ui.progress(m.plan)
         m.todo = set(missing_keys(m.plan.meta, m.plan.run.read_rows()))
         if not alone:  # the group, so that --resume on any member continues all of them
             m.plan.meta.interleaved_with = [x.plan.meta.run_id for x in members]

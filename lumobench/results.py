@@ -27,7 +27,7 @@ import os
 import platform
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -517,6 +517,18 @@ class RunDir:
     @property
     def server_log(self) -> Path:
         return self.path / SERVER_LOG
+
+
+def create_run_dirs(out: Path, runs: Sequence[tuple[RunMeta, Redactor]]) -> list[RunDir]:
+    """Create (and lock) the run directories `out/<run id>` of new runs, last of all: every check that
+    can refuse the runs is done."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise LumobenchError(f"--out {out} is not a directory") from None
+    except OSError as exc:  # e.g. a component longer than the file system allows
+        raise LumobenchError(f"cannot create the results folder {out}: {exc.strerror or exc}") from None
+    return [RunDir.create(out / meta.run_id, meta, redactor) for meta, redactor in runs]
 
 
 def missing_keys(meta: RunMeta, rows: Iterable[RequestRow]) -> list[tuple[int, str]]:

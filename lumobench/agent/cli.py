@@ -34,8 +34,7 @@ from lumobench.agent.table import TABLE_MD, table_rows, write_task_table
 from lumobench.agent.tasks import Task, resolve_tasks
 from lumobench.corpus import load_corpus
 from lumobench.corpus_select import freeze_selection
-from lumobench.errors import LumobenchError, user_errors
-from lumobench.launch import interrupt_on_signals
+from lumobench.errors import LumobenchError, interrupt_on_signals, user_errors
 from lumobench.manifest import write_manifest
 from lumobench.record import RecordingProxy
 

@@ -13,8 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
 from lumobench.corpus import MAX_TOKENS
-from lumobench.errors import LumobenchError, user_errors
-from lumobench.launch import interrupt_on_signals, log_tail
+from lumobench.errors import LumobenchError, interrupt_on_signals, user_errors
+from lumobench.launch import log_tail
 from lumobench.plan import PEER_ARMS, Plan, ReplayArgs, Timeouts, plan_replay
 from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.report import build_report, print_table, report_command, table_console
@@ -56,8 +56,12 @@ class RichGroupUI:
     def resuming(self, run_path: Path, kept_rows: int) -> None:
         self.bars.console.print(f"resuming {run_path}: {kept_rows} completed rows kept")
 
-    def status(self, text: str) -> None:
-        self.bars.update(self.boot, description=text, visible=bool(text))
+    def starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
+        waiting = f": waiting for {waiting_for}" if waiting_for else ""
+        self.bars.update(self.boot, description=f"starting arm {arm}{waiting} (log: {log})", visible=True)
+
+    def started(self) -> None:
+        self.bars.update(self.boot, visible=False)
 
     def note(self, text: str) -> None:
         self.bars.console.print(text, markup=False, highlight=False)
@@ -100,7 +104,8 @@ def _run(plans: list[Plan], interleave: bool, concurrency: int) -> list[ReplayOu
             try:
                 with user_errors():
                     try:
-                        outcomes += run_group([Member(p) for p in group], ui, concurrency)
+                        members = [Member(p, ui.progress(p)) for p in group]
+                        outcomes += run_group(members, ui, concurrency)
                     except LumobenchError as exc:  # did not start (busy port, exited, not ready)
                         if len(plans) == 1:
                             raise

@@ -147,7 +147,7 @@ def test_sighup_and_sigterm_interrupt_like_ctrl_c() -> None:
     """A closed terminal (SIGHUP) or `kill` (SIGTERM) must unwind like Ctrl-C, so `finally` blocks stop
     the agent, its shell children and the arm (the SIGTERM case runs a whole agent in test_agent_run)."""
     code = (
-        "import os, signal, sys\nfrom lumobench.launch import interrupt_on_signals\ninterrupt_on_signals()\n"
+        "import os, signal, sys\nfrom lumobench.errors import interrupt_on_signals\ninterrupt_on_signals()\n"
         "for sig in (signal.SIGHUP, signal.SIGTERM):\n"
         "    try:\n        os.kill(os.getpid(), sig)\n        signal.pause()\n"
         "    except KeyboardInterrupt:\n        print(sig.name, 'unwound')\n"
