@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lumobench.agent.driver import (
+    AgentArgs,
     AgentSettings,
     ArmContext,
     agent_error_line,
@@ -55,9 +56,8 @@ def test_a_crash_before_the_first_model_request_is_an_error_naming_its_cause(tmp
 
 def _meta(tmp_path: Path, settings: AgentSettings):
     task = Task("a__b-1", "a/b", "0" * 40, "fix it", {})
-    return new_run(
-        tmp_path / "results", [task], ["a__b-1"], settings, None, "http://x/v1", None, []
-    ).read_meta()
+    args = AgentArgs(endpoint="http://x/v1", out=tmp_path / "results")
+    return new_run(args, [task], ["a__b-1"], settings).read_meta()
 
 
 def test_resume_continues_with_the_runs_repos_clone_and_workdir_settings(tmp_path: Path) -> None:
@@ -65,8 +65,8 @@ def test_resume_continues_with_the_runs_repos_clone_and_workdir_settings(tmp_pat
         budget_s=60, max_tokens=512, repos_dir=tmp_path / "mirrors", allow_clone=False, keep_workdirs=True
     )
     meta = _meta(tmp_path, started)
-    assert resume_settings(meta, None, None, None) == started
-    overridden = resume_settings(meta, Path("elsewhere"), True, False)
+    assert resume_settings(meta, AgentArgs()) == started
+    overridden = resume_settings(meta, AgentArgs(repos=Path("elsewhere"), clone=True, keep_workdirs=False))
     assert overridden.repos_dir == Path("elsewhere").absolute()
     assert (overridden.allow_clone, overridden.keep_workdirs, overridden.max_tokens) == (True, False, 512)
 
