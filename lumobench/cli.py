@@ -24,7 +24,7 @@ from lumobench.commands.serve import serve
 #: sub-app name -> (module, Typer app attribute, one-line help), imported only when run
 LAZY_APPS = {
     "bench": ("lumobench.commands.bench", "bench_app", "Kernel, engine and client benchmarks (torch)."),
-    "verify": ("lumobench.verify", "app", "LumoTree's numerical checks (torch)."),
+    "verify": ("lumobench.checks", "app", "LumoTree's numerical checks (torch)."),
 }
 
 

@@ -50,9 +50,9 @@ import typer
 
 from lumobench.bench.output import current_commit
 from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.drafter import Drafter
 from lumotree.drafting.geometry import GeometryConfig
-from lumotree.drafting.random_trees import paper_tree
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.engine.runner import CycleResult
