@@ -18,8 +18,8 @@ from lumobench import __version__
 from lumobench.agent.cli import agent_command, evaluate_command, record_command, select_command
 from lumobench.commands.corpus import corpus_app
 from lumobench.commands.replay import replay
-from lumobench.commands.report import report
 from lumobench.commands.serve import serve
+from lumobench.reports.command import report
 
 #: sub-app name -> (module, Typer app attribute, one-line help), imported only when run
 LAZY_APPS = {

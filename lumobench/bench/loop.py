@@ -40,7 +40,7 @@ import typer
 from lumobench.bench.output import current_commit, write_tables
 from lumobench.errors import LumobenchError
 from lumobench.metrics import phase_totals
-from lumobench.report import build_report, load_run
+from lumobench.reports.summary import build_report, load_run
 from lumobench.results import RequestRow
 from lumotree.drafting.draft_vocab import save_draft_vocab
 

@@ -17,7 +17,7 @@ from lumobench.errors import LumobenchError, interrupt_on_signals, user_errors
 from lumobench.launch import log_tail
 from lumobench.plan import PEER_ARMS, Plan, ReplayArgs, Timeouts, plan_replay
 from lumobench.replay import Member, ReplayOutcome, run_group
-from lumobench.report import build_report, print_table, report_command, table_console
+from lumobench.reports.summary import build_report, print_table, report_command, table_console
 from lumobench.results import MAX_RUNS, RequestRow
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130

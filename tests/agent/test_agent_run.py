@@ -17,9 +17,9 @@ import nbformat
 import pytest
 from typer.testing import CliRunner
 
-from lumobench.analysis.notebook import figures, tables
 from lumobench.cli import app
 from lumobench.corpus import check_corpus
+from lumobench.reports.notebook import figures, tables
 
 from .conftest import (
     FIX_TURNS,

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from lumobench.bench.kernels import decode, gdn
-from lumobench.bench.kernels.report import render_markdown
 from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.reports.kernel_tables import render_markdown
 from lumotree.verify.attention.decode import AttentionConfig
 
 SUITES = ("gdn", "attention", "selection", "walk", "commit")
