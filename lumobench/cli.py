@@ -23,7 +23,11 @@ from lumobench.reports.command import report
 
 #: sub-app name -> (module, Typer app attribute, one-line help), imported only when run
 LAZY_APPS = {
-    "bench": ("lumobench.commands.bench", "bench_app", "Kernel, engine and client benchmarks (torch)."),
+    "bench": (
+        "lumobench.commands.bench",
+        "bench_app",
+        "Every benchmark: kernels, engine, client, cycle, loop (torch).",
+    ),
     "verify": ("lumobench.checks", "app", "LumoTree's numerical checks (torch)."),
 }
 
