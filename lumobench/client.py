@@ -1,7 +1,8 @@
 """The replay client: one streamed request per corpus record, timed per DESIGN §6.
 
-Transport is aiohttp: measured against httpx with `lumobench bench client` (see results/cpu/ and the
-README), it costs less CPU per streamed event. Raw reads go to the byte-level SSE parser unchanged.
+Transport is aiohttp: measured against httpx with `lumobench bench client` (see results/cpu/ and
+docs/harness.md), it costs less CPU per streamed event. Raw reads go to the byte-level SSE parser
+unchanged.
 
 Two clocks bound a request: `request_timeout_s`, the longest silence between two reads, and a total
 deadline (`request_deadline`), so a server that keeps a stream open without finishing it (comments

@@ -1,5 +1,5 @@
 """The LumoTree server's memory and event loop under large requests: peak RSS per prompt token, and
-/health's longest wait while bodies too big for the context are refused (README, Server).
+/health's longest wait while bodies too big for the context are refused (docs/engine-and-server.md, Server).
 
     lumobench bench server-memory [--max-model-len 32768] [--out FILE] [-- SERVER ARGS...]
                                         (or python -m lumobench.bench.server_memory)

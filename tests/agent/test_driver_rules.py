@@ -102,7 +102,7 @@ def test_an_arm_whose_context_cannot_fit_the_agent_stops_the_run(tmp_path: Path)
 def test_readme_agent_command_without_mirrors_fails_fast_with_one_line(
     live_url: str, readonly_mirrors: Path, tmp_path: Path
 ) -> None:
-    """The README's command with a --repos folder that does not exist, and no cloning: one line, exit 2,
+    """docs/agent.md's command with a --repos folder that does not exist, and no cloning: one line, exit 2,
     before any agent or arm starts."""
     result = lumobench(
         "agent", "--tasks", "astropy", "--endpoint", f"{live_url}/v1", "--repos", tmp_path / "mirrors",
