@@ -131,7 +131,7 @@ def test_interleaved_replay_rotates_arms_per_request_and_pairs_their_rates(
 def test_an_arm_whose_port_was_taken_since_the_plan_starts_on_a_free_one(
     tmp_path: Path, scripted_arm: Callable[..., Path]
 ) -> None:
-    """Up front a busy port is a user mistake (plan_new refuses it); one taken later, e.g. between the
+    """Up front a busy port is a user mistake (plan_replay refuses it); one taken later, e.g. between the
     repetitions of an arm that boots per repetition, moves the arm to a free port instead."""
     arm = scripted_arm("later", arm_fields="memory_gb = 0.1", tokens=4)
     args = ReplayArgs(corpus=small_corpus(tmp_path, 1), arms=(str(arm),), out=tmp_path / "r")
