@@ -25,12 +25,12 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import httpx
@@ -141,10 +141,6 @@ class Member:
     dead: str | None = None  # why this arm left the rotation (did not start, server went away)
     todo: set[tuple[int, str]] = field(default_factory=set)
 
-    @property
-    def name(self) -> str:
-        return self.plan.meta.arm.name
-
     def pgid(self) -> int | None:
         proc = self.server.proc if self.server else None
         return proc.pid if proc is not None and proc.poll() is None else None
@@ -154,21 +150,21 @@ class Member:
         seq = self.plan.meta.request_ids.index(rid)
         return next(r for r in self.plan.records if r.id == rid), seq
 
+    def _alive(self) -> bool | None:
+        """Whether the launched server process still runs (None: no process to watch, an endpoint)."""
+        if self.server_alive is not None:
+            return self.server_alive()
+        return None if self.server is None else self.server.exit_code() is None
+
     async def exited(self, grace_s: float = 0.0) -> bool:
         """Whether the launched server process exited, waiting up to `grace_s` for it to (never for a
-        running endpoint: no process to watch)."""
-        alive = self.server_alive
-        if alive is None and self.server is not None:
-            server = self.server
-            alive = lambda: server.exit_code() is None  # noqa: E731
-        if alive is None:
-            return False
+        running endpoint)."""
         deadline = time.monotonic() + grace_s
-        while alive():
+        while self._alive():
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.02)
-        return True
+        return self._alive() is False
 
 
 @dataclass
@@ -316,7 +312,7 @@ async def replay_repetition(
         await _all_or_none([worker() for _ in range(max(1, min(concurrency, len(jobs))))])
 
 
-async def _all_or_none(coroutines: list) -> None:  # type: ignore[type-arg]
+async def _all_or_none(coroutines: list[Coroutine[Any, Any, None]]) -> None:
     """Run the coroutines together; the first that raises cancels the others and its error propagates."""
     tasks = [asyncio.create_task(c) for c in coroutines]
     try:

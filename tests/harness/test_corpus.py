@@ -223,12 +223,12 @@ def test_the_loop_benchs_corpus_is_valid_and_sends_ignore_eos_in_both_apis(tmp_p
     sampling_params and the chat body."""
     from typer.testing import CliRunner
 
-    from lumobench.bench.loop import app as loop_app
+    from lumobench.cli import app
     from lumobench.client import Target, build_request
 
     path = tmp_path / "loop.jsonl"
     result = CliRunner().invoke(
-        loop_app, ["corpus", str(path), "--context", "16", "--tokens", "8", "--requests", "2"]
+        app, ["bench", "loop", "corpus", str(path), "--context", "16", "--tokens", "8", "--requests", "2"]
     )
     assert result.exit_code == 0, result.output
     records, issues = check_corpus(path)
