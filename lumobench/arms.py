@@ -22,12 +22,14 @@ import shutil
 import socket
 import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -240,3 +242,16 @@ def check_launchable(arm: ResolvedArm) -> None:
         raise LumobenchError(f"arm {arm.name}: model path {arm.model} does not exist{hint}")
     if arm.config.requires_gpu and shutil.which("nvidia-smi") is None:
         raise LumobenchError(f"arm {arm.name} needs an NVIDIA GPU (engine {arm.config.engine}){hint}")
+
+
+def check_serves(arm: ResolvedArm, records: Sequence[CorpusRecord], corpus: Path | None) -> None:
+    """Refuse, before anything is sent, a corpus with requests the arm cannot serve (its `[limits]`)."""
+    limits = arm.config.limits
+    if limits.greedy_only and (sampled := [r.id for r in records if not r.is_greedy]):
+        shown = ", ".join(sampled[:3]) + (", ..." if len(sampled) > 3 else "")
+        why = f" ({limits.why})" if limits.why else ""
+        raise LumobenchError(
+            f"arm {arm.name} serves greedy requests only{why}; {len(sampled)} of {len(records)} records of "
+            f"{corpus} sample or leave temperature unset ({shown}): replay a greedy corpus such as "
+            f"corpora/demo-greedy.jsonl"
+        )

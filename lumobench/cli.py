@@ -18,13 +18,17 @@ from lumobench import __version__
 from lumobench.agent.cli import agent_command, evaluate_command, record_command, select_command
 from lumobench.commands.corpus import corpus_app
 from lumobench.commands.replay import replay
-from lumobench.commands.report import report
 from lumobench.commands.serve import serve
+from lumobench.reports.command import report
 
 #: sub-app name -> (module, Typer app attribute, one-line help), imported only when run
 LAZY_APPS = {
-    "bench": ("lumobench.commands.bench", "bench_app", "Kernel, engine and client benchmarks (torch)."),
-    "verify": ("lumobench.verify", "app", "LumoTree's numerical checks (torch)."),
+    "bench": (
+        "lumobench.commands.bench",
+        "bench_app",
+        "Every benchmark: kernels, engine, client, cycle, loop (torch).",
+    ),
+    "verify": ("lumobench.checks", "app", "LumoTree's numerical checks (torch)."),
 }
 
 

@@ -1,7 +1,8 @@
 """The replay client: one streamed request per corpus record, timed per DESIGN §6.
 
-Transport is aiohttp: measured against httpx with `lumobench bench client` (see results/cpu/ and the
-README), it costs less CPU per streamed event. Raw reads go to the byte-level SSE parser unchanged.
+Transport is aiohttp: measured against httpx with `lumobench bench client` (see results/cpu/ and
+docs/harness.md), it costs less CPU per streamed event. Raw reads go to the byte-level SSE parser
+unchanged.
 
 Two clocks bound a request: `request_timeout_s`, the longest silence between two reads, and a total
 deadline (`request_deadline`), so a server that keeps a stream open without finishing it (comments
@@ -19,6 +20,7 @@ import aiohttp
 
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
+from lumobench.probe import auth_headers
 from lumobench.results import RequestRow, now_iso
 from lumobench.sse import SSELineTooLong
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
@@ -110,10 +112,6 @@ def request_deadline(record: CorpusRecord, target: Target) -> float:
 def request_headers(record: CorpusRecord, run_index: int) -> dict[str, str]:
     """Per-request headers: the request id servers log (`corpus check` guarantees it fits a header)."""
     return {"X-Request-Id": f"{record.id}.r{run_index}"}
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def new_session(

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from lumobench.arms import ResolvedArm
-from lumobench.client import auth_headers
 from lumobench.errors import LumobenchError
-from lumobench.probe import Answer, ProbeError, call_sync
+from lumobench.probe import EndpointInfo, ProbeError, auth_headers, call_sync, model_cards, probe_endpoint
 from lumobench.redact import Redactor
 
 STOP_GRACE_S = 15.0
@@ -78,15 +77,6 @@ def check_port_free(host: str, port: int) -> None:
         )
 
 
-def _listed_model(models: Answer) -> str | None:
-    """The first model id of a models list, or None while the server lists none."""
-    try:
-        data = models.json().get("data")
-        return str(data[0]["id"]) if data else None
-    except (ValueError, AttributeError, KeyError, IndexError, TypeError):
-        return None
-
-
 def log_tail(path: Path, lines: int = 30) -> str:
     """The last `lines` lines of a log file ('' if it does not exist)."""
     try:
@@ -97,11 +87,6 @@ def log_tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
-
-
-def arm_redactor(arm: ResolvedArm) -> Redactor:
-    """The secrets of a launched arm: its environment, its command line and its API key."""
-    return Redactor.for_launch(arm.argv, arm.env, arm.api_key)
 
 
 def _copy_masked(pipe: IO[bytes], log: IO[bytes], redactor: Redactor) -> None:
@@ -120,7 +105,7 @@ class ArmServer:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.served_model: str | None = None  # first id listed by the models endpoint once ready
-        self.redactor = arm_redactor(arm)
+        self.redactor = Redactor.for_arm(arm)
         self._log: IO[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._keeper: threading.Thread | None = None
@@ -208,18 +193,19 @@ class ArmServer:
         limit_s = timeout_s or ready.timeout_s
         deadline = time.monotonic() + limit_s
         stage = "health"
-        headers = auth_headers(self.arm.api_key)
         while True:
+            if on_wait:
+                on_wait(stage)
             if (code := self.exit_code()) is not None:
                 raise self._fail(f"exited with code {code} before it was ready")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._fail(f"was not ready after {limit_s:.0f} s (waiting for {stage})")
-            if on_wait:
-                on_wait(stage)
             path = ready.health if stage == "health" else ready.models
             try:
-                answer = call_sync("GET", self.base_url + path, min(READY_PROBE_S, left), headers)
+                answer = call_sync(
+                    "GET", self.base_url + path, min(READY_PROBE_S, left), auth_headers(self.arm.api_key)
+                )
             except ProbeError:
                 answer = None  # not listening yet, or a half-started server
             if answer is not None and answer.status in (401, 403):  # a key will not appear by waiting
@@ -230,7 +216,8 @@ class ArmServer:
                 if stage == "health":
                     stage = "models"
                     continue
-                if (model := _listed_model(answer)) is not None:
+                if cards := model_cards(answer):
+                    model: str = cards[0]["id"]
                     self.served_model = model
                     return model
             time.sleep(0.5)
@@ -280,31 +267,28 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-@contextmanager
-def launched(
+def start_arm(
     arm: ResolvedArm, log_path: Path, on_wait: Callable[[str], None] | None = None
-) -> Iterator[ArmServer]:
-    """Start the arm, wait until it is ready, yield it, and stop its whole group on any exit (Ctrl-C too)."""
+) -> tuple[ArmServer, EndpointInfo]:
+    """Launch the arm, wait until it is ready and ask it what it serves and runs (`probe_endpoint`); an
+    arm that fails any of that is stopped again before the error propagates."""
     server = ArmServer(arm, log_path)
     server.start()
     try:
         server.wait_ready(on_wait=on_wait)
+        return server, probe_endpoint(arm.base_url, arm.api_key)
+    except BaseException:
+        server.stop()
+        raise
+
+
+@contextmanager
+def launched(
+    arm: ResolvedArm, log_path: Path, on_wait: Callable[[str], None] | None = None
+) -> Iterator[ArmServer]:
+    """`start_arm`, yield the server, and stop its whole group on any exit (Ctrl-C too)."""
+    server, _ = start_arm(arm, log_path, on_wait)
+    try:
         yield server
     finally:
         server.stop()
-
-
-def interrupt_on_signals() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session) raise KeyboardInterrupt, so
-    `finally` blocks stop launched servers and agents, and run files say "interrupted".
-
-    SIGINT is set explicitly because a process started in the background by a non-interactive shell
-    inherits it ignored.
-    """
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lumobench.arms import ResolvedArm
 
 MASK = "***"
 MIN_TEXT_SECRET = 8
@@ -65,6 +68,11 @@ class Redactor:
         if api_key:
             found.add(api_key)
         return cls({s for s in found if s})
+
+    @classmethod
+    def for_arm(cls, arm: ResolvedArm) -> Redactor:
+        """The secrets of a launched arm: its environment, its command line and its API key."""
+        return cls.for_launch(arm.argv, arm.env, arm.api_key)
 
     def __or__(self, other: Redactor) -> Redactor:
         return Redactor(self.secrets | other.secrets)

@@ -1,13 +1,22 @@
-"""Replay execution: carry out a plan (`run_plan`: launch its arm once or afresh per repetition,
-record what the server reports in the run metadata) and send every missing (repetition, request) of
-its run directory, recording the rows (`execute`).
+"""Replay execution, one loop for every replay: a group of plans is booted, every missing (repetition,
+request) of its run directories is sent, and the arms are stopped (`run_group`). A sequential replay
+is a group of one arm at a time; an interleaved replay puts every arm in one group.
 
-The paper's protocol is one active request at a time (`concurrency=1`). Each repetition is one or
-more segments (a resumed repetition opens a new one); `/metrics` is scraped before and after each
-segment. A failed request is recorded and the run continues; a server that is gone aborts the run,
-keeping every row written so far: the connection is refused, the launched process exited, or requests
-get "unavailable" answers (HTTP 502/503/504) while the health check fails too, or several in a row.
-The command line (`lumobench.commands.replay`) only shows what happens, through a `PlanUI`.
+Within a repetition, request j goes to every arm of the group before request j+1, starting with arm
+(r·n + j) mod k of the k arms (`interleave.rotation`), so a drifting machine moves all arms alike and
+each request's rates pair up. Before each request of a group of several, the harness waits until the
+other arms' process groups are quiet (`proc_cpu.wait_quiet`) and each row records the CPU seconds they
+used while it streamed (`RequestRow.others_cpu_s`) and its place in the rotation (`slot`). A group of
+one sends with up to `concurrency` requests in flight (the paper's protocol is one).
+
+Each repetition is a run segment per arm (`RunDir.segment`: run.json and /metrics snapshots around
+it). A failed request is recorded and the run goes on; a server that is gone takes its arm out of the
+rotation, keeping every row written so far: the connection is refused, the launched process exited,
+or requests get "unavailable" answers (HTTP 502/503/504) while the health check fails too, or several
+in a row. Arms that boot per repetition are started afresh at every repetition (and get another
+chance there); the others boot once. A group of one stops at its first failure, as a sequential run
+always has: a start that fails raises, a server that goes away ends the run. The command line
+(`lumobench.commands.replay`) only shows what happens, through a `GroupUI`.
 """
 
 from __future__ import annotations
@@ -15,23 +24,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
+import aiohttp
 import httpx
 
-from lumobench.arms import ResolvedArm
-from lumobench.client import ServerUnreachable, Target, auth_headers, new_session, send_request
+from lumobench.arms import ResolvedArm, resolve_arm
+from lumobench.client import ServerUnreachable, Target, new_session, send_request
 from lumobench.corpus import CorpusRecord
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer, launched
+from lumobench.interleave import rotation
+from lumobench.launch import ArmServer, free_port, port_in_use, start_arm
 from lumobench.metrics import scrape
-from lumobench.plan import Plan, probe_endpoint
-from lumobench.probe import ProbeError, call
-from lumobench.results import RequestRow, RunDir, RunMeta, Segment, WriteFailed, missing_keys, now_iso
+from lumobench.plan import Plan
+from lumobench.probe import ProbeError, auth_headers, call
+from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
+from lumobench.redact import Redactor
+from lumobench.results import RequestRow, Segment, WriteFailed, missing_keys, now_iso
 
 #: answers that mean "no server to serve this" rather than "this request is bad"
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
@@ -40,6 +55,7 @@ UNAVAILABLE_IN_A_ROW = 3
 #: after a dropped connection, how long a launched server may take to finish exiting: a crashing process
 #: closes its sockets one by one, so the next request can still reach its listening socket
 SERVER_EXIT_GRACE_S = 0.5
+SERVER_EXITED = "the server process exited during the run"
 
 
 class RunAborted(LumobenchError):
@@ -80,6 +96,31 @@ class ReplayProgress(Protocol):
     def row_written(self, row: RequestRow) -> None: ...
 
 
+class GroupUI(Protocol):
+    """What `run_group` tells the person watching (each member's progress is its `progress`)."""
+
+    def resuming(self, run_path: Path, kept_rows: int) -> None: ...
+    def starting(self, arm: str, log: Path, waiting_for: str | None) -> None: ...
+    def started(self) -> None: ...  # also after a failed start
+    def note(self, text: str) -> None: ...  # a line to keep: a moved port, an arm that did not start
+
+
+class QuietUI:
+    """A `GroupUI` that shows nothing (tests, benchmarks)."""
+
+    def resuming(self, run_path: Path, kept_rows: int) -> None:
+        pass
+
+    def starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
+        pass
+
+    def started(self) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
 @dataclass
 class ReplayOutcome:
     status: Literal["finished", "aborted"]
@@ -88,52 +129,192 @@ class ReplayOutcome:
     message: str | None = None
 
 
-def _next_segment(meta: RunMeta, run_index: int) -> int:
-    return 1 + max((s.segment for s in meta.segments if s.run_index == run_index), default=-1)
+@dataclass
+class Member:
+    """One arm of a group: its plan, its progress display, its server while it runs, and why it left the
+    rotation. `server_alive` stands for the launched process where there is none to watch (tests)."""
 
+    plan: Plan
+    progress: ReplayProgress | None = None
+    server_alive: Callable[[], bool] | None = None
+    server: ArmServer | None = None
+    dead: str | None = None  # why this arm left the rotation (did not start, server went away)
+    todo: set[tuple[int, str]] = field(default_factory=set)
 
-async def _replay_keys(
-    run: RunDir,
-    keys: Sequence[tuple[int, str]],
-    records: Mapping[str, CorpusRecord],
-    seq_of: Mapping[str, int],
-    target: Target,
-    concurrency: int,
-    server_alive: Callable[[], bool] | None,
-    progress: ReplayProgress | None,
-    probe: httpx.AsyncClient,
-) -> tuple[int, int]:
-    queue = list(keys)
-    counts = {"completed": 0, "failed": 0}
-    availability = AvailabilityCheck(probe, target)
+    def pgid(self) -> int | None:
+        proc = self.server.proc if self.server else None
+        return proc.pid if proc is not None and proc.poll() is None else None
 
-    async def check_server(grace_s: float = 0.0) -> None:
-        """Abort when the launched server process exited (waiting up to `grace_s` for it to)."""
-        if server_alive is None:
-            return
+    def record(self, rid: str) -> tuple[CorpusRecord, int]:
+        """The corpus record of request `rid` and its place in the replay order."""
+        seq = self.plan.meta.request_ids.index(rid)
+        return next(r for r in self.plan.records if r.id == rid), seq
+
+    def _alive(self) -> bool | None:
+        """Whether the launched server process still runs (None: no process to watch, an endpoint)."""
+        if self.server_alive is not None:
+            return self.server_alive()
+        return None if self.server is None else self.server.exit_code() is None
+
+    async def exited(self, grace_s: float = 0.0) -> bool:
+        """Whether the launched server process exited, waiting up to `grace_s` for it to (never for a
+        running endpoint)."""
         deadline = time.monotonic() + grace_s
-        while server_alive():
+        while self._alive():
             if time.monotonic() >= deadline:
-                return
+                return False
             await asyncio.sleep(0.02)
-        raise RunAborted("the server process exited during the run")
+        return self._alive() is False
 
-    async def worker() -> None:
-        async with new_session(concurrency, target.request_timeout_s, target.api_key) as session:
-            while queue:
-                await check_server()
-                run_index, rid = queue.pop(0)
-                row = await send_request(session, target, records[rid], run_index, seq_of[rid])
-                run.append_row(row)
-                counts[row.status] += 1
-                if progress:
-                    progress.row_written(row)
-                if row.status == "failed":
-                    # a stream cut short (no HTTP error answer): the server may be exiting
-                    await check_server(SERVER_EXIT_GRACE_S if row.http_status in (None, 200) else 0.0)
-                await availability.after(row)
 
-    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]
+@dataclass
+class _Link:
+    """A member's connections during one repetition, and its open segment."""
+
+    segment: Segment
+    session: aiohttp.ClientSession
+    availability: AvailabilityCheck
+
+
+def on_free_port(m: Member, on_note: Callable[[str], None]) -> ResolvedArm:
+    """The member's arm, moved to a free port when another process holds its own: on a shared machine a
+    busy port must not cost one arm of a long replay (the port used is in run.json)."""
+    arm = m.plan.arm
+    assert arm is not None
+    port = int(arm.base_url.rsplit(":", 1)[1])
+    if not port_in_use(arm.config.host, port):
+        return arm
+    moved = resolve_arm(
+        arm.config, arm.source, port=free_port(arm.config.host), model=arm.model, api_key_env=arm.api_key_env
+    )
+    on_note(f"arm {arm.name}: port {port} is in use by another process; started on {moved.base_url} instead")
+    m.plan.arm, m.plan.meta.endpoint = moved, moved.base_url
+    m.plan.meta.arm.config["argv"] = Redactor.for_arm(moved).argv(moved.argv)
+    m.plan.target = replace(m.plan.target, base_url=moved.base_url)
+    return moved
+
+
+def _start(members: Sequence[Member], ui: GroupUI, alone: bool) -> None:
+    """Boot each member's arm and wait until it is ready, one after another (so each start-up keeps the
+    CPU it was timed with), recording what it serves in run.json. In a group of several, a member that
+    fails to start leaves the rotation with the reason; alone, the error propagates."""
+    for m in members:
+        if m.plan.arm is None:  # a running endpoint
+            continue
+        m.dead = None
+        arm = on_free_port(m, ui.note)
+        log = m.plan.run.server_log
+        ui.starting(arm.name, log, None)
+        try:
+            m.server, info = start_arm(arm, log, on_wait=partial(ui.starting, arm.name, log))
+            m.plan.meta.model = m.plan.target.model or info.model
+            m.plan.meta.engine_version, m.plan.meta.engine_config = info.engine_version, info.engine_config
+        except LumobenchError as exc:
+            if alone:
+                raise
+            m.dead = str(exc).splitlines()[0]
+            ui.note(f"arm {arm.name} did not start: {m.dead}")
+            continue
+        finally:
+            ui.started()
+        m.plan.target = replace(m.plan.target, model=m.plan.meta.model)
+        m.plan.run.write_meta(m.plan.meta)
+
+
+def _stop(members: Sequence[Member]) -> None:
+    for m in members:
+        if m.server is not None:
+            m.server.stop()
+            m.server = None
+
+
+async def _send(
+    m: Member, link: _Link, run_index: int, rid: str, slot: int | None, others: list[int] | None
+) -> None:
+    """Send request `rid` to the member and record its row; a member whose server went away is marked
+    dead. `slot` and `others` (the other arms' process groups) are given in a group of several."""
+    if await m.exited():
+        m.dead = SERVER_EXITED
+        return
+    plan = m.plan
+    record, seq = m.record(rid)
+    before = sum(group_cpu_seconds(others).values()) if others is not None else 0.0
+    try:
+        row = await send_request(link.session, plan.target, record, run_index, seq)
+    except ServerUnreachable as exc:
+        m.dead = str(exc)
+        return
+    if others is not None:
+        row.others_cpu_s = round(sum(group_cpu_seconds(others).values()) - before, 3)
+        row.slot = slot
+    plan.run.append_row(row)
+    if m.progress:
+        m.progress.row_written(row)
+    # a stream cut short (no HTTP error answer): the server may be exiting
+    grace_s = SERVER_EXIT_GRACE_S if row.http_status in (None, 200) else 0.0
+    if row.status == "failed" and await m.exited(grace_s):
+        m.dead = SERVER_EXITED
+        return
+    try:
+        await link.availability.after(row)  # an engine answering 503 to everything went away too
+    except RunAborted as exc:
+        m.dead = str(exc)
+
+
+async def replay_repetition(
+    members: Sequence[Member], run_index: int, concurrency: int = 1, quiet_wait: bool = True
+) -> None:
+    """Send every missing request of repetition `run_index` to every live member, in rotated order.
+
+    Members that go away are marked dead (their segment aborted) and skipped from then on. On Ctrl-C
+    (cancellation) the open segments are marked interrupted and the cancellation propagates.
+    """
+    active = [m for m in members if not m.dead and any(k[0] == run_index for k in m.todo)]
+    if not active:
+        return
+    request_ids = members[0].plan.meta.request_ids
+    several = len(members) > 1
+    links: dict[int, _Link] = {}
+    async with AsyncExitStack() as stack:
+        for m in active:
+            target = m.plan.target
+            if m.progress:
+                done = len(request_ids) - sum(k[0] == run_index for k in m.todo)
+                m.progress.run_started(run_index, len(request_ids), done)
+            probe = await stack.enter_async_context(httpx.AsyncClient(headers=auth_headers(target.api_key)))
+            segment = await stack.enter_async_context(
+                m.plan.run.segment(m.plan.meta, run_index, partial(scrape, probe, target.base_url))
+            )
+            session = new_session(concurrency, target.request_timeout_s, target.api_key)
+            await stack.enter_async_context(session)
+            links[id(m)] = _Link(segment, session, AvailabilityCheck(probe, target))
+        jobs = deque(
+            (m, rid, slot)
+            for seq, rid in enumerate(request_ids)
+            for slot, m in enumerate(rotation(members, run_index, seq, len(request_ids)))
+            if id(m) in links and (run_index, rid) in m.todo
+        )
+
+        async def worker() -> None:
+            while jobs:
+                m, rid, slot = jobs.popleft()
+                if m.dead:
+                    continue
+                others = [g for x in members if x is not m and (g := x.pgid()) is not None]
+                if several and quiet_wait:
+                    await asyncio.to_thread(wait_quiet, others)
+                link = links[id(m)]
+                await _send(m, link, run_index, rid, slot if several else None, others if several else None)
+                m.todo.discard((run_index, rid))
+                if m.dead and link.segment.outcome == "running":
+                    m.plan.run.close_segment(m.plan.meta, link.segment, "aborted")
+
+        await _all_or_none([worker() for _ in range(max(1, min(concurrency, len(jobs))))])
+
+
+async def _all_or_none(coroutines: list[Coroutine[Any, Any, None]]) -> None:
+    """Run the coroutines together; the first that raises cancels the others and its error propagates."""
+    tasks = [asyncio.create_task(c) for c in coroutines]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
@@ -143,168 +324,70 @@ async def _replay_keys(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return counts["completed"], counts["failed"]
 
 
-async def execute(
-    run: RunDir,
-    meta: RunMeta,
-    records: Sequence[CorpusRecord],
-    target: Target,
-    *,
-    concurrency: int = 1,
-    server_alive: Callable[[], bool] | None = None,
-    progress: ReplayProgress | None = None,
-    run_indices: Collection[int] | None = None,
-) -> ReplayOutcome:
-    """Replay every (repetition, request) of `meta` that has no row in `run` yet.
-
-    `run_indices` restricts this call to those repetitions (one server boot per repetition); the run
-    is marked finished once no row is missing. `records` must contain every id of `meta.request_ids`.
-    On Ctrl-C (task cancellation) the current segment is marked interrupted and the cancellation
-    propagates; rows already written stay.
-    """
-    try:
-        return await _execute(run, meta, records, target, concurrency, server_alive, progress, run_indices)
-    except WriteFailed as exc:  # a full disk, a folder made read-only: stop, keeping what is written
-        meta.status = "aborted"
-        for segment in meta.segments:
+def _abort_all(members: Sequence[Member], why: str) -> None:
+    """Take every member out of the rotation, marking its open segment aborted where it can be written."""
+    for m in members:
+        m.dead = m.dead or why
+        m.plan.meta.status = "aborted"
+        for segment in m.plan.meta.segments:
             if segment.outcome == "running":
                 segment.outcome, segment.finished_at = "aborted", now_iso()
         with contextlib.suppress(WriteFailed):
-            run.write_meta(meta)
-        rows = run.read_rows()
-        done, bad = sum(r.status == "completed" for r in rows), sum(r.status == "failed" for r in rows)
-        return ReplayOutcome("aborted", done, bad, str(exc))
+            m.plan.run.write_meta(m.plan.meta)
 
 
-async def _execute(
-    run: RunDir,
-    meta: RunMeta,
-    records: Sequence[CorpusRecord],
-    target: Target,
-    concurrency: int,
-    server_alive: Callable[[], bool] | None,
-    progress: ReplayProgress | None,
-    run_indices: Collection[int] | None,
-) -> ReplayOutcome:
-    by_id = {r.id: r for r in records}
-    seq_of = {rid: i for i, rid in enumerate(meta.request_ids)}
-    rows = run.read_rows()
-    todo = missing_keys(meta, rows)
+def _outcome(m: Member, alone: bool) -> ReplayOutcome:
+    rows = m.plan.run.read_rows()
     completed = sum(r.status == "completed" for r in rows)
     failed = sum(r.status == "failed" for r in rows)
-    meta.status = "running"
-    async with httpx.AsyncClient(headers=auth_headers(target.api_key)) as metrics_client:
-        for run_index in range(meta.runs) if run_indices is None else sorted(run_indices):
-            keys = [k for k in todo if k[0] == run_index]
-            if not keys:
-                continue
-            if progress:
-                progress.run_started(run_index, len(meta.request_ids), len(meta.request_ids) - len(keys))
-            segment = Segment(
-                run_index=run_index, segment=_next_segment(meta, run_index), started_at=now_iso()
-            )
-            meta.segments.append(segment)
-            run.write_meta(meta)
-            if (text := await scrape(metrics_client, target.base_url)) is not None:
-                run.write_metrics(run_index, segment.segment, "before", text)
-            try:
-                ok, bad = await _replay_keys(
-                    run, keys, by_id, seq_of, target, concurrency, server_alive, progress, metrics_client
-                )
-            except WriteFailed:
-                raise
-            except (RunAborted, ServerUnreachable) as exc:
-                segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
-                run.write_meta(meta)
-                rows = run.read_rows()
-                return ReplayOutcome(
-                    "aborted",
-                    sum(r.status == "completed" for r in rows),
-                    sum(r.status == "failed" for r in rows),
-                    str(exc),
-                )
-            except asyncio.CancelledError:
-                segment.outcome, segment.finished_at, meta.status = "interrupted", now_iso(), "interrupted"
-                run.write_meta(meta)
-                raise
-            except Exception:  # a bug: still leave a run that --resume can continue
-                segment.outcome, segment.finished_at, meta.status = "aborted", now_iso(), "aborted"
-                run.write_meta(meta)
-                raise
-            completed, failed = completed + ok, failed + bad
-            if (text := await scrape(metrics_client, target.base_url)) is not None:
-                run.write_metrics(run_index, segment.segment, "after", text)
-            segment.outcome, segment.finished_at = "finished", now_iso()
-            run.write_meta(meta)
-    if not missing_keys(meta, run.read_rows()):
-        meta.status = "finished"
-    run.write_meta(meta)
+    missing = missing_keys(m.plan.meta, rows)
+    if missing or (alone and m.dead):
+        why = m.dead or "it did not start or went away in an earlier repetition"
+        return ReplayOutcome(
+            "aborted", completed, failed, why if alone else f"{len(missing)} requests not replayed ({why})"
+        )
+    m.plan.meta.status = "finished"
+    try:
+        m.plan.run.write_meta(m.plan.meta)
+    except WriteFailed as exc:  # every row is in; --resume finds nothing missing and marks it finished
+        return ReplayOutcome("aborted", completed, failed, str(exc))
     return ReplayOutcome("finished", completed, failed)
 
 
-class PlanUI(Protocol):
-    """What `run_plan` tells the person watching: a resumed run, an arm starting, the replay."""
+def run_group(
+    members: Sequence[Member], ui: GroupUI | None = None, concurrency: int = 1, quiet_wait: bool = True
+) -> list[ReplayOutcome]:
+    """Boot the group's arms, replay every missing (repetition, request), stop the arms.
 
-    def resuming(self, run_path: Path, kept_rows: int) -> None: ...
-    def arm_starting(self, arm: str, log: Path, waiting_for: str | None) -> None: ...
-    def arm_started(self) -> None: ...  # also after a failed start; may be called twice
-    def replaying(self, plan: Plan) -> AbstractContextManager[ReplayProgress]: ...
-
-
-def run_plan(plan: Plan, concurrency: int, ui: PlanUI) -> ReplayOutcome:
-    """Launch the plan's arm if there is one (once, or afresh per repetition when the run boots per
-    repetition), replay what is missing, stop the arm. Ctrl-C propagates as KeyboardInterrupt."""
-    kept = plan.run.prepare_resume()
-    if kept:
-        ui.resuming(plan.run.path, len(kept))
-    if plan.arm is None:
-        return _replay(plan, concurrency, None, None, ui)
-    if not plan.meta.boot_per_run:
-        return _launch_and_replay(plan, plan.arm, concurrency, None, ui)
-    pending = sorted({run_index for run_index, _ in missing_keys(plan.meta, plan.run.read_rows())})
-    outcome = ReplayOutcome("finished", len(kept), 0)
-    for run_index in pending:
-        outcome = _launch_and_replay(plan, plan.arm, concurrency, [run_index], ui)
-        if outcome.status != "finished":
-            break
-    return outcome
-
-
-def _launch_and_replay(
-    plan: Plan, arm: ResolvedArm, concurrency: int, run_indices: list[int] | None, ui: PlanUI
-) -> ReplayOutcome:
-    """Start the plan's arm, record its engine version and served model, replay `run_indices`
-    (None: all), stop the arm."""
-    log = plan.run.server_log
-    ui.arm_starting(arm.name, log, None)
+    Returns one outcome per member; Ctrl-C propagates as KeyboardInterrupt after every server stopped.
+    `concurrency` > 1 is for a group of one. Resumed runs keep their completed rows (`prepare_resume`).
+    """
+    ui = ui or QuietUI()
+    alone = len(members) == 1
+    for m in members:
+        if kept := m.plan.run.prepare_resume():
+            ui.resuming(m.plan.run.path, len(kept))
+        m.todo = set(missing_keys(m.plan.meta, m.plan.run.read_rows()))
+        if not alone:  # the group, so that --resume on any member continues all of them
+            m.plan.meta.interleaved_with = [x.plan.meta.run_id for x in members]
+            m.plan.run.write_meta(m.plan.meta)
     try:
-        with launched(arm, log, on_wait=lambda waiting: ui.arm_starting(arm.name, log, waiting)) as server:
-            ui.arm_started()
-            _, plan.meta.engine_version, plan.meta.engine_config = probe_endpoint(arm.base_url, arm.api_key)
-            plan.meta.model = plan.target.model or server.served_model
-            plan.target = replace(plan.target, model=plan.meta.model)
-            plan.run.write_meta(plan.meta)
-            return _replay(plan, concurrency, server, run_indices, ui)
+        _start([m for m in members if not m.plan.meta.boot_per_run and m.todo], ui, alone)
+        for run_index in sorted({k[0] for m in members for k in m.todo}):
+            due = {id(m) for m in members for k in m.todo if k[0] == run_index}
+            fresh = [m for m in members if m.plan.meta.boot_per_run and id(m) in due]
+            try:
+                _start(fresh, ui, alone)
+                asyncio.run(replay_repetition(members, run_index, concurrency, quiet_wait))
+            except WriteFailed as exc:  # one disk for the whole group: every arm stops, rows kept
+                _abort_all(members, str(exc))
+                break
+            finally:
+                _stop(fresh)
+            if alone and members[0].dead:
+                break
     finally:
-        ui.arm_started()
-
-
-def _replay(
-    plan: Plan, concurrency: int, server: ArmServer | None, run_indices: list[int] | None, ui: PlanUI
-) -> ReplayOutcome:
-    alive = None if server is None else (lambda: server.exit_code() is None)
-    with ui.replaying(plan) as progress:
-        return asyncio.run(
-            execute(
-                plan.run,
-                plan.meta,
-                plan.records,
-                plan.target,
-                concurrency=concurrency,
-                server_alive=alive,
-                progress=progress,
-                run_indices=run_indices,
-            )
-        )
+        _stop(members)
+    return [_outcome(m, alone) for m in members]

@@ -19,6 +19,7 @@ so counter deltas never straddle a server restart. Everything written passes thr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -26,7 +27,8 @@ import os
 import platform
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -416,6 +418,48 @@ class RunDir:
             return model
         return type(model).model_validate(self.redactor.value(model.model_dump(mode="json")))
 
+    # -- segments -------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def segment(
+        self, meta: RunMeta, run_index: int, scrape: Callable[[], Awaitable[str | None]]
+    ) -> AsyncIterator[Segment]:
+        """One run segment of repetition `run_index`: opened in run.json (the run "running") with a
+        /metrics snapshot before (`scrape`: the server's /metrics text, None for none). On exit: the
+        snapshot after and "finished"; "interrupted" when cancelled (Ctrl-C); "aborted" on an error or
+        when the caller already closed it so (`close_segment`, a server gone mid-repetition)."""
+        segment = Segment(
+            run_index=run_index,
+            segment=1 + max((s.segment for s in meta.segments if s.run_index == run_index), default=-1),
+            started_at=now_iso(),
+        )
+        meta.segments.append(segment)
+        meta.status = "running"
+        self.write_meta(meta)
+        if (text := await scrape()) is not None:
+            self.write_metrics(run_index, segment.segment, "before", text)
+        try:
+            yield segment
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            self.close_segment(meta, segment, "interrupted")
+            raise
+        except BaseException:  # a full disk, a bug: still leave a run that --resume can continue
+            with contextlib.suppress(WriteFailed):
+                self.close_segment(meta, segment, "aborted")
+            raise
+        if segment.outcome == "running":
+            if (text := await scrape()) is not None:
+                self.write_metrics(run_index, segment.segment, "after", text)
+            self.close_segment(meta, segment, "finished")
+
+    def close_segment(
+        self, meta: RunMeta, segment: Segment, outcome: Literal["finished", "interrupted", "aborted"]
+    ) -> None:
+        """End `segment` with `outcome` in run.json (an interrupted or aborted segment marks the run so)."""
+        segment.outcome, segment.finished_at = outcome, now_iso()
+        if outcome != "finished":
+            meta.status = outcome
+        self.write_meta(meta)
+
     # -- rows -------------------------------------------------------------------------------------
     @property
     def rows_path(self) -> Path:
@@ -473,6 +517,18 @@ class RunDir:
     @property
     def server_log(self) -> Path:
         return self.path / SERVER_LOG
+
+
+def create_run_dirs(out: Path, runs: Sequence[tuple[RunMeta, Redactor]]) -> list[RunDir]:
+    """Create (and lock) the run directories `out/<run id>` of new runs, last of all: every check that
+    can refuse the runs is done."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise LumobenchError(f"--out {out} is not a directory") from None
+    except OSError as exc:  # e.g. a component longer than the file system allows
+        raise LumobenchError(f"cannot create the results folder {out}: {exc.strerror or exc}") from None
+    return [RunDir.create(out / meta.run_id, meta, redactor) for meta, redactor in runs]
 
 
 def missing_keys(meta: RunMeta, rows: Iterable[RequestRow]) -> list[tuple[int, str]]:

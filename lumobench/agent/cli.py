@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -17,15 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lumobench.agent import evaluate as ev
-from lumobench.agent.driver import (
-    PAPER_SAMPLING,
-    AgentSettings,
-    execute,
-    find_mirrors,
-    new_run,
-    pending,
-    resume_settings,
-)
+from lumobench.agent.driver import AgentArgs, AgentJob, execute, prepare
 from lumobench.agent.local_eval import evaluate_locally
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.qwen_code import DEFAULT_VERSION
@@ -34,8 +25,7 @@ from lumobench.agent.table import TABLE_MD, table_rows, write_task_table
 from lumobench.agent.tasks import Task, resolve_tasks
 from lumobench.corpus import load_corpus
 from lumobench.corpus_select import freeze_selection
-from lumobench.errors import LumobenchError, user_errors
-from lumobench.launch import interrupt_on_signals
+from lumobench.errors import LumobenchError, interrupt_on_signals, user_errors
 from lumobench.manifest import write_manifest
 from lumobench.record import RecordingProxy
 
@@ -45,19 +35,6 @@ out = Console()
 
 def _split(values: list[str]) -> list[str]:
     return [v for value in values for v in value.split(",") if v]
-
-
-def _sampling(pairs: list[str]) -> dict[str, float | int]:
-    sampling: dict[str, float | int] = dict(PAPER_SAMPLING)
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise LumobenchError(f"--sampling wants KEY=VALUE, got {pair!r}")
-        try:
-            sampling[key] = int(value) if value.lstrip("-").isdigit() else float(value)
-        except ValueError:
-            raise LumobenchError(f"--sampling {key}: {value!r} is not a number") from None
-    return sampling
 
 
 def _print_row(row: TaskRow) -> None:
@@ -139,77 +116,66 @@ def agent_command(
 ) -> None:
     """Run Qwen Code on SWE-bench tasks against an arm; write rows, predictions and the task table."""
     interrupt_on_signals()  # SIGTERM and SIGHUP end the run as Ctrl-C does: agent, arm and run.json
+    args = AgentArgs(
+        tasks=tuple(_split(tasks or [])),
+        arm=arm,
+        endpoint=endpoint,
+        model=model,
+        runs=runs,
+        budget_s=budget_s,
+        max_tokens=max_tokens,
+        sampling=tuple(sampling or ()),
+        repos=repos,
+        clone=clone,
+        record=record,
+        out=out,
+        resume=resume,
+        qwen_code_version=qwen_code_version,
+        keep_workdirs=keep_workdirs,
+    )
     with user_errors():
-        if resume is not None:
-            run = AgentRunDir.open(resume)
-            meta = run.read_meta()
-            task_list = resolve_tasks(meta.tasks)
-            if [t.instance_id for t in task_list] != meta.task_ids:
-                raise LumobenchError(f"the tasks {meta.tasks} no longer resolve to the run's task ids")
-            settings = resume_settings(meta, repos, clone, keep_workdirs)
-            mirrors = find_mirrors(pending(meta, run, task_list), settings)
-            if arm is None and endpoint is None:
-                arm, endpoint = (meta.arm_spec, None) if meta.arm_spec else (None, meta.endpoint)
-            model = model or (meta.model if endpoint else None)
-        else:
-            if not tasks:
-                raise LumobenchError(
-                    "give --tasks (a list name such as astropy, a task file, or instance ids)"
-                )
-            if (arm is None) == (endpoint is None):
-                raise LumobenchError("give exactly one of --arm and --endpoint")
-            settings = AgentSettings(
-                runs=runs,
-                budget_s=budget_s,
-                max_tokens=max_tokens,
-                sampling=_sampling(sampling or []),
-                qwen_code_version=qwen_code_version,
-                repos_dir=(repos or CACHE_DIR / "repos").absolute(),
-                allow_clone=True if clone is None else clone,
-                keep_workdirs=bool(keep_workdirs),
+        job = prepare(args)
+        err.print(f"agent run: {job.run.path}", highlight=False)
+        _run_with_progress(job)
+
+
+class RichAgentUI:
+    """`execute`'s events on the terminal: one transient bar over the attempts, each row as it ends."""
+
+    def __init__(self, progress: Progress, budget_s: float) -> None:
+        self.progress, self.budget_s = progress, budget_s
+        self.bar = progress.add_task("starting the arm", total=None)
+
+    def note(self, text: str) -> None:
+        err.print(text)
+
+    def attempt(self, i: int, n: int, task: Task, run_index: int) -> Callable[[float, int], None]:
+        self.progress.update(
+            self.bar, total=n, completed=i, description=f"{task.instance_id} run {run_index + 1}"
+        )
+
+        def tick(elapsed: float, requests: int) -> None:
+            self.progress.update(
+                self.bar,
+                description=(
+                    f"{task.instance_id} run {run_index + 1}: {elapsed:.0f}/{self.budget_s:.0f} s, "
+                    f"{requests} requests"
+                ),
             )
-            # task files are kept as absolute paths so --resume works from any folder
-            specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in _split(tasks)]
-            task_list = resolve_tasks(specs)
-            mirrors = find_mirrors([(r, t) for r in range(runs) for t in task_list], settings)
-            run = new_run(out, task_list, specs, settings, arm, endpoint, record, sys.argv)
-        err.print(f"agent run: {run.path}", highlight=False)
-        _run_with_progress(run, task_list, settings, arm, endpoint, model, mirrors)
+
+        return tick
+
+    def done(self, row: TaskRow) -> None:
+        self.progress.advance(self.bar)
+        _print_row(row)
 
 
-def _run_with_progress(
-    run: AgentRunDir,
-    tasks: list[Task],
-    settings: AgentSettings,
-    arm: str | None,
-    endpoint: str | None,
-    model: str | None,
-    mirrors: dict[str, Path | str],
-) -> None:
+def _run_with_progress(job: AgentJob) -> None:
+    run = job.run
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
-        bar = progress.add_task("starting the arm", total=None)
-
-        def on_attempt(i: int, n: int, task: Task, run_index: int) -> Callable[[float, int], None]:
-            progress.update(bar, total=n, completed=i, description=f"{task.instance_id} run {run_index + 1}")
-
-            def tick(elapsed: float, requests: int) -> None:
-                progress.update(
-                    bar,
-                    description=(
-                        f"{task.instance_id} run {run_index + 1}: {elapsed:.0f}/{settings.budget_s:.0f} s, "
-                        f"{requests} requests"
-                    ),
-                )
-
-            return tick
-
-        def done(row: TaskRow) -> None:
-            progress.advance(bar)
-            _print_row(row)
-
         try:
-            meta = execute(run, tasks, settings, arm, endpoint, model, err.print, on_attempt, done, mirrors)
+            meta = execute(job, RichAgentUI(progress, job.settings.budget_s))
         except KeyboardInterrupt:
             err.print(
                 f"interrupted; recorded attempts are kept. Continue with: lumobench agent --resume {run.path}"

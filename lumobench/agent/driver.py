@@ -18,16 +18,23 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lumobench.agent.counters import counter_deltas, snapshot
 from lumobench.agent.paths import CACHE_DIR
 from lumobench.agent.process import ProcessOutcome
-from lumobench.agent.qwen_code import AgentEndpoint, AgentReport, ensure_qwen_code, run_qwen_code
+from lumobench.agent.qwen_code import (
+    DEFAULT_VERSION,
+    AgentEndpoint,
+    AgentReport,
+    ensure_qwen_code,
+    run_qwen_code,
+)
 from lumobench.agent.repos import (
     collect_patch,
     ensure_mirror,
@@ -37,11 +44,11 @@ from lumobench.agent.repos import (
 )
 from lumobench.agent.rundir import ATTEMPTED, REQUESTS_LOG, AgentRunDir, AgentRunMeta, TaskRow, TaskStatus
 from lumobench.agent.table import write_task_table
-from lumobench.agent.tasks import Task
+from lumobench.agent.tasks import Task, resolve_tasks
 from lumobench.arms import check_launchable, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
-from lumobench.launch import ArmServer, launched, log_tail
-from lumobench.probe import ProbeError, call_sync
+from lumobench.launch import ArmServer, log_tail, start_arm
+from lumobench.probe import EndpointInfo, ProbeError, call_sync, probe_endpoint
 from lumobench.record import BackgroundProxy, RecordingProxy
 from lumobench.results import ArmInfo, host_info, new_run_id, now_iso
 
@@ -60,6 +67,43 @@ FIRST_PROMPT_TOKENS = 20_000
 TOKENIZE_DEADLINE_S = 30.0
 
 
+@dataclass(frozen=True)
+class AgentArgs:
+    """`lumobench agent`'s options as given (None: not given), carried from the command line to the
+    driver as one value (`prepare`). With `resume` the run's own tasks, arm and settings are used;
+    `repos`, `clone` and `keep_workdirs` given again override the run's."""
+
+    tasks: tuple[str, ...] = ()  # list names, task files, instance ids
+    arm: str | None = None
+    endpoint: str | None = None
+    model: str | None = None
+    runs: int = 1
+    budget_s: float = 9000.0
+    max_tokens: int = 24000
+    sampling: tuple[str, ...] = ()  # KEY=VALUE overrides of `PAPER_SAMPLING`
+    repos: Path | None = None
+    clone: bool | None = None
+    record: Path | None = None
+    out: Path = Path("results")
+    resume: Path | None = None
+    qwen_code_version: str = DEFAULT_VERSION
+    keep_workdirs: bool | None = None
+
+
+def sampling_with(pairs: Sequence[str]) -> dict[str, float | int]:
+    """The paper's agent sampling with the KEY=VALUE overrides of `--sampling`."""
+    sampling: dict[str, float | int] = dict(PAPER_SAMPLING)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise LumobenchError(f"--sampling wants KEY=VALUE, got {pair!r}")
+        try:
+            sampling[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise LumobenchError(f"--sampling {key}: {value!r} is not a number") from None
+    return sampling
+
+
 @dataclass
 class AgentSettings:
     """What every attempt of a run shares."""
@@ -74,9 +118,7 @@ class AgentSettings:
     keep_workdirs: bool = False
 
 
-def resume_settings(
-    meta: AgentRunMeta, repos: Path | None, clone: bool | None, keep_workdirs: bool | None
-) -> AgentSettings:
+def resume_settings(meta: AgentRunMeta, args: AgentArgs) -> AgentSettings:
     """The settings a run was started with (run.json); `--repos`, `--clone/--no-clone` and
     `--keep-workdirs` given again on `--resume` override theirs (None: not given)."""
     return AgentSettings(
@@ -85,32 +127,37 @@ def resume_settings(
         max_tokens=meta.max_tokens,
         sampling=dict(meta.sampling),
         qwen_code_version=meta.agent.split("@", 1)[1],
-        repos_dir=repos.absolute() if repos is not None else Path(meta.repos_dir),
-        allow_clone=meta.allow_clone if clone is None else clone,
-        keep_workdirs=meta.keep_workdirs if keep_workdirs is None else keep_workdirs,
+        repos_dir=args.repos.absolute() if args.repos is not None else Path(meta.repos_dir),
+        allow_clone=meta.allow_clone if args.clone is None else args.clone,
+        keep_workdirs=meta.keep_workdirs if args.keep_workdirs is None else args.keep_workdirs,
+    )
+
+
+def new_settings(args: AgentArgs) -> AgentSettings:
+    """The settings of a new run, from its options."""
+    return AgentSettings(
+        runs=args.runs,
+        budget_s=args.budget_s,
+        max_tokens=args.max_tokens,
+        sampling=sampling_with(args.sampling),
+        qwen_code_version=args.qwen_code_version,
+        repos_dir=(args.repos or CACHE_DIR / "repos").absolute(),
+        allow_clone=True if args.clone is None else args.clone,
+        keep_workdirs=bool(args.keep_workdirs),
     )
 
 
 @dataclass(frozen=True)
 class Serving:
-    """Where the agent's requests go (`base_url` without /v1), and the launched arm (None for an
-    existing endpoint)."""
+    """Where the agent's requests go (`base_url` without /v1), what the server said about itself, and
+    the launched arm (None for an existing endpoint)."""
 
     arm: ArmInfo
     base_url: str
     model: str
+    info: EndpointInfo
     server: ArmServer | None
     extra_body: dict[str, Any]
-
-
-def _served_model(base_url: str) -> str:
-    url = base_url + "/v1/models"
-    try:
-        return str(call_sync("GET", url).json()["data"][0]["id"])
-    except (ProbeError, ValueError, KeyError, IndexError, TypeError):
-        raise LumobenchError(
-            f"cannot read the served model from {url} (endpoint down? pass --model)"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -123,21 +170,15 @@ class ArmContext:
     can_fit: bool
 
 
-def probe_context(base_url: str, model: str) -> ArmContext:
-    """Ask the arm for its context window and try its /tokenize once."""
+def probe_context(served: Serving) -> ArmContext:
+    """The context window from the arm's models list, and whether its /tokenize answers (tried once)."""
     try:
-        cards = call_sync("GET", base_url + "/v1/models").json()["data"]
-        card = next((c for c in cards if c.get("id") == model), cards[0])
-        context = card.get("max_model_len")
-    except (ProbeError, ValueError, KeyError, IndexError, AttributeError, TypeError):
-        context = None
-    try:
-        probe = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-        answer = call_sync("POST", base_url + "/tokenize", TOKENIZE_DEADLINE_S, json=probe)
+        probe = {"model": served.model, "messages": [{"role": "user", "content": "hi"}]}
+        answer = call_sync("POST", served.base_url + "/tokenize", TOKENIZE_DEADLINE_S, json=probe)
         can_fit = isinstance(answer.json().get("count"), int)
     except (ProbeError, ValueError, AttributeError):
         can_fit = False
-    return ArmContext(context if isinstance(context, int) else None, can_fit)
+    return ArmContext(served.info.max_model_len(served.model), can_fit)
 
 
 def check_context(context: ArmContext, max_tokens: int, arm: str) -> None:
@@ -158,24 +199,69 @@ def check_context(context: ArmContext, max_tokens: int, arm: str) -> None:
         )
 
 
+def running_endpoint(endpoint: str, model: str | None) -> Serving:
+    """An already-running server (its base URL without /v1) and the model to ask for: `model`, else
+    the first one it lists."""
+    root = endpoint.rstrip("/").removesuffix("/v1")  # /v1/... and /metrics both hang off the root
+    try:
+        info = probe_endpoint(root)
+    except LumobenchError:
+        info = EndpointInfo()
+    if not (model := model or info.model):
+        raise LumobenchError(
+            f"cannot read the served model from {root}/v1/models (endpoint down? pass --model)"
+        )
+    return Serving(ArmInfo(name="endpoint"), root, model, info, None, {})
+
+
+@dataclass(frozen=True)
+class AgentJob:
+    """An agent run ready to go: its directory, its tasks and settings, where its requests go (an arm
+    to launch, or a running endpoint, and the model to ask for), and each pending task's mirror."""
+
+    run: AgentRunDir
+    tasks: list[Task]
+    settings: AgentSettings
+    arm: str | None
+    endpoint: str | None
+    model: str | None
+    mirrors: dict[str, Path | str]
+
+
+class AgentUI(Protocol):
+    """What `execute` tells the person watching."""
+
+    def note(self, text: str) -> None: ...
+    def attempt(self, i: int, n: int, task: Task, run_index: int) -> Callable[[float, int], None]: ...
+    def done(self, row: TaskRow) -> None: ...
+
+
 @contextmanager
-def serving(arm: str | None, endpoint: str | None, model: str | None, log: Path) -> Iterator[Serving]:
-    """Launch `arm` (until the block ends) or use the running `endpoint`; resolve the served model."""
-    if endpoint is not None:
-        root = endpoint.rstrip("/").removesuffix("/v1")  # /v1/... and /metrics both hang off the root
-        yield Serving(ArmInfo(name="endpoint"), root, model or _served_model(root), None, {})
+def serving(job: AgentJob) -> Iterator[Serving]:
+    """Launch the job's arm (until the block ends) or use its running endpoint; resolve the model."""
+    if job.endpoint is not None:
+        yield running_endpoint(job.endpoint, job.model)
         return
-    if arm is None:
+    if job.arm is None:
         raise LumobenchError("give an arm (--arm NAME or FILE.toml) or a running --endpoint URL")
-    config, source = load_arm(arm)
+    config, source = load_arm(job.arm)
     resolved = resolve_arm(config, source)
     check_launchable(resolved)
     info = ArmInfo(
         name=resolved.name, config=config.model_dump(), config_sha256=resolved.source_sha256, launched=True
     )
-    with launched(resolved, log) as server:
-        served = model or server.wait_ready(timeout_s=30)
-        yield Serving(info, resolved.base_url, served, server, dict(config.request.extra_body))
+    server, served = start_arm(resolved, job.run.path / "server.log")
+    try:
+        yield Serving(
+            info,
+            resolved.base_url,
+            job.model or served.model or "",
+            served,
+            server,
+            dict(config.request.extra_body),
+        )
+    finally:
+        server.stop()
 
 
 _ERROR_LINE = re.compile(r"\w*(Error|Exception)\b|\bE[A-Z]{3,}\b")
@@ -342,23 +428,18 @@ def pending(meta: AgentRunMeta, run: AgentRunDir, tasks: list[Task]) -> list[tup
 
 
 def new_run(
-    out: Path,
-    tasks: list[Task],
-    task_specs: list[str],
-    settings: AgentSettings,
-    arm: str | None,
-    endpoint: str | None,
-    record: Path | None,
-    argv: list[str],
+    args: AgentArgs, tasks: list[Task], task_specs: list[str], settings: AgentSettings
 ) -> AgentRunDir:
-    """Create the run directory (`out/<run-id>`) with its run.json; serving fields are filled at start."""
+    """Create the run directory (`args.out/<run-id>`) with its run.json; serving fields are filled at
+    start."""
+    arm, endpoint, record = args.arm, args.endpoint, args.record
     label = Path(arm).stem if arm else "endpoint"
     run_id = new_run_id(f"agent-{label}")
     agent = f"qwen-code@{settings.qwen_code_version}"
     meta = AgentRunMeta(
         run_id=run_id,
         created=now_iso(),
-        argv=argv,
+        argv=sys.argv,
         arm=ArmInfo(name=label),
         arm_spec=str(Path(arm).resolve()) if arm and arm.endswith(".toml") else arm,
         endpoint=endpoint or "",
@@ -378,7 +459,7 @@ def new_run(
         host=host_info(),
     )
     # absolute: Qwen Code runs inside the task's clone, where a relative HOME would point elsewhere
-    return AgentRunDir.create(out.absolute() / run_id, meta)
+    return AgentRunDir.create(args.out.absolute() / run_id, meta)
 
 
 def find_mirrors(todo: list[tuple[int, Task]], settings: AgentSettings) -> dict[str, Path | str]:
@@ -406,31 +487,50 @@ def find_mirrors(todo: list[tuple[int, Task]], settings: AgentSettings) -> dict[
     return mirrors
 
 
-def execute(
-    run: AgentRunDir,
-    tasks: list[Task],
-    settings: AgentSettings,
-    arm: str | None,
-    endpoint: str | None,
-    model: str | None,
-    note: Callable[[str], None],
-    progress: Callable[[int, int, Task, int], Callable[[float, int], None]],
-    done: Callable[[TaskRow], None],
-    mirrors: dict[str, Path | str],
-) -> AgentRunMeta:
-    """Run every pending attempt of `run`, with the `mirrors` of `find_mirrors`.
+def prepare(args: AgentArgs) -> AgentJob:
+    """The agent run `args` ask for: a new run directory, or the one to resume with its own tasks, arm
+    and settings; every pending task's mirror found (or cloned) first."""
+    if args.resume is not None:
+        run = AgentRunDir.open(args.resume)
+        meta = run.read_meta()
+        tasks = resolve_tasks(meta.tasks)
+        if [t.instance_id for t in tasks] != meta.task_ids:
+            raise LumobenchError(f"the tasks {meta.tasks} no longer resolve to the run's task ids")
+        settings = resume_settings(meta, args)
+        mirrors = find_mirrors(pending(meta, run, tasks), settings)
+        arm, endpoint = args.arm, args.endpoint
+        if arm is None and endpoint is None:
+            arm, endpoint = (meta.arm_spec, None) if meta.arm_spec else (None, meta.endpoint)
+        model = args.model or (meta.model if endpoint else None)
+        return AgentJob(run, tasks, settings, arm, endpoint, model, mirrors)
+    if not args.tasks:
+        raise LumobenchError("give --tasks (a list name such as astropy, a task file, or instance ids)")
+    if (args.arm is None) == (args.endpoint is None):
+        raise LumobenchError("give exactly one of --arm and --endpoint")
+    settings = new_settings(args)
+    # task files are kept as absolute paths so --resume works from any folder
+    specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in args.tasks]
+    tasks = resolve_tasks(specs)
+    mirrors = find_mirrors([(r, t) for r in range(args.runs) for t in tasks], settings)
+    run = new_run(args, tasks, specs, settings)
+    return AgentJob(run, tasks, settings, args.arm, args.endpoint, args.model, mirrors)
 
-    `progress(i, n, task, run_index)` returns the tick callback (elapsed seconds, requests so far) of
-    that attempt; `done(row)` sees each row once written. Returns the final metadata; run.json says
-    finished, interrupted (Ctrl-C, SIGTERM, SIGHUP; re-raised) or aborted (arm failure, re-raised as
-    `LumobenchError`).
+
+def execute(job: AgentJob, ui: AgentUI) -> AgentRunMeta:
+    """Run every pending attempt of the job.
+
+    `ui.attempt(i, n, task, run_index)` returns the tick callback (elapsed seconds, requests so far)
+    of that attempt; `ui.done(row)` sees each row once written. Returns the final metadata; run.json
+    says finished, interrupted (Ctrl-C, SIGTERM, SIGHUP; re-raised) or aborted (arm failure, re-raised
+    as `LumobenchError`).
     """
+    run, tasks, settings = job.run, job.tasks, job.settings
     meta = run.read_meta()
     todo = pending(meta, run, tasks)
     try:
         cli = ensure_qwen_code(settings.qwen_code_version)
-        with serving(arm, endpoint, model, run.path / "server.log") as served:
-            context = probe_context(served.base_url, served.model)
+        with serving(job) as served:
+            context = probe_context(served)
             check_context(context, settings.max_tokens, served.arm.name)
             meta = meta.model_copy(
                 update={
@@ -447,24 +547,24 @@ def execute(
             proxy = RecordingProxy(served.base_url, record, fit_context=context.can_fit)
             with BackgroundProxy(proxy) as background:
                 runner = AgentRunner(
-                    run,
-                    meta,
-                    settings,
-                    cli,
-                    proxy,
-                    background.url,
-                    served.base_url,
-                    sampling,
-                    note,
-                    mirrors,
-                    context.max_model_len,
+                    run=run,
+                    meta=meta,
+                    settings=settings,
+                    cli=cli,
+                    proxy=proxy,
+                    proxy_url=background.url,
+                    arm_url=served.base_url,
+                    sampling=sampling,
+                    note=ui.note,
+                    mirrors=job.mirrors,
+                    context_window=context.max_model_len,
                 )
                 for i, (run_index, task) in enumerate(todo):
-                    row = runner.attempt(task, run_index, progress(i, len(todo), task, run_index))
+                    row = runner.attempt(task, run_index, ui.attempt(i, len(todo), task, run_index))
                     run.append_row(row)
                     run.write_predictions(meta)
                     write_task_table(run)
-                    done(row)
+                    ui.done(row)
                     if served.server is not None and (code := served.server.exit_code()) is not None:
                         raise LumobenchError(
                             f"arm {served.arm.name} exited (code {code}) during the run; "

@@ -1,4 +1,7 @@
-"""Every benchmark of the project, one module or folder each: `kernels/` (the Triton kernels on a
-GPU, `lumobench bench kernels`), `engine.py` (the LumoTree engine on CPU in one process, `lumobench
-bench engine`), `client/` (the replay client's overhead, `lumobench bench client`), `timing.py` (the
-shared timer), `device/run_h200.sh` (the device-machine run of the kernel benchmark)."""
+"""Every benchmark of the project, one module or folder each, each a `lumobench bench VERB`
+(lumobench/commands/bench.py lists them): `client/` (the replay client's overhead), `engine.py` (the
+LumoTree engine on CPU in one process), `prefill.py`, `draft_vocab.py`, `kernels/` (the Triton kernels
+on a GPU, and `ablate_gdn.py`), `skinny_gemm.py`, `cycle.py` and `cycle_profile.py` (the device
+cycle), `loop.py` (the real loop against its device cycle), `arm_memory.py`, `server_memory.py`,
+`metrics_delta.py`; `timing.py` and `output.py` are shared; `device/*.sh` are the device-machine runs.
+"""

@@ -1,6 +1,6 @@
 """Resident memory of a launched arm, the figure its `memory_gb` records (the interleaving decision).
 
-    python -m lumobench.bench.arm_memory ARM [ARM...]
+    lumobench bench arm-memory ARM [ARM...]      (or python -m lumobench.bench.arm_memory)
 
 Each arm is launched as replay launches it (own process group), sent one greedy demo request of 64
 tokens, then sampled for 5 s: the most resident memory its whole process group held (API server,
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from lumobench.arms import REPO_ROOT, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
@@ -61,19 +63,18 @@ def measure(name: str, log_dir: Path) -> str:
     )
 
 
-def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if len(sys.argv) > 1 else 2
+def arm_memory_command(
+    arms: Annotated[list[str], typer.Argument(help="Arms to measure: names in serving/arms or .toml files.")],
+) -> None:
+    """Launch each arm, send it one request and print the most resident memory its process group held."""
     with tempfile.TemporaryDirectory(prefix="arm-memory-") as logs:
         try:
-            for name in sys.argv[1:]:
-                print(measure(name, Path(logs)), flush=True)
+            for name in arms:
+                typer.echo(measure(name, Path(logs)))
         except LumobenchError as exc:
-            print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
-            return 2
-    return 0
+            typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+            raise typer.Exit(2) from None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    typer.run(arm_memory_command)

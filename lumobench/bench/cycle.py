@@ -2,7 +2,7 @@
 runner (`DeviceRunner.cycle`: the triton kernel set, one captured graph per cycle, the device walk),
 against the weight-read floor measured in the same process (paper §VII-H, Tables XIV-XV).
 
-    python -m lumobench.bench.cycle --out results/h200     (CUDA only)
+    lumobench bench cycle --out results/h200     (CUDA only; or python -m lumobench.bench.cycle)
 
 Per context length: the AR step (1 row), the chain MTP-5 cycle (6 rows) and the paper tree cycle
 (32 rows). Each arm is the engine's loop without the engine around it: the runner built as the
@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +47,11 @@ from typing import Annotated
 import torch
 import typer
 
-from lumobench.bench.output import current_commit
+from lumobench.bench.output import command_line, current_commit
 from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.drafter import Drafter
 from lumotree.drafting.geometry import GeometryConfig
-from lumotree.drafting.random_trees import paper_tree
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.engine.runner import CycleResult
@@ -548,7 +547,7 @@ def buffer_table(result: dict) -> list[str]:
     return lines
 
 
-def main(
+def cycle_command(
     out: Annotated[Path, typer.Option(help="Folder for cycle.json and cycle.md.")] = Path("results/h200"),
     contexts: Annotated[str, typer.Option(help="Committed context lengths, comma-separated.")] = "4096,32768",
     iters: Annotated[int, typer.Option(help="Timed iterations per median.")] = 50,
@@ -579,7 +578,7 @@ def main(
     if not chosen or any(v not in VARIANTS for v in chosen):
         typer.echo(f"error: --variants takes {', '.join(VARIANTS)}, got {variants!r}", err=True)
         raise typer.Exit(2)
-    command = "python -m lumobench.bench.cycle " + " ".join(sys.argv[1:])
+    command = command_line("cycle")
     result = bench(
         [int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted, chosen, draft_vocab
     )
@@ -592,4 +591,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    typer.run(cycle_command)

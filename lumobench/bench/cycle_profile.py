@@ -3,7 +3,8 @@
 in-process loop around it, and the kernels of one eager cycle by family (count and device time), so
 the gap between the graph's time and its kernels' time is what launching them costs.
 
-    python -m lumobench.bench.cycle_profile --out results/h200/cycle-tiny     (CUDA only)
+    lumobench bench cycle-profile --out results/h200/cycle-tiny     (CUDA only; or python -m
+    lumobench.bench.cycle_profile)
 
 Each arm runs the engine's loop on `DeviceRunner` as `lumobench.bench.cycle` does (forced
 acceptance at the paper's means, so every arm publishes paths of realistic length; the shipped
@@ -12,8 +13,6 @@ model's own acceptance is the replay's, `lumobench replay corpora/demo.jsonl`).
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +20,7 @@ import torch
 import typer
 
 from lumobench.bench.cycle import ARMS, Arm, build_runner, fill_state_, kernel_times, run_arm
-from lumobench.bench.output import current_commit, write_tables
+from lumobench.bench.output import command_line, current_commit, write_tables
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.sampling import SamplingParams
 
@@ -101,7 +100,7 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(
+def cycle_profile_command(
     out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")] = Path(
         "results/h200/cycle-tiny"
     ),
@@ -127,11 +126,11 @@ def main(
         "dtype": dtype,
         "context": context,
         "arms": {arm.name: profile_arm(net, arm, context, iters, warmup) for arm in arms},
-        "command": "python -m lumobench.bench.cycle_profile " + shlex.join(sys.argv[1:]),
+        "command": command_line("cycle-profile"),
         "commit": current_commit(),
     }
     write_tables(out, doc, markdown)
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    typer.run(cycle_profile_command)

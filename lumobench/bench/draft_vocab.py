@@ -1,6 +1,6 @@
 """Held-out acceptance of draft vocabularies on the CPU engine (`lumotree/drafting/draft_vocab.py`).
 
-    python -m lumobench.bench.draft_vocab --out results/cpu/draft-vocab
+    lumobench bench draft-vocab --out results/cpu/draft-vocab     (or python -m lumobench.bench.draft_vocab)
 
 The corpus's records split into a build half (even positions) and an evaluation half (odd). The
 build half's prompt tokens and the model's own greedy AR output tokens on it are counted; each
@@ -35,7 +35,7 @@ def ar_outputs(engine: LLMEngine, requests: list[GenerationRequest]) -> list[lis
     return [timed_request(engine, req)[0] for req in requests]
 
 
-def main(
+def draft_vocab_command(
     out: Annotated[Path, typer.Option(help="Folder for the vocabularies, engine.json and summary.json.")],
     corpus: Annotated[Path, typer.Option(help="Request corpus (JSONL).")] = DEFAULT_CORPUS,
     sizes: Annotated[str, typer.Option(help="Draft vocabulary sizes, comma-separated.")] = DEFAULT_SIZES,
@@ -93,7 +93,7 @@ def main(
         for a in result["arms"]
     ]  # fmt: skip
     summary = {
-        "command": f"python -m lumobench.bench.draft_vocab --out {out} --corpus {corpus} --sizes {sizes}"
+        "command": f"lumobench bench draft-vocab --out {out} --corpus {corpus} --sizes {sizes}"
         + "".join(f" --kernels {k}" for k in kernels or []),
         "build_requests": len(requests["build"]),
         "eval_requests": len(requests["eval"]),
@@ -109,4 +109,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    typer.run(draft_vocab_command)

@@ -27,8 +27,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shlex
-import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -46,6 +44,7 @@ from rich.progress import Progress
 from rich.table import Table
 from tokenizers import Tokenizer
 
+from lumobench.bench.output import command_line
 from lumobench.corpus import load_corpus
 from lumotree.engine.config import CPU_KERNEL_SETS, TREE_SHAPES, EngineConfig
 from lumotree.engine.llm_engine import LLMEngine
@@ -360,7 +359,7 @@ def engine_command(
         for k in sets
     }
     result = {
-        "command": _command_line(),
+        "command": command_line("engine"),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {
             "platform": platform.platform(),
@@ -423,14 +422,6 @@ def cpu_model() -> str:
 def _same_outputs(arms: list[dict[str, list[int]]]) -> int:
     """Requests whose tokens are the same in every arm (each arm: request id -> tokens)."""
     return sum(all(arm[rid] == tokens for arm in arms[1:]) for rid, tokens in arms[0].items())
-
-
-def _command_line() -> str:
-    """This run as `lumobench bench engine ...`, whichever entry point started it."""
-    args = sys.argv[1:]
-    if "engine" in args:
-        args = args[args.index("engine") + 1 :]
-    return " ".join(["lumobench", "bench", "engine", *(shlex.quote(a) for a in args)])
 
 
 def _print_table(arms: list[dict[str, Any]], bandwidth: float) -> None:

@@ -1,11 +1,13 @@
 """The real loop against the cycle its kernels allow: the server's own tokens/s and wall time per
 cycle, measured by the harness, next to the same server's device-timed cycle (issue 23).
 
-    python -m lumobench.bench.loop corpus loop-4k.jsonl --context 4096 --tokens 256
+    lumobench bench loop corpus loop-4k.jsonl --context 4096 --tokens 256
     LUMOTREE_RANDOM_WEIGHTS=qwen3.5-27b LUMOTREE_FORCED_ACCEPTANCE=paper ... \\
         lumobench replay loop-4k.jsonl --api generate --sequential --arm ... --out RUNS
-    python -m lumobench.bench.loop table RUNS/*-lumotree-ar RUNS/*-lumotree-mtp5 RUNS/*-lumotree \\
+    lumobench bench loop table RUNS/*-lumotree-ar RUNS/*-lumotree-mtp5 RUNS/*-lumotree \\
         --out results/h200/loop
+
+(`python -m lumobench.bench.loop ...` is the same, for a copy without the console script.)
 
 `corpus` writes token-id prompts (SGLang `/generate`: a random-weight model's tokens need no text,
 and `/generate` times the first token by its count, not by decoded text) of `--context` tokens with
@@ -30,21 +32,19 @@ from __future__ import annotations
 import json
 import os
 import random
-import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from lumobench.bench.output import current_commit, write_tables
+from lumobench.bench.output import command_line, current_commit, write_tables
 from lumobench.errors import LumobenchError
 from lumobench.metrics import phase_totals
-from lumobench.report import build_report, load_run
+from lumobench.reports.summary import build_report, load_run
 from lumobench.results import RequestRow
 from lumotree.drafting.draft_vocab import save_draft_vocab
 
-app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
+loop_app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0], no_args_is_help=True)
 ARM_KEYS = {
     "lumotree-ar": "ar",
     "lumotree-mtp5": "mtp5",
@@ -53,7 +53,7 @@ ARM_KEYS = {
 }
 
 
-@app.command()
+@loop_app.command()
 def corpus(
     out: Annotated[Path, typer.Argument(help="Corpus file to write (JSONL).")],
     context: Annotated[int, typer.Option(min=1, help="Prompt tokens of every request.")] = 4096,
@@ -77,7 +77,7 @@ def corpus(
     typer.echo(f"wrote {out}: {requests} requests of {context} prompt tokens, {tokens} tokens each")
 
 
-@app.command("draft-vocab")
+@loop_app.command("draft-vocab")
 def draft_vocab(
     out: Annotated[Path, typer.Argument(help="Draft vocabulary file to write (JSON).")],
     size: Annotated[int, typer.Option(min=1, help="Token ids in it.")] = 32768,
@@ -158,7 +158,7 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@app.command()
+@loop_app.command()
 def table(
     runs: Annotated[list[Path], typer.Argument(help="Run directories of the lumotree arms (any order).")],
     out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")] = Path(
@@ -185,12 +185,11 @@ def table(
     doc = {
         "arms": arms,
         "ratios": ratios,
-        "command": os.environ.get("LUMOBENCH_COMMAND")
-        or "python -m lumobench.bench.loop " + shlex.join(sys.argv[1:]),
+        "command": os.environ.get("LUMOBENCH_COMMAND") or command_line("loop"),
         "commit": current_commit(),
     }
     write_tables(out, doc, markdown)
 
 
 if __name__ == "__main__":
-    app()
+    loop_app()

@@ -2,7 +2,8 @@
 beside what a client (GuideLLM, `vllm bench serve`) says it sent and received.
 
     curl -s URL/metrics > before.prom; <run the client>; curl -s URL/metrics > after.prom
-    python -m lumobench.bench.metrics_delta before.prom after.prom [--json OUT]
+    lumobench bench metrics-delta before.prom after.prom [--json OUT]
+                                        (or python -m lumobench.bench.metrics_delta)
 
 Prints one line per sample that changed (histograms: `_count` and `_sum`; `_bucket` lines are left out),
 labels other than model_name kept.
@@ -10,10 +11,11 @@ labels other than model_name kept.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from lumobench.metrics import parse_prometheus
 
@@ -36,25 +38,22 @@ def deltas(before: str, after: str) -> dict[str, float]:
     return {k: a[k] - b.get(k, 0.0) for k in sorted(a) if a[k] != b.get(k, 0.0)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lumobench.bench.metrics_delta", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("before", type=Path)
-    parser.add_argument("after", type=Path)
-    parser.add_argument("--json", type=Path, help="Also write the deltas here.")
-    args = parser.parse_args()
+def metrics_delta_command(
+    before: Annotated[Path, typer.Argument(help="/metrics text before the client ran.")],
+    after: Annotated[Path, typer.Argument(help="/metrics text after it.")],
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the deltas here.")] = None,
+) -> None:
+    """Print every counter and histogram that changed between two /metrics snapshots."""
     try:
-        changed = deltas(args.before.read_text(), args.after.read_text())
+        changed = deltas(before.read_text(), after.read_text())
     except OSError as exc:
-        print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return 2
+        typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
     for key, value in changed.items():
-        print(f"{key} {value:g}")
-    if args.json:
-        args.json.write_text(json.dumps(changed, indent=2) + "\n")
-    return 0
+        typer.echo(f"{key} {value:g}")
+    if json_out:
+        json_out.write_text(json.dumps(changed, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    typer.run(metrics_delta_command)

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import typer
+
+
+def command_line(verb: str) -> str:
+    """This run as `lumobench bench VERB ...`, whichever entry point started it (that command or its
+    `python -m lumobench.bench...` alias)."""
+    args = sys.argv[1:]
+    if args[:2] == ["bench", verb]:
+        args = args[2:]
+    return shlex.join(["lumobench", "bench", verb, *args])
 
 
 def current_commit() -> str | None:

@@ -1,7 +1,8 @@
 """The LumoTree server's memory and event loop under large requests: peak RSS per prompt token, and
-/health's longest wait while bodies too big for the context are refused (README, Server).
+/health's longest wait while bodies too big for the context are refused (docs/engine-and-server.md, Server).
 
-    python -m lumobench.bench.server_memory [--max-model-len 32768] [-- SERVER ARGS...]
+    lumobench bench server-memory [--max-model-len 32768] [--out FILE] [-- SERVER ARGS...]
+                                        (or python -m lumobench.bench.server_memory)
 
 Starts `python -m lumotree.server` on a free port, resets its peak RSS before each request
 (/proc/PID/clear_refs) and reads VmHWM after it; /health is probed from another process (this one is
@@ -12,14 +13,15 @@ then refused), then the bodies of issue 29.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
 import httpx
+import typer
 
 from lumobench.arms import REPO_ROOT
 from lumobench.launch import free_port
@@ -120,19 +122,18 @@ def _healthy(base: str) -> bool:
         return False
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lumobench.bench.server_memory", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--max-model-len", type=int, default=32768)
-    parser.add_argument("--out", type=Path, help="Also write the rows here (JSON).")
-    parser.add_argument("server_args", nargs="*", help="After --: more `python -m lumotree.server` options.")
-    args = parser.parse_args()
-    rows = run(args.max_model_len, args.server_args)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    return 0
+def server_memory_command(
+    server_args: Annotated[
+        list[str] | None, typer.Argument(help="After --: more `python -m lumotree.server` options.")
+    ] = None,
+    max_model_len: Annotated[int, typer.Option(min=1, help="The server's context (tokens).")] = 32768,
+    out: Annotated[Path | None, typer.Option(help="Also write the rows here (JSON).")] = None,
+) -> None:
+    """Peak RSS per prompt token and /health's longest wait while large bodies are refused."""
+    rows = run(max_model_len, server_args or [])
+    if out:
+        out.write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    typer.run(server_memory_command)

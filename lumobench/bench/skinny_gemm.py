@@ -5,15 +5,14 @@ L2 where one copy is smaller), so weights stream from HBM as in a decode step; m
 timings (lumobench.bench.timing.Timer), GB/s of weights streamed and the fraction of the device copy
 bandwidth measured in the same process (bytes read plus written per second: the bandwidth the
 weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed it).
-Usage: python -m lumobench.bench.skinny_gemm --out DIR
-       python -m lumobench.bench.skinny_gemm --out DIR --sweep    (a grid of configs at 1 row on
-       the shapes below 90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
+Usage: lumobench bench skinny-gemm --out DIR         (or python -m lumobench.bench.skinny_gemm)
+       lumobench bench skinny-gemm --out DIR --sweep (a grid of configs at 1 row on the shapes below
+       90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 import typer
 
+from lumobench.bench.output import command_line
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 from lumotree.verify.graphs import CapturedStage
@@ -180,7 +180,7 @@ def render_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(
+def skinny_gemm_command(
     out: Annotated[Path, typer.Option(help="directory for skinny_gemm.json and skinny_gemm.md")],
     iters: int = 50,
     warmup: int = 10,
@@ -193,12 +193,12 @@ def main(
     if sweep:
         found = sweep_skinny_gemm()
         out.mkdir(parents=True, exist_ok=True)
-        meta = dict(device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
+        meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
         (out / "skinny_sweep.json").write_text(json.dumps(dict(meta, results=found), indent=2))
         return
     results = bench_skinny_gemm(iters=iters, warmup=warmup)
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name(), command=" ".join(sys.argv))
+    meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
     (out / "skinny_gemm.json").write_text(json.dumps(dict(meta, results=results), indent=2))
     table = render_table(results)
     (out / "skinny_gemm.md").write_text(table)
@@ -206,4 +206,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    typer.run(skinny_gemm_command)

@@ -1,16 +1,42 @@
-"""`lumobench bench ...`: the project's benchmarks (`bench_app`); each lives in lumobench/bench/."""
+"""`lumobench bench VERB`: every benchmark of the project (`bench_app`); each lives in lumobench/bench/,
+and the ones that were run as `python -m lumobench.bench.X` still are (the same command)."""
 
 from __future__ import annotations
 
 import typer
 
+from lumobench.bench.arm_memory import arm_memory_command
 from lumobench.bench.client.command import client_command
+from lumobench.bench.cycle import cycle_command
+from lumobench.bench.cycle_profile import cycle_profile_command
+from lumobench.bench.draft_vocab import draft_vocab_command
 from lumobench.bench.engine import engine_command
+from lumobench.bench.kernels.ablate_gdn import ablate_gdn_command
 from lumobench.bench.kernels.command import kernels_command
+from lumobench.bench.loop import loop_app
+from lumobench.bench.metrics_delta import metrics_delta_command
 from lumobench.bench.prefill import prefill_command
+from lumobench.bench.server_memory import server_memory_command
+from lumobench.bench.skinny_gemm import skinny_gemm_command
 
-bench_app = typer.Typer(help="Benchmarks (client overhead, kernels, engine, prefill).", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks: the client, the engine on CPU, prefill, the GPU kernels, cycle and loop, memory.",
+    no_args_is_help=True,
+)
+# CPU: the harness's client, the engine in one process, time to first token, draft vocabularies
 bench_app.command("client")(client_command)
-bench_app.command("kernels")(kernels_command)
 bench_app.command("engine")(engine_command)
 bench_app.command("prefill")(prefill_command)
+bench_app.command("draft-vocab")(draft_vocab_command)
+# CUDA GPU: the kernels (and a GDN ablation), the skinny GEMM, the decode cycle and its profile
+bench_app.command("kernels")(kernels_command)
+bench_app.command("ablate-gdn")(ablate_gdn_command)
+bench_app.command("skinny-gemm")(skinny_gemm_command)
+bench_app.command("cycle")(cycle_command)
+bench_app.command("cycle-profile")(cycle_profile_command)
+# the real loop through the server and harness against its device cycle
+bench_app.add_typer(loop_app, name="loop")
+# servers: an arm's resident memory, the LumoTree server under large bodies, /metrics deltas
+bench_app.command("arm-memory")(arm_memory_command)
+bench_app.command("server-memory")(server_memory_command)
+bench_app.command("metrics-delta")(metrics_delta_command)

@@ -1,27 +1,23 @@
 """`lumobench replay`: replay a frozen corpus against arms (launched) or a running endpoint; the user
 interface only: the options, the terminal's status and progress, the outcome and exit codes. What
-runs is `lumobench.plan` (what to do) and `lumobench.replay.run_plan` (doing it)."""
+runs is `lumobench.plan` (what to do) and `lumobench.replay.run_group` (doing it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.status import Status
 
 from lumobench.client import DEADLINE_BASE_S, DEADLINE_PER_TOKEN_S, DEADLINE_WITHOUT_MAX_TOKENS_S
 from lumobench.corpus import MAX_TOKENS
-from lumobench.errors import LumobenchError, user_errors
-from lumobench.interleave import available_memory_gb, choose_mode, run_interleaved
-from lumobench.launch import interrupt_on_signals, log_tail
-from lumobench.plan import PEER_ARMS, Plan, Timeouts, plan_new, plan_resume_group
-from lumobench.replay import ReplayOutcome, run_plan
-from lumobench.report import build_report, print_table, report_command, table_console
+from lumobench.errors import LumobenchError, interrupt_on_signals, user_errors
+from lumobench.launch import log_tail
+from lumobench.plan import PEER_ARMS, Plan, ReplayArgs, Timeouts, plan_replay
+from lumobench.replay import Member, ReplayOutcome, run_group
+from lumobench.reports.summary import build_report, print_table, report_command, table_console
 from lumobench.results import MAX_RUNS, RequestRow
 
 EXIT_FAILED_ROWS, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 3, 130
@@ -49,35 +45,29 @@ class RichProgress:
         self.progress.update(self.task, advance=1, last=last)
 
 
-class RichPlanUI:
-    """`run_plan`'s events on the terminal: a status line while an arm starts, progress bars."""
+class RichGroupUI:
+    """`run_group`'s events on the terminal: a transient line while an arm starts, a progress bar per
+    arm and repetition, notes kept above them."""
 
-    def __init__(self) -> None:
-        self.status: Status | None = None
+    def __init__(self, bars: Progress) -> None:
+        self.bars = bars
+        self.boot = bars.add_task("", total=None, last="", visible=False)
 
     def resuming(self, run_path: Path, kept_rows: int) -> None:
-        console.print(f"resuming {run_path}: {kept_rows} completed rows kept")
+        self.bars.console.print(f"resuming {run_path}: {kept_rows} completed rows kept")
 
-    def arm_starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
-        text = (
-            f"starting arm {arm}" + (f": waiting for {waiting_for}" if waiting_for else "") + f" (log: {log})"
-        )
-        if self.status is None:
-            self.status = console.status(text)
-            self.status.start()
-        else:
-            self.status.update(text)
+    def starting(self, arm: str, log: Path, waiting_for: str | None) -> None:
+        waiting = f": waiting for {waiting_for}" if waiting_for else ""
+        self.bars.update(self.boot, description=f"starting arm {arm}{waiting} (log: {log})", visible=True)
 
-    def arm_started(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
+    def started(self) -> None:
+        self.bars.update(self.boot, visible=False)
 
-    @contextmanager
-    def replaying(self, plan: Plan) -> Iterator[RichProgress]:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
-            yield RichProgress(progress, plan.meta.arm.name, plan.meta.runs)
+    def note(self, text: str) -> None:
+        self.bars.console.print(text, markup=False, highlight=False)
+
+    def progress(self, plan: Plan) -> RichProgress:
+        return RichProgress(self.bars, plan.meta.arm.name, plan.meta.runs)
 
 
 def _print_abort(plan: Plan, outcome: ReplayOutcome) -> None:
@@ -101,61 +91,32 @@ def _interrupted(plans: list[Plan]) -> typer.Exit:
     return typer.Exit(EXIT_INTERRUPTED)
 
 
-def _run_sequential(plans: list[Plan], concurrency: int) -> list[ReplayOutcome]:
-    """Arms one after another. With several arms, an arm that aborts is reported and the rest still run."""
-    outcomes = []
-    for plan in plans:
-        try:
-            with user_errors():
-                try:
-                    outcome = run_plan(plan, concurrency, RichPlanUI())
-                except LumobenchError as exc:  # did not start (busy port, exited, not ready)
-                    if len(plans) == 1:
-                        raise
-                    outcome = ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])
-        except KeyboardInterrupt:
-            raise _interrupted([plan]) from None
-        if outcome.status == "aborted" and len(plans) == 1:
-            _print_abort(plan, outcome)
-            raise typer.Exit(EXIT_ABORTED)
-        outcomes.append(outcome)
-    return outcomes
-
-
-def _run_interleaved(plans: list[Plan]) -> list[ReplayOutcome]:
-    """All arms up at once, requests sent to each in rotated order (lumobench.interleave)."""
-    group = [p.meta.run_id for p in plans]
-    for plan in plans:
-        if kept := plan.run.prepare_resume():
-            console.print(f"resuming {plan.run.path}: {len(kept)} completed rows kept")
-        plan.meta.interleaved_with = group
-        plan.run.write_meta(plan.meta)
+def _run(plans: list[Plan], interleave: bool, concurrency: int) -> list[ReplayOutcome]:
+    """Every arm through the one loop: all in one interleaved group, or each alone, one after another.
+    One arm that aborts ends the command; of several, an arm that does not start is reported and the
+    rest still run."""
+    groups = [plans] if interleave else [[p] for p in plans]
+    outcomes: list[ReplayOutcome] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as progress:
-        boot = progress.add_task("starting arms", total=None, last="")
-
-        def on_status(text: str) -> None:
-            progress.update(boot, description=text, visible=bool(text))
-
-        try:
-            return run_interleaved(
-                plans,
-                lambda p: RichProgress(progress, p.meta.arm.name, p.meta.runs),
-                on_status,
-                lambda note: progress.console.print(note, markup=False, highlight=False),
-            )
-        except KeyboardInterrupt:
-            raise _interrupted(plans) from None
-
-
-def _refuse_new_run_options(run: Path, given: dict[str, object]) -> None:
-    """`--resume` continues a run with the settings it started with: options that would change them are
-    refused rather than silently ignored."""
-    if named := [flag for flag, value in given.items() if value is not None]:
-        raise LumobenchError(
-            f"--resume continues {run} with its own settings; {', '.join(named)} cannot change them "
-            "(start a new run instead)"
-        )
+    with Progress(*columns, TextColumn("{task.fields[last]}"), console=console) as bars:
+        ui = RichGroupUI(bars)
+        for group in groups:
+            try:
+                with user_errors():
+                    try:
+                        members = [Member(p, ui.progress(p)) for p in group]
+                        outcomes += run_group(members, ui, concurrency)
+                    except LumobenchError as exc:  # did not start (busy port, exited, not ready)
+                        if len(plans) == 1:
+                            raise
+                        outcomes += [ReplayOutcome("aborted", 0, 0, str(exc).splitlines()[0])] * len(group)
+            except KeyboardInterrupt:
+                raise _interrupted(group) from None
+            if len(plans) == 1 and outcomes[0].status == "aborted":
+                bars.stop()
+                _print_abort(plans[0], outcomes[0])
+                raise typer.Exit(EXIT_ABORTED)
+    return outcomes
 
 
 def replay(
@@ -260,53 +221,35 @@ def replay(
     interrupt_on_signals()
     if api not in (None, "chat", "generate"):
         raise typer.BadParameter("must be chat or generate", param_hint="--api")
-    timeouts = Timeouts(request_timeout, request_deadline)
     with user_errors():
-        if resume:
-            _refuse_new_run_options(
-                resume,
-                {
-                    "--arm": arm, "--endpoint": endpoint, "--runs": runs, "--manifest": manifest,
-                    "--concurrency": concurrency, "--out": out, "--api": api, "--label": label,
-                    "--model": model, "--boot-per-run" if boot_per_run else "--one-boot": boot_per_run,
-                    "--max-tokens-cap": max_tokens_cap, "--with-peers": with_peers or None,
-                },
-            )  # fmt: skip
-            plans = plan_resume_group(resume, corpus, timeouts, port, api_key_env)
-            concurrency = plans[0].meta.concurrency
-        elif corpus is None:
-            raise LumobenchError("give a CORPUS file (or --resume RUN_DIR)")
-        else:
-            plans = plan_new(
-                corpus,
-                arms=arm or [],
+        replay_plan = plan_replay(
+            ReplayArgs(
+                corpus=corpus,
+                arms=tuple(arm or ()),
                 endpoint=endpoint,
-                api=api,
-                label=label,
-                runs=runs or 1,
+                runs=runs,
                 manifest=manifest,
-                concurrency=concurrency or 1,
-                out=out or Path("results"),
+                resume=resume,
+                concurrency=concurrency,
+                out=out,
+                api=api,  # type: ignore[arg-type]
+                label=label,
                 port=port,
                 model=model,
-                timeouts=timeouts,
+                timeouts=Timeouts(request_timeout, request_deadline),
+                api_key_env=api_key_env,
                 boot_per_run=boot_per_run,
                 max_tokens_cap=max_tokens_cap,
+                interleaved=interleaved,
                 with_peers=with_peers,
-                api_key_env=api_key_env,
             )
-            if plans[0].meta.manifest:
-                console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
-    if resume:  # an interleaved group resumes interleaved unless --sequential says otherwise
-        interleave, note = bool(plans[0].meta.interleaved_with) and interleaved is not False, None
-    else:
-        with user_errors():
-            interleave, note = choose_mode(
-                [p.arm for p in plans], interleaved, concurrency or 1, available_memory_gb()
-            )
-    if note:
-        console.print(note, markup=False)
-    outcomes = _run_interleaved(plans) if interleave else _run_sequential(plans, concurrency or 1)
+        )
+    plans = replay_plan.plans
+    if not resume and plans[0].meta.manifest:
+        console.print(f"corpus {corpus} matches manifest {plans[0].meta.manifest}")
+    if replay_plan.note:
+        console.print(replay_plan.note, markup=False)
+    outcomes = _run(plans, replay_plan.interleave, replay_plan.concurrency)
     aborted = [(p, o) for p, o in zip(plans, outcomes, strict=True) if o.status == "aborted"]
     for plan, outcome in zip(plans, outcomes, strict=True):
         console.print(

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from lumobench.arms import check_launchable, load_arm, resolve_arm
-from lumobench.errors import user_errors
-from lumobench.launch import ArmServer, interrupt_on_signals
+from lumobench.errors import interrupt_on_signals, user_errors
+from lumobench.launch import ArmServer
 from lumobench.results import new_run_id
 
 

@@ -17,9 +17,9 @@ import nbformat
 import pytest
 from typer.testing import CliRunner
 
-from lumobench.analysis.notebook import figures, tables
 from lumobench.cli import app
 from lumobench.corpus import check_corpus
+from lumobench.reports.notebook import figures, tables
 
 from .conftest import (
     FIX_TURNS,
@@ -78,7 +78,7 @@ def fix_run(qwen_cli, tmp_path_factory) -> FixRun:
     arm = make_scripted_arm(root, FIX_TURNS)
     tasks = write_tasks(root / "tasks.jsonl", [calc.task()])
     corpus = root / "captured.jsonl"
-    # relative paths, run from the user's folder, as the README's commands are (the default --out
+    # relative paths, run from the user's folder, as docs/agent.md's commands are (the default --out
     # is the relative "results"): the agent's HOME must not be resolved inside the task's clone
     result = lumobench(
         "agent",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lumobench.agent.driver import (
+    AgentArgs,
     AgentSettings,
     ArmContext,
     agent_error_line,
@@ -55,9 +56,8 @@ def test_a_crash_before_the_first_model_request_is_an_error_naming_its_cause(tmp
 
 def _meta(tmp_path: Path, settings: AgentSettings):
     task = Task("a__b-1", "a/b", "0" * 40, "fix it", {})
-    return new_run(
-        tmp_path / "results", [task], ["a__b-1"], settings, None, "http://x/v1", None, []
-    ).read_meta()
+    args = AgentArgs(endpoint="http://x/v1", out=tmp_path / "results")
+    return new_run(args, [task], ["a__b-1"], settings).read_meta()
 
 
 def test_resume_continues_with_the_runs_repos_clone_and_workdir_settings(tmp_path: Path) -> None:
@@ -65,8 +65,8 @@ def test_resume_continues_with_the_runs_repos_clone_and_workdir_settings(tmp_pat
         budget_s=60, max_tokens=512, repos_dir=tmp_path / "mirrors", allow_clone=False, keep_workdirs=True
     )
     meta = _meta(tmp_path, started)
-    assert resume_settings(meta, None, None, None) == started
-    overridden = resume_settings(meta, Path("elsewhere"), True, False)
+    assert resume_settings(meta, AgentArgs()) == started
+    overridden = resume_settings(meta, AgentArgs(repos=Path("elsewhere"), clone=True, keep_workdirs=False))
     assert overridden.repos_dir == Path("elsewhere").absolute()
     assert (overridden.allow_clone, overridden.keep_workdirs, overridden.max_tokens) == (True, False, 512)
 
@@ -102,7 +102,7 @@ def test_an_arm_whose_context_cannot_fit_the_agent_stops_the_run(tmp_path: Path)
 def test_readme_agent_command_without_mirrors_fails_fast_with_one_line(
     live_url: str, readonly_mirrors: Path, tmp_path: Path
 ) -> None:
-    """The README's command with a --repos folder that does not exist, and no cloning: one line, exit 2,
+    """docs/agent.md's command with a --repos folder that does not exist, and no cloning: one line, exit 2,
     before any agent or arm starts."""
     result = lumobench(
         "agent", "--tasks", "astropy", "--endpoint", f"{live_url}/v1", "--repos", tmp_path / "mirrors",
@@ -147,7 +147,7 @@ def test_sighup_and_sigterm_interrupt_like_ctrl_c() -> None:
     """A closed terminal (SIGHUP) or `kill` (SIGTERM) must unwind like Ctrl-C, so `finally` blocks stop
     the agent, its shell children and the arm (the SIGTERM case runs a whole agent in test_agent_run)."""
     code = (
-        "import os, signal, sys\nfrom lumobench.launch import interrupt_on_signals\ninterrupt_on_signals()\n"
+        "import os, signal, sys\nfrom lumobench.errors import interrupt_on_signals\ninterrupt_on_signals()\n"
         "for sig in (signal.SIGHUP, signal.SIGTERM):\n"
         "    try:\n        os.kill(os.getpid(), sig)\n        signal.pause()\n"
         "    except KeyboardInterrupt:\n        print(sig.name, 'unwound')\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lumobench.agent import evaluate as ev
-from lumobench.agent.driver import AgentSettings, new_run
+from lumobench.agent.driver import AgentArgs, AgentSettings, new_run
 from lumobench.agent.tasks import resolve_tasks
 from lumobench.errors import LumobenchError
 
@@ -115,9 +115,8 @@ def test_evaluate_grades_a_classic_record_from_the_tasks_its_run_recorded(tmp_pa
     task_file = tmp_path / "classic.jsonl"
     task_file.write_text(json.dumps(classic) + "\n")
     [task] = resolve_tasks([str(task_file)])
-    run = new_run(
-        tmp_path / "results", [task], [str(task_file)], AgentSettings(), None, "http://x/v1", None, []
-    )
+    args = AgentArgs(endpoint="http://x/v1", out=tmp_path / "results")
+    run = new_run(args, [task], [str(task_file)], AgentSettings())
     (run.path / "predictions.jsonl").write_text(
         json.dumps({"instance_id": task_id, "model_name_or_path": "m", "model_patch": "diff --git a/x b/x\n"})
         + "\n"

@@ -9,10 +9,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-import lumobench.verify as verify
+import lumobench.checks as checks
+from lumobench.checks.components import FULL, suite
+from lumobench.checks.result import CheckResult
 from lumobench.cli import app
-from lumobench.verify.components import FULL, suite
-from lumobench.verify.report import CheckResult
 
 
 def test_verify_components_json_reports_every_check_passing() -> None:
@@ -42,12 +42,12 @@ def _fake_suite(failing: bool) -> object:
 
 def test_table_lists_every_column_and_a_failure_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
-    monkeypatch.setattr(verify, "suite", _fake_suite(False))
+    monkeypatch.setattr(checks, "suite", _fake_suite(False))
     ok = runner.invoke(app, ["verify", "components"], env={"COLUMNS": "120"})
     assert ok.exit_code == 0
     for col in ("check", "cases", "passed", "planted", "detected", "good"):
         assert col in ok.output
-    monkeypatch.setattr(verify, "suite", _fake_suite(True))
+    monkeypatch.setattr(checks, "suite", _fake_suite(True))
     bad = runner.invoke(app, ["verify", "components"], env={"COLUMNS": "120"})
     assert bad.exit_code == 1 and "failed: bad" in bad.output and "Traceback" not in bad.output
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumobench.verify.continuation import FAULTS, MUTATION_CYCLE, check_continuation, run_continuation
-from lumobench.verify.toy import ToyDims, make_toy
+from lumobench.checks.continuation import FAULTS, MUTATION_CYCLE, check_continuation, run_continuation
+from lumobench.checks.toy import ToyDims, make_toy
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from lumobench.verify import op_checks
-from lumotree.drafting.random_trees import random_tree
+from lumobench.checks import op_checks
+from lumobench.checks.random_trees import random_tree
 from lumotree.tree import chain_tree
 from lumotree.verify.attention import apply_partial_rope, publish_kv_, write_tree_kv_
 from lumotree.verify.conv import publish_conv_state_, tree_conv

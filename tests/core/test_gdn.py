@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumobench.verify import gdn_checks, hf_reference
-from lumotree.drafting.random_trees import SHAPES
+from lumobench.checks import gdn_checks, hf_reference
+from lumobench.checks.paired import paired_check
+from lumobench.checks.random_trees import SHAPES
 from lumotree.tree import build_tree, chain_tree
 from lumotree.verify.gdn import GdnInputs, gdn_sequential_reference, gdn_verify, replay_accepted_
-from lumotree.verify.paired import paired_check
 
 DIMS = gdn_checks.GdnDims()
 

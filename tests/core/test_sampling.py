@@ -15,8 +15,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from lumobench.verify import audit
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks import audit
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.sampling import (
     SamplingParams,
     exponential_race,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumobench.verify.structure_checks import check_selection, oracle_topk
+from lumobench.checks.structure_checks import check_selection, oracle_topk
 from lumotree.drafting import argmax_lowest_index, mtp_proposals, ordered_topk
 
 

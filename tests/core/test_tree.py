@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumobench.verify.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
+from lumobench.checks.random_trees import SHAPES, paper_tree, random_tree
+from lumobench.checks.structure_checks import INVALID_TREES, check_descriptor, descriptor_violations
 from lumotree.drafting import GeometryConfig, RescueBranch, build_paper_tree
-from lumotree.drafting.random_trees import SHAPES, paper_tree, random_tree
 from lumotree.tree import PAD_TOKEN, TreeError, build_tree, chain_tree, root_tree
 from lumotree.verify.attention.reference import tree_attention_mask
 

@@ -15,13 +15,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lumobench.verify.continuation import scheduled_path
-from lumotree.drafting.random_trees import paper_tree
+from lumobench.checks.continuation import scheduled_path
+from lumobench.checks.paired import C_COMPOUNDED, C_PAIRED, PairedResult, paired_check_envelope
+from lumobench.checks.random_trees import paper_tree
 from lumotree.model import GDNState, HybridLM, KVCache, ModelState
 from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
-from lumotree.verify.paired import C_COMPOUNDED, C_PAIRED, PairedResult, paired_check_envelope
 
 CYCLES = 5
 PROMPT = 48

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks.paired import paired_check
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.drafting.selection import ordered_topk
 from lumotree.drafting.selection_fast import ordered_topk_fast
 from lumotree.engine.acceptance import RowSampler, history_counts, support_coins, walk
@@ -30,7 +31,6 @@ from lumotree.verify.attention.reference import tree_attention
 from lumotree.verify.gdn.reference import GdnInputs, gdn_sequential_reference, gdn_verify, replay_accepted_
 from lumotree.verify.gdn.stacked_replay import replay_layers_
 from lumotree.verify.gdn.tree_wy import gdn_verify_wy
-from lumotree.verify.paired import paired_check
 
 H, HV, K, V = 2, 4, 64, 64
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from lumobench.client import Target, build_request, request_deadline
 from lumobench.corpus import MAX_TOKENS, REPLAY_FIELDS, check_corpus
-from lumobench.plan import Timeouts, plan_new
+from lumobench.plan import ReplayArgs, plan_replay
 from lumobench.redact import Redactor
 from lumobench.results import RunDir
 
@@ -245,10 +245,7 @@ def test_resume_refuses_the_options_it_would_ignore(cli: Cli, tmp_path: Path, gi
 
 
 def _plan(tmp_path: Path, corpus: Path, url: str) -> Path:
-    (plan,) = plan_new(
-        corpus, arms=[], endpoint=url, api=None, label="same", runs=1, manifest=None, concurrency=1,
-        out=tmp_path / "r", port=None, model=None, timeouts=Timeouts(),
-    )  # fmt: skip
+    (plan,) = plan_replay(ReplayArgs(corpus=corpus, endpoint=url, label="same", out=tmp_path / "r")).plans
     assert plan.meta.run_id == plan.run.path.name
     return plan.run.path
 

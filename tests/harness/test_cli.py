@@ -421,6 +421,32 @@ def test_report_on_rows_that_are_not_utf8_is_one_clear_line(
 
 def test_the_lazy_sub_apps_run_their_own_commands() -> None:
     listing = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "120"})
-    assert listing.exit_code == 0 and re.search(r"bench\s+Kernel, engine", listing.output), listing.output
+    assert listing.exit_code == 0 and re.search(r"bench\s+Every benchmark", listing.output), listing.output
     bench = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "120"})
     assert bench.exit_code == 0 and "kernels" in bench.output and "engine" in bench.output, bench.output
+
+
+def test_every_benchmark_is_a_bench_verb_and_its_python_m_form_the_same_command(tmp_path: Path) -> None:
+    # every module of lumobench/bench that runs as a program (but the scripted server, not a benchmark)
+    programs = [
+        p
+        for p in (REPO / "lumobench" / "bench").rglob("*.py")
+        if p.name == "__main__.py" or 'if __name__ == "__main__"' in p.read_text()
+    ]
+    verbs = {(p.parent.name if p.stem == "__main__" else p.stem).replace("_", "-") for p in programs}
+    verbs.discard("scripted-server")
+    listing = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert listing.exit_code == 0
+    assert {v for v in verbs if not re.search(rf"\s{v}\s", listing.output)} == set(), listing.output
+    assert len(verbs) >= 11  # cycle, cycle-profile, loop, skinny-gemm, arm-memory, server-memory, ...
+    before, after = tmp_path / "before.prom", tmp_path / "after.prom"
+    before.write_text('vllm:generation_tokens_total{model_name="m"} 5\n')
+    after.write_text('vllm:generation_tokens_total{model_name="m"} 12\n')
+    verb = CliRunner().invoke(app, ["bench", "metrics-delta", str(before), str(after)])
+    alias = subprocess.run(
+        [sys.executable, "-m", "lumobench.bench.metrics_delta", before, after], capture_output=True, text=True
+    )
+    assert (
+        verb.exit_code == alias.returncode == 0
+        and verb.output == alias.stdout == "vllm:generation_tokens_total 7\n"
+    )

@@ -218,17 +218,17 @@ def test_records_replay_cannot_send_are_rejected_with_line_and_field(
 
 
 def test_the_loop_benchs_corpus_is_valid_and_sends_ignore_eos_in_both_apis(tmp_path: Path) -> None:
-    """`python -m lumobench.bench.loop corpus` writes records replay accepts (the corpus check
+    """`lumobench bench loop corpus` writes records replay accepts (the corpus check
     refuses sampling settings hidden in extra_body); ignore_eos reaches the generate API's
     sampling_params and the chat body."""
     from typer.testing import CliRunner
 
-    from lumobench.bench.loop import app as loop_app
+    from lumobench.cli import app
     from lumobench.client import Target, build_request
 
     path = tmp_path / "loop.jsonl"
     result = CliRunner().invoke(
-        loop_app, ["corpus", str(path), "--context", "16", "--tokens", "8", "--requests", "2"]
+        app, ["bench", "loop", "corpus", str(path), "--context", "16", "--tokens", "8", "--requests", "2"]
     )
     assert result.exit_code == 0, result.output
     records, issues = check_corpus(path)

@@ -16,9 +16,10 @@ import pytest
 
 from lumobench.arms import ResolvedArm, load_arm, resolve_arm
 from lumobench.errors import LumobenchError
-from lumobench.interleave import Member, choose_mode, on_free_port, rotation
-from lumobench.plan import Timeouts, plan_new
+from lumobench.interleave import choose_mode, rotation
+from lumobench.plan import ReplayArgs, plan_replay
 from lumobench.proc_cpu import group_cpu_seconds, wait_quiet
+from lumobench.replay import Member, on_free_port
 from lumobench.results import RunDir
 
 from .helpers import free_port, lumobench, small_corpus
@@ -130,13 +131,11 @@ def test_interleaved_replay_rotates_arms_per_request_and_pairs_their_rates(
 def test_an_arm_whose_port_was_taken_since_the_plan_starts_on_a_free_one(
     tmp_path: Path, scripted_arm: Callable[..., Path]
 ) -> None:
-    """Up front a busy port is a user mistake (plan_new refuses it); one taken later, e.g. between the
+    """Up front a busy port is a user mistake (plan_replay refuses it); one taken later, e.g. between the
     repetitions of an arm that boots per repetition, moves the arm to a free port instead."""
     arm = scripted_arm("later", arm_fields="memory_gb = 0.1", tokens=4)
-    (plan,) = plan_new(
-        small_corpus(tmp_path, 1), arms=[str(arm)], endpoint=None, api=None, label=None, runs=1,
-        manifest=None, concurrency=1, out=tmp_path / "r", port=None, model=None, timeouts=Timeouts(),
-    )  # fmt: skip
+    args = ReplayArgs(corpus=small_corpus(tmp_path, 1), arms=(str(arm),), out=tmp_path / "r")
+    (plan,) = plan_replay(args).plans
     assert plan.arm is not None
     port = plan.arm.port
     assert on_free_port(Member(plan), print) is plan.arm  # free: unchanged

@@ -4,7 +4,6 @@ take the port asked for. Arms are the scripted SSE server (a real HTTP server pr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
@@ -23,9 +22,9 @@ import pytest
 from lumobench.arms import load_arm, resolve_arm
 from lumobench.errors import LumobenchError
 from lumobench.launch import ArmStartError, launched
-from lumobench.plan import Plan, Timeouts, plan_new, plan_resume
+from lumobench.plan import Plan, ReplayArgs, plan_replay
 from lumobench.redact import Redactor
-from lumobench.replay import ReplayOutcome, execute
+from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.results import RunDir
 
 from .helpers import REPO, free_port, processes_with, small_corpus
@@ -46,30 +45,18 @@ def _arm(tmp_path: Path, script: dict, extra: str = "", command: str | None = No
 
 
 def _new_plan(tmp_path: Path, arm: Path, n: int) -> Plan:
-    (plan,) = plan_new(
-        small_corpus(tmp_path, n, max_tokens=4),
-        arms=[str(arm)],
-        endpoint=None,
-        api=None,
-        label=None,
-        runs=1,
-        manifest=None,
-        concurrency=1,
-        out=tmp_path / "r",
-        port=None,
-        model=None,
-        timeouts=Timeouts(),
-    )
+    corpus = small_corpus(tmp_path, n, max_tokens=4)
+    (plan,) = plan_replay(ReplayArgs(corpus=corpus, arms=(str(arm),), out=tmp_path / "r")).plans
     return plan
 
 
 def _launch_and_replay(plan: Plan) -> ReplayOutcome:
     assert plan.arm is not None
-    with launched(plan.arm, plan.run.server_log):
-        run = execute(plan.run, plan.meta, plan.records, plan.target)
-        return asyncio.run(asyncio.wait_for(run, HARD_TIMEOUT_S))
+    (outcome,) = run_group([Member(plan)])  # launches the arm, replays, stops it
+    return outcome
 
 
+@pytest.mark.timeout(HARD_TIMEOUT_S)
 def test_a_keyed_arm_gets_its_key_and_no_secret_reaches_the_run_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -144,7 +131,7 @@ def test_kill_9_leaves_no_server_behind_and_a_run_has_one_writer(tmp_path: Path)
         (run_dir,) = out.iterdir()
         # a second process may not write the same run while the first does
         with pytest.raises(LumobenchError, match=rf"in use by another lumobench process \(pid {first.pid}: "):
-            plan_resume(run_dir, None, Timeouts())
+            plan_replay(ReplayArgs(resume=run_dir))
         assert first.poll() is None, "the first replay finished too early for the test"
         first.kill()  # SIGKILL: no finally block, no handler runs in lumobench
         first.wait(30)
@@ -154,7 +141,7 @@ def test_kill_9_leaves_no_server_behind_and_a_run_has_one_writer(tmp_path: Path)
         first.kill()
     script.write_text(json.dumps({"tokens": 30, "interval_ms": 1}))  # the resumed run need not be slow
     port = free_port()
-    plan = plan_resume(run_dir, None, Timeouts(), port=port)
+    (plan,) = plan_replay(ReplayArgs(resume=run_dir, port=port)).plans
     plan.run.prepare_resume()
     assert _launch_and_replay(plan).status == "finished"
     assert Counter(r.key for r in RunDir(run_dir).read_rows()) == Counter(

@@ -11,7 +11,7 @@ import pytest
 
 from lumobench.errors import LumobenchError
 from lumobench.interleave import choose_mode
-from lumobench.plan import DEFAULT_ARMS, PEER_ARMS, Plan, Timeouts, plan_new
+from lumobench.plan import DEFAULT_ARMS, PEER_ARMS, Plan, ReplayArgs, plan_replay
 
 from .helpers import DEMO, REPO, small_corpus
 
@@ -19,10 +19,7 @@ DEMO_GREEDY = REPO / "corpora" / "demo-greedy.jsonl"
 
 
 def _plan(corpus: Path, out: Path, arms: list[str], with_peers: bool = False) -> list[Plan]:
-    return plan_new(
-        corpus, arms=arms, endpoint=None, api=None, label=None, runs=1, manifest=None, concurrency=1,
-        out=out, port=None, model=None, timeouts=Timeouts(), with_peers=with_peers,
-    )  # fmt: skip
+    return plan_replay(ReplayArgs(corpus=corpus, arms=tuple(arms), out=out, with_peers=with_peers)).plans
 
 
 def test_a_greedy_only_arm_refuses_a_sampled_corpus_before_sending_anything(

@@ -134,8 +134,9 @@ def test_the_agents_probes_and_the_proxys_tokenize_end_at_their_deadline(
     with fault_server("silent") as url:
         start = time.monotonic()
         with pytest.raises(LumobenchError, match="cannot read the served model"):
-            driver._served_model(url)
-        assert driver.probe_context(url, "m") == driver.ArmContext(None, False)
+            driver.running_endpoint(url, None)
+        served = driver.running_endpoint(url, "m")  # a model given: a silent models list is no error
+        assert driver.probe_context(served) == driver.ArmContext(None, False)
         assert asyncio.run(_fit(RecordingProxy(url, None, fit_context=True), body)) == body  # sent unchanged
     assert time.monotonic() - start < 4 * DEADLINE_S + 4
 

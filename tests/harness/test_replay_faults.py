@@ -4,44 +4,33 @@ the run, a keyed endpoint gets its key and the key never reaches the disk."""
 
 from __future__ import annotations
 
-import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from lumobench.errors import LumobenchError
-from lumobench.plan import Plan, Timeouts, plan_new
-from lumobench.replay import ReplayOutcome, execute
+from lumobench.plan import Plan, ReplayArgs, Timeouts, plan_replay
+from lumobench.replay import Member, ReplayOutcome, run_group
 from lumobench.sse import MAX_LINE_BYTES
 
 from .helpers import scripted_server, small_corpus
 
 HARD_TIMEOUT_S = 60  # a hang fails the test instead of blocking the suite
+pytestmark = pytest.mark.timeout(HARD_TIMEOUT_S)
 
 
 def _plan(tmp_path: Path, url: str, n: int, timeouts: Timeouts, **kw: object) -> Plan:
-    (plan,) = plan_new(
-        small_corpus(tmp_path, n, max_tokens=6),
-        arms=[],
-        endpoint=url,
-        api=None,
-        label="faults",
-        runs=1,
-        manifest=None,
-        concurrency=1,
-        out=tmp_path / "r",
-        port=None,
-        model=None,
-        timeouts=timeouts,
-        **kw,  # type: ignore[arg-type]
-    )
+    corpus = small_corpus(tmp_path, n, max_tokens=6)
+    args = ReplayArgs(corpus=corpus, endpoint=url, label="faults", out=tmp_path / "r", timeouts=timeouts)
+    (plan,) = plan_replay(replace(args, **kw)).plans  # type: ignore[arg-type]
     return plan
 
 
 def _replay(plan: Plan) -> ReplayOutcome:
-    run = execute(plan.run, plan.meta, plan.records, plan.target)
-    return asyncio.run(asyncio.wait_for(run, HARD_TIMEOUT_S))
+    (outcome,) = run_group([Member(plan)])
+    return outcome
 
 
 def test_streams_that_never_finish_fail_their_rows_within_the_deadline(tmp_path: Path) -> None:
@@ -106,8 +95,7 @@ def test_a_server_that_exits_just_after_dropping_a_connection_aborts_at_that_row
                 dropped_at.append(time.monotonic())
             return not dropped_at or time.monotonic() < dropped_at[0] + 0.1
 
-        run = execute(plan.run, plan.meta, plan.records, plan.target, server_alive=server_alive)
-        outcome = asyncio.run(asyncio.wait_for(run, HARD_TIMEOUT_S))
+        (outcome,) = run_group([Member(plan, server_alive=server_alive)])
     assert (outcome.status, outcome.message) == ("aborted", "the server process exited during the run")
     assert [(r.request_id, r.status) for r in plan.run.read_rows()] == [
         ("wal-t01", "completed"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lumobench.errors import LumobenchError
-from lumobench.report import build_report, render_csv, render_json, table_notes
+from lumobench.reports.summary import build_report, render_csv, render_json, table_notes
 from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta
 
 IDS = ["a", "b", "c"]
@@ -105,7 +105,7 @@ def test_interleaved_runs_report_the_idle_arms_cpu(tmp_path: Path) -> None:
 
 
 def test_the_papers_rate_table_marks_a_failed_arm_and_names_the_reference(tmp_path: Path) -> None:
-    from lumobench.analysis.tables import rate_table, to_markdown  # pandas: only the paper tables need it
+    from lumobench.reports.tables import rate_table, to_markdown  # pandas: only the paper tables need it
 
     broken, fast, slow = (
         _run(tmp_path, "broken", None),

@@ -5,7 +5,6 @@ on the recorders themselves."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -13,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumobench.plan import Timeouts, plan_new
-from lumobench.replay import execute
+from lumobench.plan import ReplayArgs, Timeouts, plan_replay
+from lumobench.replay import Member, run_group
 from lumobench.stream import MAX_TOKEN_COUNT, ChatRecorder, GenerateRecorder, StreamRecorder
 
 from .helpers import scripted_server
@@ -56,16 +55,18 @@ def _corpus(tmp_path: Path, ids: list[str]) -> Path:
     return path
 
 
+@pytest.mark.timeout(120)
 def test_every_wrong_shape_fails_its_row_and_the_run_goes_on(tmp_path: Path) -> None:
     ids = [f"s{i:02d}" for i in range(len(SHAPES))] + ["good"]
     events = {rid: [data, USAGE] for rid, (data, _) in zip(ids, SHAPES, strict=False)}
     events["good"] = [OK_CHUNK, USAGE]
     with scripted_server(tmp_path, events=events) as url:
-        (plan,) = plan_new(
-            _corpus(tmp_path, ids), arms=[], endpoint=url, api=None, label="shapes", runs=1, manifest=None,
-            concurrency=1, out=tmp_path / "r", port=None, model="m", timeouts=Timeouts(silence_s=10),
+        args = ReplayArgs(
+            corpus=_corpus(tmp_path, ids), endpoint=url, label="shapes", out=tmp_path / "r", model="m",
+            timeouts=Timeouts(silence_s=10),
         )  # fmt: skip
-        outcome = asyncio.run(asyncio.wait_for(execute(plan.run, plan.meta, plan.records, plan.target), 120))
+        (plan,) = plan_replay(args).plans
+        (outcome,) = run_group([Member(plan)])
     assert (outcome.status, outcome.completed, outcome.failed) == ("finished", 1, len(SHAPES))
     rows = {r.request_id: r for r in plan.run.read_rows()}
     assert sorted(rows) == sorted(ids)  # every row written

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lumobench.verify import gdn_checks
+from lumobench.checks import gdn_checks
 from lumotree.tree import TreeDescriptor
 
 INT_POISON = -777

@@ -68,11 +68,19 @@ for block_n, block_k, tiles, splits in (
     )
 # The device tree drafter's launches at the paper geometry (5-depth spine, top-3, tail 6, rescues 4
 # and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 1024-token blocks
-TYPES |= {name: "*i64" for name in ("hist_ptr", "hist_len_ptr", "cache_ptr", "cache_len_ptr", "spine_ptr")}
-TYPES |= {name: "*i64" for name in ("emitted_ptr", "path_len_ptr", "topk_ptr", "picked_ptr", "picked_len_ptr")}
-TYPES |= {name: "*i64" for name in ("rescue_lens_ptr", "feed_ptr", "merges_ptr")}
+TYPES |= {
+    f"{name}_ptr": "*i64"
+    for name in (
+        "hist", "hist_len", "cache", "cache_len", "spine", "emitted", "path_len", "topk", "picked",
+        "picked_len", "rescue_lens", "feed", "merges",
+    )
+}  # fmt: skip
 TYPES |= {"counts_ptr": "*i32", "ends_ptr": "*i32"}
-KERNELS["tree drafter append"] = (tree_drafter.append_history_kernel, dict(CAP=33792, WP=16), dict(num_warps=1))
+KERNELS["tree drafter append"] = (
+    tree_drafter.append_history_kernel,
+    dict(CAP=33792, WP=16),
+    dict(num_warps=1),
+)
 KERNELS["tree drafter scan"] = (
     tree_drafter.suffix_scan_kernel,
     dict(DEPTH=5, K=2, PK=32, BLOCK=1024, NBH=33, NBP=256),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.attention import decode
 from lumotree.verify.attention import reference as ref

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.verify.conv import reference as ref
 from lumotree.verify.conv.fused_conv import publish_conv_state_, tree_conv_
 

@@ -7,15 +7,15 @@ import random
 import pytest
 import torch
 
-from lumobench.verify import gdn_checks
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks import gdn_checks
+from lumobench.checks.paired import paired_check
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import scan_tables
 from lumotree.verify.gdn.reference import GdnOperands
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
 from lumotree.verify.gdn.scan import gdn_scan_, gdn_verify
-from lumotree.verify.paired import paired_check
 
 from .helpers import assert_written, poisoned
 

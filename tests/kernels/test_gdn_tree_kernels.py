@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from lumobench.verify import gdn_checks
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks import gdn_checks
+from lumobench.checks.paired import paired_check, paired_check_envelope
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.tree import build_tree
 from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.common import empty_operands
@@ -17,7 +18,6 @@ from lumotree.verify.gdn.plan import ancestry_tables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
-from lumotree.verify.paired import paired_check, paired_check_envelope
 
 from .helpers import assert_written, parallel_keys_case, poisoned
 

@@ -11,10 +11,11 @@ import random
 import pytest
 import torch
 
-from lumobench.verify import gdn_checks
+from lumobench.checks import gdn_checks
+from lumobench.checks.paired import paired_check
+from lumobench.checks.random_trees import paper_tree, random_tree
 from lumotree.drafting import selection as sel_ref
 from lumotree.drafting.fused_selection import select_spine_topk
-from lumotree.drafting.random_trees import paper_tree, random_tree
 from lumotree.sampling import walk as walk_ref
 from lumotree.sampling.device_walk import DeviceWalk
 from lumotree.verify.attention import decode as attn_kernel
@@ -34,7 +35,6 @@ from lumotree.verify.gdn.tree_value_major import (
     gdn_verify_value_major,
 )
 from lumotree.verify.graphs import CapturedStage
-from lumotree.verify.paired import paired_check
 
 from .helpers import GPU_ONLY, assert_written, deep_walk_scores, parallel_keys_case, poisoned
 

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.sampling.device_walk import DeviceForcing
 from lumotree.sampling.forced import ForcedAcceptance, forced_path
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, build_tree, chain_tree

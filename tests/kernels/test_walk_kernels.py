@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.sampling import walk as ref
 from lumotree.sampling.device_walk import DeviceWalk
 

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from lumobench.checks.paired import paired_check
+from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.drafting.draft_vocab import subset_head
 from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.native_mtp import NativeMTPDrafter
-from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.model import GDNState, HybridConfig, HybridLM, KVCache, ModelState
 from lumotree.model.native import remote
 from lumotree.model.native.model import NativeModel, unsupported_reason
 from lumotree.model.tree_mode import publish_tree_, verify_tree
 from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.kernel_sets import REFERENCE
-from lumotree.verify.paired import paired_check
 
 PROMPT = 40
 ModelFactory = Callable[..., HybridLM]

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from lumobench.analysis.plots import rates_figure
-from lumobench.analysis.tables import acceptance_table
-from lumobench.analysis.vllm_json import vllm_results
-from lumobench.report import ArmReport
+from lumobench.reports.plots import rates_figure
+from lumobench.reports.summary import ArmReport
+from lumobench.reports.tables import acceptance_table
+from lumobench.reports.vllm_json import vllm_results
 from lumobench.results import ArmInfo, RequestRow, RunDir, RunMeta
 
 MS = 1_000_000

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lumobench.analysis.notebook import figures, tables
+from lumobench.reports.notebook import figures, tables
 
 from .conftest import report_cli
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lumobench.analysis.notebook import NotebookFailed, execute
+from lumobench.reports.notebook import NotebookFailed, execute
 
 
 def test_kernel_is_this_interpreter_and_a_failing_cell_is_named(tmp_path: Path) -> None:

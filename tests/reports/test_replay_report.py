@@ -12,9 +12,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lumobench.analysis.frames import load_replay
-from lumobench.analysis.notebook import figures, tables
-from lumobench.report import report_command
+from lumobench.reports.frames import load_replay
+from lumobench.reports.notebook import figures, tables
+from lumobench.reports.summary import report_command
 from lumobench.results import RequestRow
 
 from .chromium import Chromium

@@ -15,8 +15,8 @@ from harness.helpers import DEMO, lumobench, processes_with
 
 from lumobench.corpus import load_corpus
 from lumobench.metrics import parse_prometheus
-from lumobench.plan import Timeouts, plan_new
-from lumobench.replay import execute
+from lumobench.plan import ReplayArgs, plan_replay
+from lumobench.replay import Member, run_group
 from lumobench.stream import ChatRecorder, GenerateRecorder, StreamRecorder
 from lumotree.engine.config import NATIVE_TREE_SHAPE, EngineConfig
 from lumotree.model.native.build import isa as native_isa
@@ -391,11 +391,10 @@ def test_api_key_is_required_when_set(tmp_path: Path, monkeypatch: pytest.Monkey
         record = {"messages": CODE, "max_tokens": 8, "temperature": 0}
         corpus.write_text("".join(json.dumps(record | {"id": f"k{i}"}) + "\n" for i in range(2)))
         monkeypatch.setenv("LUMO_TEST_KEY", key)
-        (plan,) = plan_new(
-            corpus, arms=[], endpoint=base, api=None, label=None, runs=1, manifest=None, concurrency=1,
-            out=tmp_path / "r", port=None, model=None, timeouts=Timeouts(), api_key_env="LUMO_TEST_KEY",
-        )  # fmt: skip
-        outcome = asyncio.run(execute(plan.run, plan.meta, plan.records, plan.target))
+        (plan,) = plan_replay(
+            ReplayArgs(corpus=corpus, endpoint=base, out=tmp_path / "r", api_key_env="LUMO_TEST_KEY")
+        ).plans
+        (outcome,) = run_group([Member(plan)])
     assert (outcome.status, outcome.completed) == ("finished", 2)
     assert plan.run.read_meta().api_key_env == "LUMO_TEST_KEY"
     files = [p for p in plan.run.path.rglob("*") if p.is_file()]

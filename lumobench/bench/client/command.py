@@ -35,6 +35,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lumobench.bench.output import command_line
 from lumobench.client import new_session, stream_into
 from lumobench.launch import port_in_use
 from lumobench.stream import ChatRecorder
@@ -197,7 +198,7 @@ def run_benchmark(events: int, interval_ms: float, repeats: int, port: int) -> d
         Path(fh.name).unlink()
     chosen = min(results, key=lambda t: results[t]["cpu_us_per_event_median"])
     return {
-        "command": " ".join(["lumobench", "bench", "client", *sys.argv[3:]]),
+        "command": command_line("client"),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {
             "platform": platform.platform(),

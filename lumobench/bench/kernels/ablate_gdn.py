@@ -8,19 +8,21 @@ substitution solve with 11 and with 1 round, the split solve's launches apart) i
 commit 2eab259 (then results/h200/ablate_gdn.py). Prints a markdown table and writes it to --out.
 Usage (repository root, on a CUDA machine):
 
-    python3 -m lumobench.bench.kernels.ablate_gdn --set run8 --out OUT_DIR
+    lumobench bench ablate-gdn --set run8 --out OUT_DIR   (or python3 -m lumobench.bench.kernels.ablate_gdn)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 import torch
+import typer
 
 from lumobench.bench.kernels.gdn import GdnShape, GdnWorkload
+from lumobench.bench.output import command_line
 from lumobench.bench.timing import Timer
 from lumotree.verify.gdn.plan import ancestry_tables
 from lumotree.verify.gdn.replay import replay_layers_
@@ -57,18 +59,25 @@ RUN8: list[Variant] = [
 PUBLISH8 = [(8, 1), (8, 2), (4, 1), (16, 1)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--set", choices=("run7", "run8"), default="run8")
-    parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args()
+class AblationSet(StrEnum):
+    run7 = "run7"
+    run8 = "run8"
+
+
+def ablate_gdn_command(
+    out: Annotated[Path, typer.Option(help="Folder for ablate_gdn.md.")],
+    which: Annotated[
+        AblationSet, typer.Option("--set", help="run7: the kernels' knobs; run8: the new defaults.")
+    ] = AblationSet.run8,
+    iters: Annotated[int, typer.Option(min=1, help="Timed iterations per median.")] = 50,
+) -> None:
+    """Time each GDN verify / publish configuration of the set alone (48 instances, one launch)."""
     device = torch.device("cuda")
     w = GdnWorkload(GdnShape(), torch.bfloat16, device)
-    timer = Timer(device, args.iters, warmup=10)
+    timer = Timer(device, iters, warmup=10)
     full = ancestry_tables(w.tree, device)
     steps: list[tuple[str, Callable[[], object]]] = []
-    for label, config in RUN7 if args.set == "run7" else RUN8:
+    for label, config in RUN7 if which is AblationSet.run7 else RUN8:
         steps.append(
             (
                 f"verify: {label}",
@@ -76,7 +85,7 @@ def main() -> None:
             )
         )
     gdn_value_major_layers_(w.inputs, w.states, full, w.o, w.records)  # records for the replay
-    for bv, nw in PUBLISH7 if args.set == "run7" else PUBLISH8:
+    for bv, nw in PUBLISH7 if which is AblationSet.run7 else PUBLISH8:
         steps.append(
             (
                 f"publish: replay bv{bv} w{nw}, one launch",
@@ -85,7 +94,7 @@ def main() -> None:
                 ),
             )
         )
-    rows = [f"Command: `python3 {' '.join(sys.argv)}`", "", "| step | graph, ms |", "| --- | --- |"]
+    rows = [f"Command: `{command_line('ablate-gdn')}`", "", "| step | graph, ms |", "| --- | --- |"]
     for label, fn in steps:
         try:
             ms = f"{timer(CapturedStage(fn).replay, w.set_frontier).median_ms:.4f}"
@@ -93,9 +102,9 @@ def main() -> None:
             ms = f"error: {repr(exc)[:120]}"
         rows.append(f"| {label} | {ms} |")
         print(rows[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ablate_gdn.md").write_text("\n".join(rows) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ablate_gdn.md").write_text("\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(ablate_gdn_command)

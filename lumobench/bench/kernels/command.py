@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import platform
-import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -24,8 +22,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from lumobench.bench.kernels import decode, gdn
-from lumobench.bench.kernels.report import render_markdown
+from lumobench.bench.output import command_line
 from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.reports.kernel_tables import render_markdown
 from lumotree.verify.attention.decode import AttentionConfig
 
 SUITES = ("gdn", "attention", "selection", "walk", "commit")
@@ -139,14 +138,6 @@ def run_gdn(
     return header
 
 
-def _command_line() -> str:
-    """This run as `lumobench bench kernels ...`, whichever entry point started it."""
-    args = sys.argv[1:]
-    if "kernels" in args:
-        args = args[args.index("kernels") + 1 :]
-    return " ".join(["lumobench", "bench", "kernels", *(shlex.quote(a) for a in args)])
-
-
 def run_suites(
     suites: list[str],
     device: torch.device,
@@ -170,7 +161,7 @@ def run_suites(
         "iters": iters,
         "warmup": warmup,
         "eager_iters": eager_iters,
-        "command": _command_line(),
+        "command": command_line("kernels"),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     attn = decode.AttentionShape(4, 2, 16) if tiny else decode.AttentionShape()

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from lumobench.bench.kernels.gdn import GdnShape
 from lumobench.bench.timing import Timer
+from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.fused_selection import rank_rows_, selection_scratch
-from lumotree.drafting.random_trees import paper_tree
 from lumotree.sampling.device_walk import DeviceWalk
 from lumotree.verify.attention.decode import (
     AttentionConfig,

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lumobench.bench.timing import Timer
-from lumotree.drafting.random_trees import paper_tree
+from lumobench.checks.random_trees import paper_tree
 from lumotree.verify.gdn.plan import ScanTables, ancestry_tables, scan_tables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, gdn_sequential_reference, prepare_operands
 from lumotree.verify.gdn.replay import replay_layers_

@@ -19,8 +19,8 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
-from lumobench.verify.report import CheckResult
-from lumotree.drafting.random_trees import SHAPES, paper_tree, random_tree
+from lumobench.checks.random_trees import SHAPES, paper_tree, random_tree
+from lumobench.checks.result import CheckResult
 from lumotree.sampling.logits import (
     SamplingParams,
     apply_penalties,

@@ -1,4 +1,4 @@
-"""Execute a report source of `analysis/` (jupytext percent format) into a notebook.
+"""Execute a report source of `notebooks/` (jupytext percent format) into a notebook.
 
 The source's cell tagged `parameters` holds defaults; the values for this report go into a cell
 inserted after it (tagged `injected-parameters`, as papermill does). Execution is headless: nbclient
@@ -26,11 +26,10 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from lumobench.analysis.display import META_KEY
-from lumobench.analysis.sources import Kind
-from lumobench.arms import REPO_ROOT
+from lumobench.reports.display import META_KEY
+from lumobench.reports.sources import Kind
 
-SOURCES_DIR = REPO_ROOT / "analysis"
+SOURCES_DIR = Path(__file__).with_name("notebooks")
 SOURCES: dict[Kind, str] = {
     "replay": "replay_report.py",
     "agent": "agent_report.py",

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from lumobench.analysis.frames import PHASES
+from lumobench.reports.frames import PHASES
 
 WIDE, TALL = (7.5, 3.4), (7.5, 4.6)
 PHASE_COLOURS = {"target": "#4c72b0", "drafter": "#dd8452", "dispatch": "#55a868"}

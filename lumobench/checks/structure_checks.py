@@ -10,9 +10,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lumobench.verify.report import CheckResult
+from lumobench.checks.random_trees import SHAPES, random_tree
+from lumobench.checks.result import CheckResult
 from lumotree.drafting.geometry import GeometryConfig, build_paper_tree, mtp_proposals
-from lumotree.drafting.random_trees import SHAPES, random_tree
 from lumotree.drafting.selection import argmax_lowest_index, ordered_topk
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, TreeError, build_tree
 

@@ -1,7 +1,8 @@
 """`lumobench report INPUT...`: tables, an executed report notebook, its HTML page or its figures.
 
 Inputs are replay run directories (a comparison), agent run directories or `lumobench bench kernels`
-result files (results/h200/*.json); each kind has its notebook source in `analysis/`.
+result files (results/h200/*.json); each kind has its notebook source in
+`lumobench/reports/notebooks/`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import typer
 
 from lumobench.agent.rundir import AgentRunDir
 from lumobench.agent.table import table_rows, to_csv, to_markdown
-from lumobench.analysis.sources import Kind, report_kind
-from lumobench.analysis.vllm_json import render_vllm_json
-from lumobench.bench.kernels.report import render_markdown
 from lumobench.errors import LumobenchError, user_errors
-from lumobench.report import build_report, print_table, render_csv, render_json, table_console
+from lumobench.reports.kernel_tables import render_markdown
+from lumobench.reports.sources import Kind, report_kind
+from lumobench.reports.summary import build_report, print_table, render_csv, render_json, table_console
+from lumobench.reports.vllm_json import render_vllm_json
 
 EXIT_NOTEBOOK_FAILED = 1
 
@@ -44,7 +45,7 @@ def _print_replay(inputs: list[Path], format: Format, reference: str | None = No
     elif format is Format.csv:
         typer.echo(render_csv(build_report(inputs, reference)), nl=False)
     elif format in (Format.markdown, Format.latex):
-        from lumobench.analysis.tables import paper_tables, to_latex, to_markdown  # pandas: only when asked
+        from lumobench.reports.tables import paper_tables, to_latex, to_markdown  # pandas: only when asked
 
         render = to_markdown if format is Format.markdown else to_latex
         typer.echo("\n".join(render(t) for t in paper_tables(build_report(inputs, reference))), nl=False)
@@ -81,8 +82,8 @@ def _write_outputs(
     # pandas, matplotlib and nbclient load only when a report needs them, not with every command
     import nbformat
 
-    from lumobench.analysis.html import notebook_title, render_html
-    from lumobench.analysis.notebook import NotebookFailed, execute, figures, load_source, source_path
+    from lumobench.reports.html import notebook_title, render_html
+    from lumobench.reports.notebook import NotebookFailed, execute, figures, load_source, source_path
 
     source = source_path(kind)
     if not source.is_file():

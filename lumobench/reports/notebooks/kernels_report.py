@@ -19,15 +19,15 @@
 # against its byte floor at the copy bandwidth measured in the same run. CUDA-graph medians.
 #
 # Made by `lumobench report results/h200/*.json --html OUT.html`; the source is
-# `analysis/kernels_report.py`.
+# `lumobench/reports/notebooks/kernels_report.py`.
 
 # %%
 from pathlib import Path
 
-from lumobench.analysis import plots
-from lumobench.analysis.display import show_figure, show_markdown, show_table
-from lumobench.analysis.kernels import load_kernels
-from lumobench.analysis.tables import frame_table
+from lumobench.reports import plots
+from lumobench.reports.display import show_figure, show_markdown, show_table
+from lumobench.reports.kernels import load_kernels
+from lumobench.reports.tables import frame_table
 
 # %% tags=["parameters"]
 RUNS: list[str] = sorted(str(p) for p in Path("results/h200").glob("*.json"))  # kernel result files

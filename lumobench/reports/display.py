@@ -16,7 +16,7 @@ from typing import Any
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from lumobench.analysis.tables import Table, to_html, to_markdown
+from lumobench.reports.tables import Table, to_html, to_markdown
 
 DPI = 96  # small PNGs: a report of a dozen figures stays a few hundred KB
 META_KEY = "lumobench"

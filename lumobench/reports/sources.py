@@ -1,6 +1,6 @@
 """What a report input is: a replay run directory, an agent run directory or a kernel result file.
 
-`lumobench report` takes inputs of one kind; each kind has its own notebook source in `analysis/`.
+`lumobench report` takes inputs of one kind; each kind has its own notebook source in `notebooks/`.
 """
 
 from __future__ import annotations

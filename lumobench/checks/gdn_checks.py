@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lumobench.verify import hf_reference
-from lumobench.verify.report import CheckResult
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks import hf_reference
+from lumobench.checks.paired import PairedResult, paired_check
+from lumobench.checks.random_trees import SHAPES, random_tree
+from lumobench.checks.result import CheckResult
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.reference import (
     GdnInputs,
@@ -23,7 +24,6 @@ from lumotree.verify.gdn.reference import (
     gdn_verify,
     replay_accepted_,
 )
-from lumotree.verify.paired import PairedResult, paired_check
 
 FLOAT64_TOL = 1e-12
 

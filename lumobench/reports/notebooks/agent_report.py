@@ -19,17 +19,17 @@
 # attempt's requests on a time line, from the proxy's request log.
 #
 # Made by `lumobench report RUN_DIR --notebook OUT.ipynb` (or `--html`); the source is
-# `analysis/agent_report.py`.
+# `lumobench/reports/notebooks/agent_report.py`.
 
 # %%
 from pathlib import Path
 
 import pandas as pd
 
-from lumobench.analysis import plots
-from lumobench.analysis.agent import load_agent
-from lumobench.analysis.display import show_figure, show_markdown, show_table
-from lumobench.analysis.tables import frame_table
+from lumobench.reports import plots
+from lumobench.reports.agent import load_agent
+from lumobench.reports.display import show_figure, show_markdown, show_table
+from lumobench.reports.tables import frame_table
 
 # %% tags=["parameters"]
 RUNS: list[str] = []  # agent run directories (lumobench report sets it)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lumobench.report import ArmReport, build_report, load_run, spec_totals
+from lumobench.reports.summary import ArmReport, build_report, load_run, spec_totals
 from lumobench.results import RequestRow, RunDir, RunMeta
 
 PERCENTILES = (99.0,)  # vLLM's default --metric-percentiles

@@ -20,7 +20,7 @@ import pandas as pd
 
 from lumobench.metrics import phase_totals, spec_delta
 from lumobench.rates import eligible, matched_ids
-from lumobench.report import ArmReport, build_report, load_run
+from lumobench.reports.summary import ArmReport, build_report, load_run
 from lumobench.results import RequestRow, RunDir, RunMeta
 
 PHASES = ("target", "drafter", "dispatch")  # the spans of the paper's Tables III/IX

@@ -13,7 +13,7 @@ import nbformat
 from markdown_it import MarkdownIt
 
 from lumobench import __version__
-from lumobench.analysis.display import META_KEY
+from lumobench.reports.display import META_KEY
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -51,7 +51,7 @@ def _output_html(output: nbformat.NotebookNode) -> str:
             f'src="data:image/png;base64,{data["image/png"].strip()}"></figure>'
         )
     if "text/html" in data:
-        return data["text/html"]  # made by lumobench.analysis.tables.to_html: escaped there
+        return data["text/html"]  # made by lumobench.reports.tables.to_html: escaped there
     if "text/markdown" in data:
         return _MARKDOWN.render(data["text/markdown"])
     if "text/plain" in data:

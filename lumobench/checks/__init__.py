@@ -1,4 +1,9 @@
-"""`lumobench verify`: numerical validation of LumoTree (paper §VII-D..G, DESIGN §8)."""
+"""The harness's numerical checks of LumoTree (paper §VII-D..G, DESIGN §8), run as `lumobench verify`.
+
+Beside the checks: the paired error rule (`paired.py`) and the random draft trees (`random_trees.py`)
+that the checks, the kernel benchmarks and the tests use. LumoTree's verification kernels are
+`lumotree.verify`, a different thing.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from lumobench.verify.components import DEFAULT, FULL, suite
-from lumobench.verify.report import render_table
+from lumobench.checks.components import DEFAULT, FULL, suite
+from lumobench.checks.result import render_table
 
 app = typer.Typer(help="Numerical validation of LumoTree components.", no_args_is_help=True)
 

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lumobench.verify.gdn_checks import FLOAT64_TOL, frontiers
-from lumobench.verify.report import CheckResult
-from lumotree.drafting.random_trees import SHAPES, random_tree
+from lumobench.checks.gdn_checks import FLOAT64_TOL, frontiers
+from lumobench.checks.paired import paired_check
+from lumobench.checks.random_trees import SHAPES, random_tree
+from lumobench.checks.result import CheckResult
 from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.attention.reference import publish_kv_, tree_attention, write_tree_kv_
 from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
-from lumotree.verify.paired import paired_check
 
 DTYPES = (torch.float32, torch.bfloat16)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from lumobench.analysis.frames import PHASES
-from lumobench.report import ArmReport, versus_title
+from lumobench.reports.frames import PHASES
+from lumobench.reports.summary import ArmReport, versus_title
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lumobench.bench.kernels.report import render_markdown
+from lumobench.reports.kernel_tables import render_markdown
 
 STAGE_SUITES = ("attention", "selection", "walk", "commit")
 GDN_COLUMNS = [

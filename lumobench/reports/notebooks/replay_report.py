@@ -18,18 +18,18 @@
 # `lumobench report --format json`: the notebook adds figures, not new arithmetic.
 #
 # Made by `lumobench report RUN_DIR... --notebook OUT.ipynb` (or `--html`); the source is
-# `analysis/replay_report.py`.
+# `lumobench/reports/notebooks/replay_report.py`.
 
 # %%
 from pathlib import Path
 
 import pandas as pd
 
-from lumobench.analysis import plots
-from lumobench.analysis.display import show_figure, show_markdown, show_table
-from lumobench.analysis.frames import load_replay
-from lumobench.analysis.tables import acceptance_table, frame_table, rate_table
-from lumobench.analysis.vllm_json import vllm_results
+from lumobench.reports import plots
+from lumobench.reports.display import show_figure, show_markdown, show_table
+from lumobench.reports.frames import load_replay
+from lumobench.reports.tables import acceptance_table, frame_table, rate_table
+from lumobench.reports.vllm_json import vllm_results
 
 # %% tags=["parameters"]
 RUNS: list[str] = []  # replay run directories, the first is the reference arm (lumobench report sets it)

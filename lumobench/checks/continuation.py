@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from lumobench.verify.report import CheckResult
-from lumobench.verify.toy import (
+from lumobench.checks.paired import PairedResult, paired_check_envelope
+from lumobench.checks.random_trees import paper_tree
+from lumobench.checks.result import CheckResult
+from lumobench.checks.toy import (
     Publication,
     StepOutputs,
     ToyDims,
@@ -29,9 +31,7 @@ from lumobench.verify.toy import (
     toy_publish,
     toy_verify,
 )
-from lumotree.drafting.random_trees import paper_tree
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.paired import PairedResult, paired_check_envelope
 
 MUTATION_CYCLE = 1
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lumobench.verify import audit, continuation, gdn_checks, op_checks, structure_checks
-from lumobench.verify.report import CheckResult
+from lumobench.checks import audit, continuation, gdn_checks, op_checks, structure_checks
+from lumobench.checks.result import CheckResult
 
 
 @dataclass(frozen=True)
