@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from lumobench.agent.rundir import AgentRunDir
-from lumobench.agent.table import table_rows, to_csv, to_markdown
+from lumobench.agent.table import table_rows, table_title, to_csv, to_markdown
 from lumobench.analysis.sources import Kind, report_kind
 from lumobench.analysis.vllm_json import render_vllm_json
 from lumobench.bench.kernels.report import render_markdown
@@ -59,10 +59,16 @@ def _print_agent(inputs: list[Path], format: Format) -> None:
         raise LumobenchError(
             f"--format {format.value} is for replay runs; agent runs have table, markdown, csv"
         )
-    for path in inputs:
+    several = len(inputs) > 1  # one table per run, each named (the tasks repeat from arm to arm)
+    for i, path in enumerate(inputs):
         run = AgentRunDir.open(path)
-        rows = table_rows(run.read_meta(), run)
-        typer.echo(to_csv(rows) if format is Format.csv else to_markdown(rows), nl=False)
+        meta = run.read_meta()
+        rows = table_rows(meta, run)
+        if format is Format.csv:
+            lead = {"agent_run": meta.run_id, "arm": meta.arm.name} if several else None
+            typer.echo(to_csv(rows, lead, header=i == 0), nl=False)
+        else:
+            typer.echo(("\n" if i else "") + table_title(meta) + "\n\n" + to_markdown(rows), nl=False)
 
 
 def _print_kernels(inputs: list[Path], format: Format) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import csv
 
+from typer.testing import CliRunner
+
 from lumobench.agent.evaluate import Evaluation, write_evaluations
 from lumobench.agent.rundir import AgentRunDir, AgentRunMeta, TaskRow, evaluation_path
 from lumobench.agent.table import TABLE_CSV, TABLE_MD, write_task_table
+from lumobench.cli import app
 from lumobench.results import ArmInfo
 
 
@@ -65,3 +68,51 @@ def test_table_rows_totals_and_evaluations(tmp_path):
     total = md.read_text().splitlines()[-1]
     assert total == "| **total (4 attempts)** | | | 162.1 | 55 | 5,500 | 2 non-empty | 1 resolved |"
     assert len((run.path / "predictions.jsonl").read_text().splitlines()) == 3  # the api-error is no attempt
+
+
+def _one_task_run(root, arm: str, output_tokens: int) -> AgentRunDir:
+    meta = AgentRunMeta(
+        run_id=f"r-{arm}",
+        created="t",
+        arm=ArmInfo(name=arm),
+        endpoint="http://x",
+        model="m",
+        agent="qwen-code@0.15.10",
+        model_name_or_path=f"qwen-code-0.15.10__{arm}",
+        tasks=["a"],
+        task_ids=["a"],
+        runs=1,
+        budget_s=300,
+        max_tokens=1024,
+    )
+    run = AgentRunDir.create(root / f"r-{arm}", meta)
+    run.append_row(_row("a", "completed", "", 30.0, 1).model_copy(update={"output_tokens": output_tokens}))
+    return run
+
+
+def test_report_of_several_agent_runs_names_the_run_and_arm_of_each_table(tmp_path):
+    """One table per arm (the study's Table VI form): without a heading, three tables of the same tasks
+    cannot be told apart, and three CSV headers make no CSV."""
+    runs = [_one_task_run(tmp_path, arm, n) for arm, n in (("lumotree-ar", 1024), ("lumotree", 40))]
+    paths = [str(r.path) for r in runs]
+    markdown = CliRunner().invoke(app, ["report", *paths, "--format", "markdown"])
+    assert markdown.exit_code == 0, markdown.output
+    titles = [line for line in markdown.stdout.splitlines() if line.startswith("Agent run ")]
+    assert titles == [
+        "Agent run r-lumotree-ar: qwen-code@0.15.10 on arm lumotree-ar (m), budget 300 s",
+        "Agent run r-lumotree: qwen-code@0.15.10 on arm lumotree (m), budget 300 s",
+    ]
+    first, second = markdown.stdout.split(titles[1])
+    assert "| a | 1 | completed | 0.5 | 1 | 1,024 | empty |" in first
+    assert "| a | 1 | completed | 0.5 | 1 | 40 | empty |" in second
+    # each run's own task-table.md starts with the same title
+    md, _ = write_task_table(runs[0])
+    assert md.read_text().startswith(titles[0] + "\n\n")
+
+    csv_out = CliRunner().invoke(app, ["report", *paths, "--format", "csv"])
+    assert csv_out.exit_code == 0, csv_out.output
+    rows = list(csv.DictReader(csv_out.stdout.splitlines()))
+    assert [(r["agent_run"], r["arm"], r["task"], r["output_tokens"]) for r in rows] == [
+        ("r-lumotree-ar", "lumotree-ar", "a", "1024"),
+        ("r-lumotree", "lumotree", "a", "40"),
+    ]
