@@ -103,15 +103,27 @@ def to_markdown(rows: Sequence[TableRow]) -> str:
     return header + body + total
 
 
-def to_csv(rows: Sequence[TableRow]) -> str:
-    """CSV with every column: also the agent's own counts and the arm's /metrics counter deltas."""
+def to_csv(rows: Sequence[TableRow], lead: dict[str, str] | None = None, header: bool = True) -> str:
+    """CSV with every column: also the agent's own counts and the arm's /metrics counter deltas.
+    `lead`: columns put before them in every row (e.g. agent_run and arm when several runs share one
+    CSV); `header=False` leaves the header line out (the rows of a later run)."""
     buffer = io.StringIO()
+    lead = lead or {}
     fields = list(TableRow.__dataclass_fields__)
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
+    writer = csv.DictWriter(buffer, fieldnames=[*lead, *fields], lineterminator="\n")
+    if header:
+        writer.writeheader()
     for row in rows:
-        writer.writerow({f: ("" if getattr(row, f) is None else getattr(row, f)) for f in fields})
+        writer.writerow({**lead, **{f: ("" if getattr(row, f) is None else getattr(row, f)) for f in fields}})
     return buffer.getvalue()
+
+
+def table_title(meta: AgentRunMeta) -> str:
+    """The line naming a task table's run: run id, agent, arm, model and budget."""
+    return (
+        f"Agent run {meta.run_id}: {meta.agent} on arm {meta.arm.name} ({meta.model}), "
+        f"budget {meta.budget_s:.0f} s"
+    )
 
 
 def write_task_table(run: AgentRunDir) -> tuple[Path, Path]:
@@ -119,10 +131,6 @@ def write_task_table(run: AgentRunDir) -> tuple[Path, Path]:
     meta = run.read_meta()
     rows = table_rows(meta, run)
     md, csv_path = run.path / TABLE_MD, run.path / TABLE_CSV
-    title = (
-        f"Agent run {meta.run_id}: {meta.agent} on arm {meta.arm.name} ({meta.model}), "
-        f"budget {meta.budget_s:.0f} s\n\n"
-    )
-    md.write_text(title + to_markdown(rows))
+    md.write_text(table_title(meta) + "\n\n" + to_markdown(rows))
     csv_path.write_text(to_csv(rows))
     return md, csv_path

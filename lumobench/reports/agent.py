@@ -12,12 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from lumobench.agent.rundir import REQUESTS_LOG, AgentRunDir, AgentRunMeta
-from lumobench.agent.table import TableRow, table_rows, to_markdown
+from lumobench.agent.table import TableRow, table_rows, table_title, to_markdown
 from lumobench.record import ProxiedRequest
 from lumobench.results import read_jsonl
 
 TIMELINE_COLUMNS = [
     "run_id",
+    "arm",
     "task",
     "run",
     "request",
@@ -33,12 +34,19 @@ TIMELINE_COLUMNS = [
 class AgentData:
     metas: list[AgentRunMeta]
     rows: list[TableRow]  # the task table's rows, every run directory in turn
-    tasks: pd.DataFrame  # one row per attempt: the task table's columns
+    tasks: pd.DataFrame  # one row per attempt: run_id, arm and the task table's columns
     timeline: pd.DataFrame  # one row per chat request, seconds from the attempt's start
 
     def markdown(self) -> str:
-        """The task table as `lumobench agent` writes it to task-table.md (with its total row)."""
-        return to_markdown(self.rows)
+        """Each run's task table as `lumobench agent` writes it to task-table.md (its title line, the
+        table, the total row): several runs (e.g. one per arm) are never summed into one table."""
+        tables = []
+        for meta in self.metas:
+            rows = [
+                r for r, run_id in zip(self.rows, self.tasks.run_id, strict=True) if run_id == meta.run_id
+            ]
+            tables.append(table_title(meta) + "\n\n" + to_markdown(rows))
+        return "\n".join(tables)
 
 
 def timeline_frame(run: AgentRunDir, meta: AgentRunMeta) -> pd.DataFrame:
@@ -51,6 +59,7 @@ def timeline_frame(run: AgentRunDir, meta: AgentRunMeta) -> pd.DataFrame:
             records.append(
                 {
                     "run_id": meta.run_id,
+                    "arm": meta.arm.name,
                     "task": task_id,
                     "run": run_index + 1,
                     "request": number,

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from lumobench.agent.rundir import AgentRunDir
-from lumobench.agent.table import table_rows, to_csv, to_markdown
+from lumobench.agent.table import table_rows, table_title, to_csv, to_markdown
 from lumobench.errors import LumobenchError, user_errors
 from lumobench.reports.kernel_tables import render_markdown
 from lumobench.reports.sources import Kind, report_kind
@@ -60,10 +60,16 @@ def _print_agent(inputs: list[Path], format: Format) -> None:
         raise LumobenchError(
             f"--format {format.value} is for replay runs; agent runs have table, markdown, csv"
         )
-    for path in inputs:
+    several = len(inputs) > 1  # one table per run, each named (the tasks repeat from arm to arm)
+    for i, path in enumerate(inputs):
         run = AgentRunDir.open(path)
-        rows = table_rows(run.read_meta(), run)
-        typer.echo(to_csv(rows) if format is Format.csv else to_markdown(rows), nl=False)
+        meta = run.read_meta()
+        rows = table_rows(meta, run)
+        if format is Format.csv:
+            lead = {"agent_run": meta.run_id, "arm": meta.arm.name} if several else None
+            typer.echo(to_csv(rows, lead, header=i == 0), nl=False)
+        else:
+            typer.echo(("\n" if i else "") + table_title(meta) + "\n\n" + to_markdown(rows), nl=False)
 
 
 def _print_kernels(inputs: list[Path], format: Format) -> None:

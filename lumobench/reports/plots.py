@@ -200,6 +200,7 @@ def rate_vs_prompt_figure(requests: pd.DataFrame, arms: Sequence[str]) -> Figure
 def agent_timeline_figure(timeline: pd.DataFrame) -> Figure:
     """One lane per attempt: each chat request from send to end (dark: waiting for the first byte)."""
     lanes = list(dict.fromkeys(zip(timeline.run_id, timeline.task, timeline.run, strict=True)))
+    arms = dict(zip(timeline.run_id, timeline.arm, strict=True))  # several runs: name each lane's arm
     fig, ax = _figure((7.5, 1.3 + 0.45 * max(len(lanes), 1)))
     for y, (run_id, task, run) in enumerate(lanes):
         mine = timeline[(timeline.run_id == run_id) & (timeline.task == task) & (timeline.run == run)]
@@ -219,7 +220,11 @@ def agent_timeline_figure(timeline: pd.DataFrame) -> Figure:
             textcoords="offset points",
             fontsize=8,
         )
-    ax.set_yticks(range(len(lanes)), [f"{task} (run {run})" for _, task, run in lanes])
+    several = len(arms) > 1
+    ax.set_yticks(
+        range(len(lanes)),
+        [f"{arms[run_id] + ': ' if several else ''}{task} (run {run})" for run_id, task, run in lanes],
+    )
     ax.invert_yaxis()
     ax.set_xlim(left=0)
     ax.set_xlabel("minutes since the attempt started")

@@ -62,6 +62,7 @@ show_table(frame_table(runs, "Agent runs", digits=0), "runs")
 # %%
 table = data.tasks[
     [
+        "arm",
         "task",
         "run",
         "status",
@@ -95,7 +96,7 @@ if len(data.timeline):
     show_figure(plots.agent_timeline_figure(data.timeline), "request_timeline")
     per_task = (
         data.timeline.assign(seconds=data.timeline.end_s - data.timeline.start_s)
-        .groupby(["task", "run"], as_index=False)
+        .groupby(["run_id", "arm", "task", "run"], as_index=False, sort=False)
         .agg(
             requests=("request", "count"),
             completion_tokens=("completion_tokens", "sum"),
@@ -107,7 +108,7 @@ if len(data.timeline):
         )
     )
     show_table(
-        frame_table(per_task, "Time the arm was busy per attempt"),
+        frame_table(per_task.drop(columns="run_id"), "Time the arm was busy per attempt"),
         "request_summary",
         values=per_task.to_dict(orient="records"),
     )
