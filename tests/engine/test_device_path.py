@@ -265,6 +265,8 @@ def test_trees_drafted_on_the_device_are_the_host_drafters_trees(checkpoint: Pat
         outputs[drafting] = {r: output_tokens(e) for r, e in got.items()}
         trees[drafting] = verified
         assert host_drafted == (2 if drafting == "device" else len(verified)), drafting
+        drafter = engine.metrics().spans["drafter"]  # a span a cycle: its mean is per cycle
+        assert drafter.count == len(verified), (drafting, drafter.count)
     assert outputs["device"] == outputs["host"]
     assert trees["device"] == trees["host"] and len(trees["device"]) >= 4
     assert any(len(t.tokens) > 1 + 2 * 2 for t in trees["device"])  # suffix branches in the trees

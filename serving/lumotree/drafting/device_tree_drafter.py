@@ -162,13 +162,15 @@ def suffix_pick_kernel(
     first = _source_token(hist_ptr, cache_ptr, from_hist, start, has & (start < src_len), SEP)
     valid = has & (start < src_len) & (first != SEP)
 
+    # (every load below depends on the candidates alone, not on the step before: this code is
+    # latency-bound, and independent loads are in flight together)
     # match length: extend each occurrence backwards while it equals the context
     matched = tl.full([2 * PK], K, dtype=tl.int32)
     alive = valid
     for t in tl.static_range(K, MAXM):
         want = _context_token(hist_ptr, hist_len, spine_ptr, n_extra, t)
         at = start - 1 - t
-        same = _source_token(hist_ptr, cache_ptr, from_hist, at, alive & (at >= 0), -3) == want
+        same = _source_token(hist_ptr, cache_ptr, from_hist, at, valid & (at >= 0), -3) == want
         alive = tl.where(t < reach, alive & same, False)
         matched += alive.to(tl.int32)
 
@@ -176,9 +178,9 @@ def suffix_pick_kernel(
     cont_len = tl.zeros([2 * PK], dtype=tl.int32)
     going = valid
     for u in tl.static_range(LENP):
-        ok = tl.where(u < length, going & (start + u < src_len), False)
+        ok = tl.where(u < length, valid & (start + u < src_len), False)
         token = _source_token(hist_ptr, cache_ptr, from_hist, start + u, ok, SEP)
-        going = ok & (token != SEP)
+        going = going & ok & (token != SEP)
         cont_len += going.to(tl.int32)
     real = valid & (cont_len > 0)
     order = tl.where(real, (MAXM - matched) * (2 * PK) + c, 1 << 30)  # longer, hist first, later first
@@ -194,14 +196,15 @@ def suffix_pick_kernel(
     rank = tl.sum((kept[None, :] & better).to(tl.int32), axis=1)
     chosen = kept & (rank < limit)
 
-    for s in tl.static_range(NCP):
-        pick = chosen & (rank == s)
-        tl.store(picked_len_ptr + lookup * NCP + s, tl.sum(tl.where(pick, cont_len, 0), axis=0).to(tl.int64))
+    # the chosen ones into their rank's slot (their ranks differ); the other slots' lengths are 0
+    tl.store(picked_len_ptr + lookup * NCP + tl.arange(0, NCP), tl.zeros([NCP], dtype=tl.int64))
+    tl.debug_barrier()
+    slot = lookup * NCP + tl.where(chosen, rank, 0)
+    tl.store(picked_len_ptr + slot, cont_len.to(tl.int64), mask=chosen)
     for u in tl.static_range(LENP):
-        token = _source_token(hist_ptr, cache_ptr, from_hist, start + u, chosen & (u < cont_len), 0)
-        for s in tl.static_range(NCP):
-            value = tl.sum(tl.where(chosen & (rank == s), token, 0), axis=0)
-            tl.store(picked_ptr + (lookup * NCP + s) * LENP + u, value.to(tl.int64))
+        keep = chosen & (u < cont_len)
+        token = _source_token(hist_ptr, cache_ptr, from_hist, start + u, keep, 0)
+        tl.store(picked_ptr + slot * LENP + u, token, mask=keep)
 
 
 @triton.jit
@@ -239,7 +242,6 @@ def paper_tree_kernel(
     root = tl.load(hist_ptr + tl.maximum(hist_len - 1, 0))
     tok = tl.where(idx == 0, root, PAD).to(tl.int64)
     par = tl.full([RP], -1, dtype=tl.int64)
-    dep = tl.zeros([RP], dtype=tl.int64)
     n = tl.full([], 1, dtype=tl.int64)
     merges = tl.zeros([], dtype=tl.int64)
 
@@ -257,7 +259,6 @@ def paper_tree_kernel(
         new = tl.where(fits, idx == n, False)
         tok = tl.where(new, token, tok)
         par = tl.where(new, last, par)
-        dep = tl.where(new, last + 1, dep)
         last = tl.where(fits, n, last)
         n += fits.to(tl.int64)
     spine_nodes = n  # nodes 0..n-1, node d at depth d
@@ -277,42 +278,45 @@ def paper_tree_kernel(
             new = tl.where(fits, idx == n, False)
             tok = tl.where(new, token, tok)
             par = tl.where(new, d, par)
-            dep = tl.where(new, d + 1, dep)
             n += fits.to(tl.int64)
 
     # rescue branches: each continuation after the root walks the tree as far as it agrees with it,
     # and the rest (cut to its length) hangs below the node where it leaves; empty ones are skipped
+    # (the rows are read once; the steps pick their tokens in registers, not through dependent loads)
+    lanes = tl.arange(0, LENP)
+    wanted = tl.load(rescue_lens_ptr + lanes, mask=lanes < N_RESCUE, other=0)
     placed = tl.zeros([], dtype=tl.int64)
     for cand in tl.static_range(2 * N_RESCUE):
-        row = picked_ptr + (NCP + cand) * LENP
+        row = tl.load(picked_ptr + (NCP + cand) * LENP + lanes)
         cont_len = tl.load(picked_len_ptr + NCP + cand)
         active = placed < N_RESCUE
         node = tl.zeros([], dtype=tl.int64)
-        at = tl.zeros([], dtype=tl.int64)
+        at = tl.zeros([], dtype=tl.int64)  # also the depth of `node`
         walking = active
         for u in tl.static_range(MAXD):
-            child = _child(tok, par, idx, n, node, tl.load(row + u), RP)
+            token = tl.sum(tl.where(lanes == u, row, 0), axis=0)
+            child = _child(tok, par, idx, n, node, token, RP)
             found = walking & (u < cont_len) & (child < RP)
             node = tl.where(found, child, node)
             at += found.to(tl.int64)
             walking = found
-        want = tl.load(rescue_lens_ptr + tl.minimum(placed, N_RESCUE - 1))
+        want = tl.sum(tl.where(lanes == placed, wanted, 0), axis=0)
         branch = tl.maximum(tl.minimum(cont_len - at, want), 0)
         place = active & (branch > 0)
         ok = place
+        depth = at
         for u in tl.static_range(MAXD):
-            token = tl.load(row + tl.minimum(at + u, LENP - 1))
+            token = tl.sum(tl.where(lanes == at + u, row, 0), axis=0)
             step = ok & (u < branch)
             child = _child(tok, par, idx, n, node, token, RP)
             there = step & (child < RP)
-            depth = tl.sum(tl.where(idx == node, dep, 0), axis=0)
             fits = step & ~there & (n < R) & (depth + 1 <= MAXD)
             merges += there.to(tl.int64)
             new = tl.where(fits, idx == n, False)
             tok = tl.where(new, token, tok)
             par = tl.where(new, node, par)
-            dep = tl.where(new, depth + 1, dep)
             node = tl.where(there, child, tl.where(fits, n, node))
+            depth += (there | fits).to(tl.int64)
             n += fits.to(tl.int64)
             ok = ok & (~step | there | fits)  # a branch cut by the budget ends there
         placed += place.to(tl.int64)
@@ -363,6 +367,8 @@ class DeviceTreeDrafter:
         n_rescue = len(geometry.rescue_lens)
         self.lenp = triton.next_power_of_2(max(geometry.max_depth, geometry.tail_len, 1))
         self.ncp = triton.next_power_of_2(max(2 * n_rescue, 1))
+        if n_rescue > self.lenp:
+            raise ValueError(f"{n_rescue} rescue branches: at most {self.lenp} at this depth")
         self.picked = torch.zeros((2, self.ncp, self.lenp), **i64)
         self.picked_len = torch.zeros((2, self.ncp), **i64)
         self.rescue_lens = torch.tensor([*geometry.rescue_lens, 0], **i64)

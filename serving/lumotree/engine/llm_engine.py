@@ -365,7 +365,8 @@ class LLMEngine:
             self.drafter.emitted(kept)
             if reason:
                 return None
-            if result.next_tree is not None:  # the runner drafted it (on the device)
+            if result.next_tree is not None:  # the runner drafted it (on the device, in its drafter phase)
+                m.spans["drafter"].count += 1
                 self._next_tree = result.next_tree
                 return self._next_tree
             with m.span("drafter"):
