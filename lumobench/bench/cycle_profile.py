@@ -27,6 +27,7 @@ from lumotree.sampling import SamplingParams
 #: kernel families by the first name fragment that matches (lowercase), in this order
 FAMILIES = (
     ("tree tables", ("derive_tables",)),
+    ("tree drafting", ("append_history", "suffix_scan", "suffix_pick", "paper_tree")),
     ("GEMMs", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "skinny")),
     ("attention", ("attention", "attn", "merge")),
     ("GDN", ("gdn", "tree_wy", "replay", "scan")),
