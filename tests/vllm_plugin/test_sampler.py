@@ -65,3 +65,4 @@ def test_first_tokens_follow_the_engines_rule_and_a_failing_request_fails_alone(
     seeded = RowSampler(SamplingParams(temperature=0.8), states["seeded"].prompt_seen, [], 1234)
     assert samples.tokens[2] == seeded.choose(logits[2][None], [[]])  # coins keyed by (seed, position, token)
     assert list(samples.failed) == ["broken"]
+    assert samples.rows == [[0], [], [2]]  # the logits rows of the emitted tokens (their logprobs)

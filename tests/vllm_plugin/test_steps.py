@@ -12,7 +12,13 @@ import torch
 
 from lumotree.drafting.geometry import GeometryConfig, RescueBranch, build_paper_tree
 from lumotree.verify.kernel_sets import TreeKernels
-from lumotree.vllm.requests import StopRule, UnsupportedRequest, core_sampling, unsupported_parameters
+from lumotree.vllm.requests import (
+    StopRule,
+    UnsupportedRequest,
+    core_sampling,
+    drafting,
+    unsupported_parameters,
+)
 from lumotree.vllm.sampler import PLACEHOLDER, StepSamples
 from lumotree.vllm.steps import RequestStep, physical_prefix, physical_tokens, scheduled_tree
 from lumotree.vllm.tree_attention import tree_attention_rows
@@ -90,9 +96,11 @@ def test_sampling_settings_map_to_the_cores_and_unsupported_ones_are_named() -> 
     )
     greedy = core_sampling(_params(temperature=1e-6, top_k=-1))
     assert greedy.greedy and greedy.top_k == 0 and greedy.top_p == 1.0
-    assert unsupported_parameters(_params(logit_bias={3: 1.0}, min_tokens=4)) == ["logit_bias", "min_tokens"]
-    with pytest.raises(UnsupportedRequest, match="logprobs"):
-        core_sampling(_params(logprobs=2))
+    assert core_sampling(_params(logit_bias={9: -2.0, 3: 1.0})).logit_bias == ((3, 1.0), (9, -2.0))
+    asked = _params(logit_bias={3: 1.0}, allowed_token_ids=[3], bad_words=["x"], logprobs=2, min_tokens=4)
+    assert unsupported_parameters(asked) == ["min_tokens"]
+    with pytest.raises(UnsupportedRequest, match="logprob_token_ids"):
+        core_sampling(_params(logprob_token_ids=[1, 2]))
 
 
 def test_sampled_tokens_are_padded_so_vllm_drops_the_padding() -> None:
@@ -101,6 +109,13 @@ def test_sampled_tokens_are_padded_so_vllm_drops_the_padding() -> None:
     assert out.shape == (3, 3) and out.dtype == torch.int32
     assert out.tolist() == [[5, PLACEHOLDER, PLACEHOLDER], [PLACEHOLDER] * 3, [1, 2, 3]]
     assert StepSamples(tokens=[[4], [5]]).as_tensor().shape == (2, 2)  # always parsed as speculative
+
+
+def test_drafts_switch_takes_0_1_true_false_and_names_anything_else() -> None:
+    assert drafting(_params()) and drafting(_params(extra_args={"lumotree_drafts": "True"}))
+    assert not drafting(_params(extra_args={"lumotree_drafts": 0}))
+    with pytest.raises(UnsupportedRequest, match="lumotree_drafts must be"):
+        drafting(_params(extra_args={"lumotree_drafts": "maybe"}))
 
 
 def test_tree_rows_attend_to_the_prefix_their_ancestors_and_themselves(tree_kernels: TreeKernels) -> None:

@@ -99,7 +99,7 @@ def patch_cuda(worker: LumoTreeWorker) -> None:
 
 
 def patch_runner(worker: LumoTreeWorker) -> None:
-    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.outputs import LogprobsTensors, SamplerOutput
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     _after(GPUModelRunner, "_update_states", lambda self, out, *a, **k: worker.update_states(self, out))
@@ -111,8 +111,11 @@ def patch_runner(worker: LumoTreeWorker) -> None:
     def _sample(self, logits, spec_decode_metadata):  # type: ignore[no-untyped-def]
         if not worker.trees:
             return original_sample(self, logits, spec_decode_metadata)
-        samples = worker.sample(self, logits)
-        return SamplerOutput(sampled_token_ids=samples.as_tensor(), logprobs_tensors=None)
+        samples, logprobs = worker.sample(self, logits)
+        tensors = (
+            None if logprobs is None else LogprobsTensors(logprobs.ids, logprobs.logprobs, logprobs.ranks)
+        )
+        return SamplerOutput(sampled_token_ids=samples.as_tensor(), logprobs_tensors=tensors)
 
     GPUModelRunner._sample = _sample
 
@@ -178,8 +181,8 @@ def is_lumotree_proposer(speculative_config: Any) -> bool:
 
 def patch_sampling_validation() -> None:
     """vLLM refuses min_p and logit_bias with any speculation (its rejection sampler cannot apply
-    them); the LumoTree walk applies min_p exactly, so with its proposer only what the walk cannot
-    honour is refused, at admission (HTTP 400 naming the parameters)."""
+    them); the LumoTree walk applies both exactly, so with its proposer only what the plugin does
+    not do is refused, at admission (HTTP 400 naming the parameters)."""
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 

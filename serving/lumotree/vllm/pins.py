@@ -45,6 +45,15 @@ PINNED_FUNCTIONS: dict[tuple[str, str], str] = {
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"): "f05dcf1d78912b36",
     ("vllm.sampling_params", "SamplingParams._validate_spec_decode"): "13f2065aad2612ad",
     ("vllm.v1.spec_decode.custom_class_proposer", "create_custom_proposer"): "b090d3960d9f49fa",
+    # what the walk and the logprobs reproduce: vLLM's plain-decoding processing order, its bad-word
+    # rule and tokenization, logit bias, raw logprobs and their layout, parsed with the placeholders
+    ("vllm.v1.sample.sampler", "Sampler.forward"): "586fe802add4fd74",
+    ("vllm.v1.sample.sampler", "Sampler.apply_logits_processors"): "4b31813d0881e38a",
+    ("vllm.v1.sample.sampler", "Sampler.gather_logprobs"): "ca39ba3c4e61572e",
+    ("vllm.v1.sample.ops.bad_words", "_apply_bad_words_single_batch"): "184787e669f1d46d",
+    ("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor.apply"): "963e9e7210559980",
+    ("vllm.v1.sample.rejection_sampler", "RejectionSampler.parse_output"): "6090d9b983277064",
+    ("vllm.sampling_params", "SamplingParams.update_from_tokenizer"): "7307b445775fee9b",
 }
 
 

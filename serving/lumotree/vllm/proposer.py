@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from lumotree.model import load_checkpoint
+from lumotree.vllm.logprobs import RAW_MODES
 from lumotree.vllm.settings import SettingsError
 from lumotree.vllm.worker import get_worker
 
@@ -33,6 +34,8 @@ def check_config(vllm_config: Any) -> None:
         "pipeline parallel size 1": parallel.pipeline_parallel_size == 1,
         "vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)": not vllm_config.use_v2_model_runner,
         "no CUDA graphs (--enforce-eager: a tree changes every step)": not uses_cuda_graphs(vllm_config),
+        f"logprobs mode {' or '.join(RAW_MODES)} (got {model.logprobs_mode})": model.logprobs_mode
+        in RAW_MODES,
     }
     missing = [need for need, ok in problems.items() if not ok]
     if missing:

@@ -21,6 +21,7 @@ from lumotree.drafting.mtp import MTPDrafter
 from lumotree.engine.acceptance import history_counts
 from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
+from lumotree.vllm.processing import TokenFilters
 
 _SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
 #: per-request switch (OpenAI API: "vllm_xargs": {"lumotree_drafts": 0}): verify root-only trees
@@ -32,10 +33,8 @@ class UnsupportedRequest(ValueError):
     """A request asks for something the LumoTree sampler does not do (the message names it)."""
 
 
-#: what vLLM requests may ask for that the exact walk does not do
-UNSUPPORTED = ("logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "structured_outputs")
-#: what the sampler does not return (yet): such a request fails when it is sampled
-NOT_RETURNED = ("logprobs", "logprob_token_ids")
+#: what vLLM requests may ask for that the plugin does not do (refused at admission)
+UNSUPPORTED = ("min_tokens", "structured_outputs", "logprob_token_ids")
 
 
 def unsupported_parameters(params: object) -> list[str]:
@@ -43,9 +42,18 @@ def unsupported_parameters(params: object) -> list[str]:
     return [name for name in UNSUPPORTED if getattr(params, name, None)]
 
 
+def drafting(params: object) -> bool:
+    """The request's "lumotree_drafts" switch (default on); UnsupportedRequest for a value that is
+    not 0, 1, true or false."""
+    value = str((getattr(params, "extra_args", None) or {}).get(DRAFTS_ARG, 1)).lower()
+    if value not in ("0", "1", "false", "true"):
+        raise UnsupportedRequest(f"{DRAFTS_ARG} must be 0, 1, true or false, not {value!r}")
+    return value in ("1", "true")
+
+
 def core_sampling(params: object) -> SamplingParams:
     """vLLM SamplingParams -> the core's; UnsupportedRequest naming what the walk cannot honour."""
-    asked = unsupported_parameters(params) + [n for n in NOT_RETURNED if getattr(params, n, None)]
+    asked = unsupported_parameters(params)
     if asked:
         raise UnsupportedRequest(f"the LumoTree sampler does not support {', '.join(asked)}")
     temperature = float(params.temperature)  # type: ignore[attr-defined]
@@ -59,6 +67,9 @@ def core_sampling(params: object) -> SamplingParams:
         presence_penalty=float(params.presence_penalty),  # type: ignore[attr-defined]
         frequency_penalty=float(params.frequency_penalty),  # type: ignore[attr-defined]
         repetition_penalty=float(params.repetition_penalty),  # type: ignore[attr-defined]
+        logit_bias=tuple(
+            sorted((int(t), float(b)) for t, b in (getattr(params, "logit_bias", None) or {}).items())
+        ),
     )
 
 
@@ -96,6 +107,7 @@ class RequestState:
     ) -> None:
         self.drafter, self.mtp = drafter, mtp
         self.sampling = core_sampling(params)
+        self.filters = TokenFilters.of(params)
         seed = getattr(params, "seed", None)
         self.seed = int(seed) if seed is not None else _SEEDS.getrandbits(63)
         self.stop = StopRule(
@@ -105,8 +117,7 @@ class RequestState:
             max_model_len=max_model_len,
         )
         self.vocab = vocab
-        extra = getattr(params, "extra_args", None) or {}
-        self.drafting = str(extra.get(DRAFTS_ARG, 1)).lower() not in ("0", "false")
+        self.drafting = drafting(params)
         self.prompt_seen: Tensor | None = None
         self.pending: TreeDescriptor | None = None
         self.last_hidden: Tensor | None = None  # target row of the last prefilled token

@@ -22,6 +22,7 @@ from lumotree.model.model import HybridLM
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
 from lumotree.vllm.gdn_core import gdn_core
+from lumotree.vllm.logprobs import TokenLogprobs
 from lumotree.vllm.paged_kv import check_layout
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState, UnsupportedRequest
@@ -204,16 +205,21 @@ class LumoTreeWorker:
             self.plan, group, self.kernels, query, key, value, kv_cache, output, kv_layout(layer)
         )
 
-    def sample(self, runner: object, logits: Tensor) -> StepSamples:
-        """The step's tokens in place of vLLM's samplers (publication included)."""
+    def sample(self, runner: object, logits: Tensor) -> tuple[StepSamples, TokenLogprobs | None]:
+        """The step's tokens in place of vLLM's samplers (publication included), and their
+        logprobs when a request of the batch asked for them (vLLM's k: the batch's largest)."""
         assert self.plan is not None and self.hidden is not None and self._layers is not None
         outputs = [runner.requests[r.req_id].output_token_ids for r in self.plan.requests]  # type: ignore[attr-defined]
         # the walk runs on the host (its Philox coins are numpy's); on a GPU that copies the rows
+        logits = logits.cpu()
         samples = sample_step(
-            self.plan, logits.cpu(), self.hidden, self.requests, outputs, self._layers, self.kernels
+            self.plan, logits, self.hidden, self.requests, outputs, self._layers, self.kernels
         )
         self.failed.update(samples.failed)
-        return samples
+        k = runner.input_batch.max_num_logprobs  # type: ignore[attr-defined]
+        if k is None:
+            return samples, None
+        return samples, samples.logprobs(logits, k, runner.model_config.logprobs_mode)  # type: ignore[attr-defined]
 
     def propose(self) -> list[list[int]]:
         """The next step's drafts per request (input-batch order), physical order; trees kept."""
