@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from lumotree.verify.kernel_sets import TreeKernels
+from lumotree.vllm.checkpoints import publish_gdn_path
 from lumotree.vllm.gdn_core import conv_state_view
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.steps import RequestStep, StepPlan
@@ -34,17 +35,13 @@ def publish_accepted(
     tree = req.tree
     assert tree is not None
     path_len = len(accepted)
-    path = tree.padded_path(accepted)
-    states, operands = [], []
+    states, convs, records = [], [], []
     for name, (layer, group) in layers.gdn.items():
-        record = req.gdn[name]
         slot = plan.state_slot(req, group)
         states.append(layer.kv_cache[1][slot])
-        operands.append(record.operands)
-        conv = conv_state_view(layer.kv_cache[0], slot, layer.conv_kernel_size, layers.conv_dim_first)
-        kernels.publish_conv(conv, record.x, path, path_len)
-    if states:
-        kernels.replay(states, operands, path, path_len)
+        convs.append(conv_state_view(layer.kv_cache[0], slot, layer.conv_kernel_size, layers.conv_dim_first))
+        records.append(req.gdn[name])
+    publish_gdn_path(kernels, tree, states, convs, records, accepted)
     if tree.is_spine_prefix(accepted):
         return  # the path's KV already sits at prefix_len .. prefix_len + path_len - 1
     src = tree.prefix_len + tree.slot_map[torch.as_tensor(accepted)]
