@@ -4,8 +4,8 @@ vLLM's prefix cache for hybrid models ("align" mamba cache mode) keeps, for mamb
 request, the recurrent and conv state after exactly (j + 1) * block_size tokens. One tree cycle
 publishes its whole accepted path at once, so when the path crosses a block boundary the boundary's
 state exists only part-way through the replay. `boundary_cuts` says where a path crosses;
-`publish_gdn_path` replays the path segment by segment and hands the states to `save` at each cut.
-The plugin serves mode "none" today (`proposer.check_config`), so its publication has no cuts.
+`publish_gdn_path` replays the path segment by segment and hands the states to `save` at each cut
+(in align mode `align.boundary_saver`; in mode "none" there are no cuts).
 """
 
 from __future__ import annotations
