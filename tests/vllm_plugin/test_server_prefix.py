@@ -4,12 +4,14 @@
 without. A first request with a ~4.3k-token prompt decodes 300 tokens with trees; a request
 repeating its prompt and output (greedy) and one repeating its prompt (seeded) must hit vLLM's
 prefix cache (its `prefix_cache_hits` counter) and give the same tokens as under another
-`cache_salt` (no hit, align mode computing everything) and as the server without prefix caching.
+`cache_salt` (no hit, align mode computing everything), also sent 4 at once, and as the server
+without prefix caching.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -68,6 +70,10 @@ def _complete(url: str, body: dict) -> tuple[list[int], list[int], float]:
     return choice["prompt_token_ids"], choice["token_ids"], hits
 
 
+def _salted(body: dict, model: str, name: str, salt: str) -> dict:
+    return {**body, "model": model} | ({"cache_salt": f"{salt}-{name}"} if salt else {})
+
+
 def test_cached_prefixes_are_not_prefilled_again_and_outputs_equal_uncached_ones(
     checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -88,6 +94,11 @@ def test_cached_prefixes_are_not_prefilled_again_and_outputs_equal_uncached_ones
             assert hits >= len(prompt) // BLOCK * BLOCK and fresh_hits == 0
             assert cached[name] == fresh, name
         assert _counter(url, "vllm:spec_decode_num_accepted_tokens_total") > 100  # trees ran throughout
+        jobs = [(name, salt) for name in requests for salt in ("", "batched")]  # 4 in one vLLM batch
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            batched = list(pool.map(lambda job: _complete(url, _salted(requests[job[0]], model, *job)), jobs))
+        for (name, salt), (_, tokens, _) in zip(jobs, batched, strict=True):
+            assert tokens == cached[name], (name, salt)
     with _server(checkpoint, tmp_path / "uncached.log", caching=False) as (url, model):
         _, first, _ = _complete(url, {**greedy, "model": model, "prompt": PREFIX, "max_tokens": 300})
         assert first == output
