@@ -7,6 +7,7 @@ conv) a chain forward of the accepted path leaves, and move the path's KV rows i
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -14,10 +15,12 @@ from torch import Tensor
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.model.gdn import GatedDeltaNet
 from lumotree.verify.kernel_sets import CPU_FAST, TreeKernels
+from lumotree.vllm.align import move_running_states, running_column
+from lumotree.vllm.checkpoints import boundary_cuts, publish_gdn_path
 from lumotree.vllm.gdn_core import conv_state_view, gdn_core
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.publish import LayerIndex, publish_accepted
-from lumotree.vllm.steps import RequestStep
+from lumotree.vllm.steps import RequestStep, StepPlan
 
 from .fake_vllm import attention_layer, gdn_layer, plan
 from .trees import tree_from_paths
@@ -152,3 +155,118 @@ def test_publication_moves_the_accepted_paths_kv_rows_into_place() -> None:
     placed = step.kv_slots(req, 0, prefix + torch.arange(len(accepted)))
     got_k, got_v = gather_kv(attn.kv_cache, placed, attn.isa)
     assert torch.equal(got_k, keys[accepted]) and torch.equal(got_v, values[accepted])
+
+
+@pytest.mark.parametrize(
+    ("prefix", "path_len", "block_size", "cuts"),
+    [
+        (7, 4, 8, [1]),
+        (5, 4, 8, [3]),
+        (8, 4, 8, []),
+        (6, 12, 4, [2, 6, 10]),
+        (255, 28, 256, [1]),
+        (9, 3, 1, [1, 2, 3]),
+    ],
+)
+def test_boundary_cuts_are_exactly_the_path_lengths_that_end_a_block(
+    prefix: int, path_len: int, block_size: int, cuts: list[int]
+) -> None:
+    assert boundary_cuts(prefix, path_len, block_size) == cuts
+    assert cuts == [k for k in range(1, path_len + 1) if (prefix + k) % block_size == 0]
+
+
+@pytest.mark.parametrize("cut_at", [[1, 3], [2], [4], [1, 2, 3, 4]])
+def test_publication_in_segments_saves_the_state_after_exactly_each_cut(
+    mixer: GatedDeltaNet, tree_kernels: TreeKernels, cut_at: list[int]
+) -> None:
+    """What vLLM's align mode caches for a block must be the state after exactly its tokens, also
+    when the accepted path crosses the block's end part-way."""
+    layer = gdn_layer(mixer, slots=4, spec_width=27)
+    px, pb, pa = _inputs(mixer, 7, seed=3)
+    prefill = plan([_chunk(0, 0, 7, 0)], [[[SLOT]]], [1])
+    gdn_core(layer, prefill, 0, False, tree_kernels, px, pb, pa, torch.zeros(7, 4, 64))
+    conv = conv_state_view(layer.kv_cache[0], SLOT, 4, False)
+    state = layer.kv_cache[1][SLOT]
+    conv0, state0 = conv.clone(), state.clone()
+
+    req = _tree_step(PATHS, prefix=7, start=0)
+    tx, tb, ta = _inputs(mixer, req.tree.rows, seed=4)  # logical order
+    x, b, a = torch.zeros_like(tx), torch.zeros_like(tb), torch.zeros_like(ta)
+    x[req.rows], b[req.rows], a[req.rows] = tx, tb, ta  # vLLM's flat layout: physical order
+    step = plan([req], [[[SLOT]]], [1])
+    gdn_core(layer, step, 0, False, tree_kernels, x, b, a, torch.zeros(req.tree.rows, 4, 64))
+    accepted = req.tree.path_to(int((req.tree.tokens == 8).nonzero()))  # root, 6, 7, 8: off the spine
+    saved: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def save(k: int) -> None:
+        saved[k] = (conv.clone(), state.clone())
+
+    record = req.gdn[layer.prefix]
+    publish_gdn_path(tree_kernels, req.tree, [state], [conv], [record], accepted, cut_at, save)
+    assert sorted(saved) == cut_at
+    for k in [*cut_at, len(accepted)]:
+        path = accepted[:k]
+        _, want_conv, want_state = _chain(mixer, tx[path], tb[path], ta[path], conv0, state0)
+        got_conv, got_state = saved.get(k, (conv, state))  # the last: the durable states
+        torch.testing.assert_close(got_state, want_state, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got_conv, want_conv), k
+
+
+def test_running_column_is_the_block_of_the_last_scheduled_token() -> None:
+    assert [running_column(c, s, 4) for c, s in [(0, 1), (0, 4), (0, 5), (7, 1), (7, 2), (8, 28)]] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        8,
+    ]
+
+
+def test_align_mode_moves_the_running_state_and_publication_saves_the_crossed_block_end(
+    mixer: GatedDeltaNet, tree_kernels: TreeKernels
+) -> None:
+    """Align mode (block size 4): the committed state moves from the last step's column to this
+    step's; publication of a path whose root ends block 1 leaves that block's slot the state after
+    exactly 8 tokens and the running slot the state after the whole path; nothing else written."""
+    layer = gdn_layer(mixer, slots=7, spec_width=27)
+    px, pb, pa = _inputs(mixer, 7, seed=5)
+    gdn_core(
+        layer,
+        plan([_chunk(0, 0, 7, 0)], [[[6]]], [1]),
+        0,
+        False,
+        tree_kernels,
+        px,
+        pb,
+        pa,
+        torch.zeros(7, 4, 64),
+    )
+    conv0 = conv_state_view(layer.kv_cache[0], 6, 4, False).clone()
+    state0 = layer.kv_cache[1][6].clone()
+    table = [0, 4, 6, 0, 5]  # the request's blocks: column 1 -> slot 4, 2 -> 6 (last step's), 4 -> 5
+    untouched = [c.clone() for c in layer.kv_cache]
+
+    req = _tree_step(PATHS, prefix=7, start=0)
+    current = running_column(7, req.tree.rows, 4)
+    assert current == 4
+    layers = LayerIndex({layer.prefix: (layer, 0)}, {}, False)
+    move_running_states(layers.gdn.values(), lambda group: table, 2, current, False)
+    assert torch.equal(layer.kv_cache[1][5], state0)
+    step = StepPlan(
+        [req], [np.asarray([table], dtype=np.int32)], [4], align_block_size=4, state_columns={"r": current}
+    )
+    tx, tb, ta = _inputs(mixer, req.tree.rows, seed=6)
+    x, b, a = torch.zeros_like(tx), torch.zeros_like(tb), torch.zeros_like(ta)
+    x[req.rows], b[req.rows], a[req.rows] = tx, tb, ta
+    gdn_core(layer, step, 0, False, tree_kernels, x, b, a, torch.zeros(req.tree.rows, 4, 64))
+    accepted = req.tree.path_to(int((req.tree.tokens == 8).nonzero()))  # root, 6, 7, 8
+    publish_accepted(step, req, accepted, layers, tree_kernels)
+
+    for slot, nodes in ((4, accepted[:1]), (5, accepted)):
+        _, conv, state = _chain(mixer, tx[nodes], tb[nodes], ta[nodes], conv0, state0)
+        torch.testing.assert_close(layer.kv_cache[1][slot], state, rtol=1e-5, atol=1e-5)
+        assert torch.equal(conv_state_view(layer.kv_cache[0], slot, 4, False), conv)
+    for slot in (0, 1, 2, 3, 6):  # the null block, other requests' slots, the last step's column
+        assert torch.equal(layer.kv_cache[0][slot], untouched[0][slot])
+        assert torch.equal(layer.kv_cache[1][slot], untouched[1][slot])

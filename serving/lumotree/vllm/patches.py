@@ -8,6 +8,8 @@
 - the model runner's `_update_states` and `_prepare_inputs` are followed by the plugin's hooks
   (the step plan, depth positions); with a LumoTree proposer, `_sample` is LumoTree's (first
   tokens, acceptance walks, publication) and `sample_tokens` carries failed requests out;
+- in vLLM's align mamba cache mode (prefix caching) its state moves before and after the forward
+  are the plugin's (`align.py`);
 - the scheduler's `update_from_output` finishes those requests with an error.
 """
 
@@ -140,6 +142,39 @@ def patch_runner(worker: LumoTreeWorker) -> None:
     GPUModelRunner.sample_tokens = sample_tokens
 
 
+def patch_align(worker: LumoTreeWorker) -> None:
+    """vLLM's align-mode state moves (prefix caching on hybrid models), the plugin's: before the
+    forward each request's state is moved to its running column (`worker.align_states`); after it
+    vLLM's per-draft-state copy is skipped, publication having saved the block-boundary states."""
+    from vllm.v1.worker import mamba_utils
+
+    original_pre = mamba_utils.preprocess_mamba
+
+    @functools.wraps(original_pre)
+    def preprocess_mamba(
+        scheduler_output,
+        kv_cache_config,
+        cache_config,
+        mamba_state_idx,
+        input_batch,
+        requests,
+        *args,
+        **kwargs,
+    ):  # type: ignore[no-untyped-def]
+        runner = worker.runner
+        assert runner is not None and runner.mamba_state_idx is mamba_state_idx  # type: ignore[attr-defined]
+        worker.align_states(runner, scheduler_output)
+
+    original_post = mamba_utils.postprocess_mamba_align_gpu
+
+    @functools.wraps(original_post)
+    def postprocess_mamba_align_gpu(*, num_reqs, num_accepted_tokens_cpu_tensor, **kwargs):  # type: ignore[no-untyped-def]
+        num_accepted_tokens_cpu_tensor[:num_reqs] = 1
+
+    mamba_utils.preprocess_mamba = preprocess_mamba
+    mamba_utils.postprocess_mamba_align_gpu = postprocess_mamba_align_gpu
+
+
 def patch_scheduler() -> None:
     """Requests the worker failed finish with an error (vLLM answers HTTP 500; the log names why)."""
     from vllm.logger import init_logger
@@ -214,5 +249,6 @@ def install(worker: LumoTreeWorker) -> None:
         patch_gdn_op(worker)
         patch_attention(worker)
     patch_runner(worker)
+    patch_align(worker)
     patch_scheduler()
     patch_sampling_validation()

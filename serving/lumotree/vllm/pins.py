@@ -41,6 +41,17 @@ PINNED_FUNCTIONS: dict[tuple[str, str], str] = {
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens"): "047e6a4738dead56",
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids"): "a60269aca9de4e25",
     ("vllm.v1.core.sched.scheduler", "Scheduler.schedule"): "da4f2cf2fc39c39e",
+    # align mode (prefix caching): the state moves the plugin replaces, where the runner calls them,
+    # and the manager's rule that the running state sits in the block of the last scheduled token
+    ("vllm.v1.worker.mamba_utils", "preprocess_mamba"): "2eed1bcbe40ca1ef",
+    ("vllm.v1.worker.mamba_utils", "postprocess_mamba_align_gpu"): "ae1bc7ed190ad146",
+    ("vllm.v1.worker.mamba_utils", "cleanup_mamba_state_idx"): "1340ccec692310a1",
+    ("vllm.v1.core.single_type_kv_cache_manager", "MambaManager.allocate_new_blocks"): "a68fab2ee72268ce",
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model"): "e058bf791a298e98",
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner._update_states_after_model_execute",
+    ): "4675c48e4f112af6",
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output"): "85b29db96051135c",
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids"): "f05dcf1d78912b36",
     ("vllm.sampling_params", "SamplingParams._validate_spec_decode"): "13f2065aad2612ad",

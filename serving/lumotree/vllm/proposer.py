@@ -27,8 +27,8 @@ def check_config(vllm_config: Any) -> None:
     problems = {
         f"a Qwen3-Next model (this is {arch})": arch == "Qwen3NextForCausalLM",
         f"dtype float32 or bfloat16 (got {model.dtype})": model.dtype in _DTYPES,
-        "prefix caching off (--no-enable-prefix-caching; hybrid prefix caching is vLLM's 'align' "
-        "mamba mode, not supported)": not cache.enable_prefix_caching,
+        "prefix caching off on CUDA (--no-enable-prefix-caching; the plugin serves vLLM's 'align' "
+        "mamba cache mode on the CPU only)": not (cache.enable_prefix_caching and on_cuda()),
         f"kv-cache-dtype auto (got {cache.cache_dtype})": cache.cache_dtype == "auto",
         "tensor parallel size 1": parallel.tensor_parallel_size == 1,
         "pipeline parallel size 1": parallel.pipeline_parallel_size == 1,
@@ -42,11 +42,15 @@ def check_config(vllm_config: Any) -> None:
         raise SettingsError(f"lumotree.vllm needs {'; '.join(missing)}")
 
 
-def uses_cuda_graphs(vllm_config: Any) -> bool:
+def on_cuda() -> bool:
     from vllm.platforms import current_platform
 
+    return bool(current_platform.is_cuda())
+
+
+def uses_cuda_graphs(vllm_config: Any) -> bool:
     mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
-    return current_platform.is_cuda() and mode is not None and mode.name != "NONE"
+    return on_cuda() and mode is not None and mode.name != "NONE"
 
 
 class LumoTreeProposer:

@@ -6,12 +6,15 @@ computed (prefix_len .. prefix_len + path_len - 1; no move when the path is a sp
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lumotree.verify.kernel_sets import TreeKernels
+from lumotree.vllm.align import boundary_saver
+from lumotree.vllm.checkpoints import boundary_cuts, publish_gdn_path
 from lumotree.vllm.gdn_core import conv_state_view
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.steps import RequestStep, StepPlan
@@ -34,17 +37,26 @@ def publish_accepted(
     tree = req.tree
     assert tree is not None
     path_len = len(accepted)
-    path = tree.padded_path(accepted)
-    states, operands = [], []
+    states, convs, records = [], [], []
     for name, (layer, group) in layers.gdn.items():
-        record = req.gdn[name]
         slot = plan.state_slot(req, group)
         states.append(layer.kv_cache[1][slot])
-        operands.append(record.operands)
-        conv = conv_state_view(layer.kv_cache[0], slot, layer.conv_kernel_size, layers.conv_dim_first)
-        kernels.publish_conv(conv, record.x, path, path_len)
-    if states:
-        kernels.replay(states, operands, path, path_len)
+        convs.append(conv_state_view(layer.kv_cache[0], slot, layer.conv_kernel_size, layers.conv_dim_first))
+        records.append(req.gdn[name])
+    cuts, save = [], None
+    if plan.align_block_size is not None and layers.gdn:
+        cuts = boundary_cuts(tree.prefix_len, path_len, plan.align_block_size)
+        running = plan.state_columns[req.req_id]
+        block_ids = functools.partial(plan.block_ids, req)
+        save = boundary_saver(
+            layers.gdn.values(),
+            block_ids,
+            running,
+            tree.prefix_len,
+            plan.align_block_size,
+            layers.conv_dim_first,
+        )
+    publish_gdn_path(kernels, tree, states, convs, records, accepted, cuts, save)
     if tree.is_spine_prefix(accepted):
         return  # the path's KV already sits at prefix_len .. prefix_len + path_len - 1
     src = tree.prefix_len + tree.slot_map[torch.as_tensor(accepted)]

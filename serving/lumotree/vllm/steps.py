@@ -97,21 +97,30 @@ class StepPlan:
     """Every scheduled request of one step, in input-batch order, and where its state lives.
 
     block_rows[group][index] is vLLM's block-table row of request `index` in KV cache group
-    `group`; block_sizes[group] its block size (tokens per block).
+    `group`; block_sizes[group] its block size (tokens per block). In vLLM's align mamba cache
+    mode (prefix caching) align_block_size is the mamba block size and state_columns[req_id] the
+    block-table column of a request's running state (filled before the forward, `align.py`).
     """
 
     requests: list[RequestStep]
     block_rows: list[object]
     block_sizes: list[int]
+    align_block_size: int | None = None
+    state_columns: dict[str, int] = field(default_factory=dict)
 
     @property
     def trees(self) -> list[RequestStep]:
         return [r for r in self.requests if r.is_tree]
 
     def state_slot(self, req: RequestStep, group: int) -> int:
-        """The mamba-state slot of a request in a GDN layer group (vLLM's mamba cache mode "none":
-        one slot per request, block-table column 0)."""
-        return int(self.block_rows[group][req.index, 0])  # type: ignore[index]
+        """The mamba-state slot of a request's running state in a GDN layer group (mode "none":
+        one slot per request, block-table column 0; mode "align": its state column)."""
+        column = 0 if self.align_block_size is None else self.state_columns[req.req_id]
+        return int(self.block_rows[group][req.index, column])  # type: ignore[index]
+
+    def block_ids(self, req: RequestStep, group: int) -> list[int]:
+        """A request's block table in a KV cache group."""
+        return [int(b) for b in self.block_rows[group][req.index]]  # type: ignore[index]
 
     def kv_blocks(self, req: RequestStep, group: int, tokens: int) -> Tensor:
         """The paged-KV blocks [m] holding a request's first `tokens` positions in a group."""

@@ -21,6 +21,7 @@ from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.model.model import HybridLM
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
+from lumotree.vllm.align import move_running_states, running_column
 from lumotree.vllm.gdn_core import gdn_core
 from lumotree.vllm.logprobs import TokenLogprobs
 from lumotree.vllm.paged_kv import check_layout
@@ -49,6 +50,7 @@ class LumoTreeWorker:
         self._groups: dict[str, int] | None = None
         self._layers: LayerIndex | None = None
         self._conv_dim_first = False
+        self._align_block_size: int | None = None  # the mamba block size in vLLM's align mode
         self.runner: object | None = None  # vLLM's model runner (seen in the first hook)
 
     # ---- the proposer ------------------------------------------------------------------------
@@ -78,9 +80,11 @@ class LumoTreeWorker:
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
         mode = runner.cache_config.mamba_cache_mode  # type: ignore[attr-defined]
-        if mode != "none":
+        on_cuda = runner.device.type == "cuda"  # type: ignore[attr-defined]
+        if mode not in ("none", "align") or (mode == "align" and (on_cuda or not self.trees)):
             raise SettingsError(
-                f"lumotree.vllm serves vLLM's mamba cache mode 'none' (no prefix caching), not {mode!r}"
+                f"lumotree.vllm serves vLLM's mamba cache mode 'none', and 'align' (prefix caching) only "
+                f"with its proposer on the CPU, not {mode!r}"
             )
         config = runner.kv_cache_config  # type: ignore[attr-defined]
         context = runner.compilation_config.static_forward_context  # type: ignore[attr-defined]
@@ -100,7 +104,11 @@ class LumoTreeWorker:
         self._groups = groups
         self._conv_dim_first = is_conv_state_dim_first()
         self._layers = LayerIndex(gdn, attention, self._conv_dim_first)
-        if runner.device.type == "cuda":  # type: ignore[attr-defined]
+        if mode == "align" and gdn:
+            self._align_block_size = config.kv_cache_groups[
+                next(iter(gdn.values()))[1]
+            ].kv_cache_spec.block_size
+        if on_cuda:
             from lumotree.vllm.gpu import disable_fused_decode, triton_kernels
 
             self.kernels = triton_kernels()
@@ -152,7 +160,35 @@ class LumoTreeWorker:
             start += count
             logit += len(drafts) + 1
         tables = batch.block_table.block_tables
-        self.plan = StepPlan(steps, [t.block_table.np for t in tables], [t.block_size for t in tables])
+        self.plan = StepPlan(
+            steps,
+            [t.block_table.np for t in tables],
+            [t.block_size for t in tables],
+            align_block_size=self._align_block_size,
+            state_columns=runner.mamba_state_idx,  # type: ignore[attr-defined]  # filled by align_states
+        )
+
+    def align_states(self, runner: object, scheduler_output: object) -> None:
+        """Align mode, before the forward (in place of vLLM's preprocess_mamba): each request's
+        running-state column, its committed state moved there from the last step's column."""
+        from vllm.v1.worker.mamba_utils import cleanup_mamba_state_idx
+
+        assert self._layers is not None and self._align_block_size is not None
+        columns: dict[str, int] = runner.mamba_state_idx  # type: ignore[attr-defined]
+        cleanup_mamba_state_idx(scheduler_output, columns)
+        batch = runner.input_batch  # type: ignore[attr-defined]
+        size = self._align_block_size
+        for index, req_id in enumerate(batch.req_ids):
+            req = runner.requests[req_id]  # type: ignore[attr-defined]
+            computed = req.num_computed_tokens
+            last = columns.get(req_id, (computed - 1) // size)  # new or resumed: the cache hit's block
+            current = running_column(computed, scheduler_output.num_scheduled_tokens[req_id], size)  # type: ignore[attr-defined]
+            columns[req_id] = current
+            move_running_states(
+                self._layers.gdn.values(), req.block_ids.__getitem__, last, current, self._conv_dim_first
+            )
+            # vLLM's own drafts would be taken from a per-draft state; publication left it complete
+            batch.num_accepted_tokens_cpu[index] = 1
 
     def _state(self, runner: object, req_id: str, restart: bool) -> RequestState | None:
         """The request's state, (re)started when its sequence starts; None once it failed."""
