@@ -86,6 +86,25 @@ def test_chunks_continue_the_state_across_steps(
         assert torch.equal(layer.kv_cache[1][slot], untouched[1][slot])
 
 
+def _prefill_prefix(
+    layer: torch.nn.Module, mixer: GatedDeltaNet, kernels: TreeKernels, slot: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """Prefill a 7-token committed prefix into `slot`; copies of the slot's conv and recurrent state."""
+    px, pb, pa = _inputs(mixer, 7, seed=seed)
+    gdn_core(
+        layer,
+        plan([_chunk(0, 0, 7, 0)], [[[slot]]], [1]),
+        0,
+        False,
+        kernels,
+        px,
+        pb,
+        pa,
+        torch.zeros(7, 4, 64),
+    )
+    return conv_state_view(layer.kv_cache[0], slot, 4, False).clone(), layer.kv_cache[1][slot].clone()
+
+
 def _tree_step(paths: list[list[int]], prefix: int, start: int):
     tree = tree_from_paths(0, paths, prefix_len=prefix)
     step = RequestStep("r", 0, start, tree.rows, [0] * tree.rows, prefix, prompt_len=prefix, tree=tree)
@@ -100,20 +119,7 @@ def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(
     mixer: GatedDeltaNet, tree_kernels: TreeKernels
 ) -> None:
     layer = gdn_layer(mixer, slots=4, spec_width=27)
-    px, pb, pa = _inputs(mixer, 7, seed=1)  # the committed prefix
-    gdn_core(
-        layer,
-        plan([_chunk(0, 0, 7, 0)], [[[SLOT]]], [1]),
-        0,
-        False,
-        tree_kernels,
-        px,
-        pb,
-        pa,
-        torch.zeros(7, 4, 64),
-    )
-    conv0 = conv_state_view(layer.kv_cache[0], SLOT, 4, False).clone()
-    state0 = layer.kv_cache[1][SLOT].clone()
+    conv0, state0 = _prefill_prefix(layer, mixer, tree_kernels, SLOT, seed=1)  # the committed prefix
 
     req = _tree_step(PATHS, prefix=7, start=3)  # rows 0..2 of the batch belong to another request
     n = req.tree.rows
@@ -182,12 +188,9 @@ def test_publication_in_segments_saves_the_state_after_exactly_each_cut(
     """What vLLM's align mode caches for a block must be the state after exactly its tokens, also
     when the accepted path crosses the block's end part-way."""
     layer = gdn_layer(mixer, slots=4, spec_width=27)
-    px, pb, pa = _inputs(mixer, 7, seed=3)
-    prefill = plan([_chunk(0, 0, 7, 0)], [[[SLOT]]], [1])
-    gdn_core(layer, prefill, 0, False, tree_kernels, px, pb, pa, torch.zeros(7, 4, 64))
+    conv0, state0 = _prefill_prefix(layer, mixer, tree_kernels, SLOT, seed=3)
     conv = conv_state_view(layer.kv_cache[0], SLOT, 4, False)
     state = layer.kv_cache[1][SLOT]
-    conv0, state0 = conv.clone(), state.clone()
 
     req = _tree_step(PATHS, prefix=7, start=0)
     tx, tb, ta = _inputs(mixer, req.tree.rows, seed=4)  # logical order
@@ -230,20 +233,7 @@ def test_align_mode_moves_the_running_state_and_publication_saves_the_crossed_bl
     step's; publication of a path whose root ends block 1 leaves that block's slot the state after
     exactly 8 tokens and the running slot the state after the whole path; nothing else written."""
     layer = gdn_layer(mixer, slots=7, spec_width=27)
-    px, pb, pa = _inputs(mixer, 7, seed=5)
-    gdn_core(
-        layer,
-        plan([_chunk(0, 0, 7, 0)], [[[6]]], [1]),
-        0,
-        False,
-        tree_kernels,
-        px,
-        pb,
-        pa,
-        torch.zeros(7, 4, 64),
-    )
-    conv0 = conv_state_view(layer.kv_cache[0], 6, 4, False).clone()
-    state0 = layer.kv_cache[1][6].clone()
+    conv0, state0 = _prefill_prefix(layer, mixer, tree_kernels, 6, seed=5)
     table = [0, 4, 6, 0, 5]  # the request's blocks: column 1 -> slot 4, 2 -> 6 (last step's), 4 -> 5
     untouched = [c.clone() for c in layer.kv_cache]
 

@@ -37,6 +37,20 @@ def copy_state(layer: torch.nn.Module, src: int, dst: int, dim_first: bool) -> N
     layer.kv_cache[1][dst].copy_(layer.kv_cache[1][src])
 
 
+def copy_column(
+    layers: Iterable[tuple[torch.nn.Module, int]],
+    block_ids: Callable[[int], list[int]],
+    src: int,
+    dst: int,
+    dim_first: bool,
+) -> None:
+    """Copy one request's state from block-table column src to column dst in every GDN layer
+    (layer, KV cache group); block_ids(group) is the request's block table in that group."""
+    for layer, group in layers:
+        ids = block_ids(group)
+        copy_state(layer, ids[src], ids[dst], dim_first)
+
+
 def move_running_states(
     layers: Iterable[tuple[torch.nn.Module, int]],
     block_ids: Callable[[int], list[int]],
@@ -46,11 +60,8 @@ def move_running_states(
 ) -> None:
     """One request's committed state from column `last` to column `current` in every GDN layer
     (layer, KV cache group); block_ids(group) is the request's block table in that group."""
-    if last == -1 or last == current:
-        return
-    for layer, group in layers:
-        ids = block_ids(group)
-        copy_state(layer, ids[last], ids[current], dim_first)
+    if last != -1:
+        copy_column(layers, block_ids, last, current, dim_first)
 
 
 def boundary_saver(
@@ -66,9 +77,6 @@ def boundary_saver(
     layers = list(layers)
 
     def save(k: int) -> None:
-        column = (prefix_len + k) // block_size - 1
-        for layer, group in layers:
-            ids = block_ids(group)
-            copy_state(layer, ids[running], ids[column], dim_first)
+        copy_column(layers, block_ids, running, (prefix_len + k) // block_size - 1, dim_first)
 
     return save
