@@ -38,6 +38,9 @@ FAMILIES = (
 )
 
 
+TOP_KERNELS = 25  # the longest kernels of an arm's eager cycle listed by name
+
+
 def family(name: str) -> str:
     low = name.lower()
     return next((fam for fam, keys in FAMILIES if any(k in low for k in keys)), "other elementwise")
@@ -61,11 +64,13 @@ def profile_arm(model: HybridLM, arm: Arm, ctx: int, cycles: int, warmup: int) -
         entry["count"] += len(times)
         entry["ms"] += sum(times)
     busy = sum(f["ms"] for f in families.values())
+    by_name = sorted(((name, len(t), sum(t)) for name, t in kernels.items()), key=lambda e: -e[2])
     return timed | {
         "kernels": sum(int(f["count"]) for f in families.values()),
         "kernel_ms": busy,
         "launch_gaps_ms": timed["cycle_ms"] - busy,
         "families": dict(sorted(families.items(), key=lambda kv: -kv[1]["ms"])),
+        "top_kernels": [{"name": n[:120], "count": c, "ms": ms} for n, c, ms in by_name[:TOP_KERNELS]],
     }
 
 
@@ -98,6 +103,9 @@ def markdown(doc: dict) -> str:
             f = doc["arms"][name]["families"].get(fam)
             cells.append(f"{int(f['count'])}, {f['ms']:.3f}" if f else "")
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    for name, a in doc["arms"].items():
+        lines += ["", f"The longest kernels of the {name} cycle (count, device ms):", ""]
+        lines += [f"- {k['name']}: {k['count']}, {k['ms']:.4f}" for k in a.get("top_kernels", [])]
     return "\n".join(lines) + "\n"
 
 

@@ -137,6 +137,14 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     return o, lse
 
 
+def attention_splits(device: torch.device, hq: int, hkv: int, capacity: int) -> int:
+    """Cache partitions that depend on the model and the cache alone, not on the rows verified:
+    the split count of a one-row step (its query tile per KV head), so that a verified row sums its
+    keys in the same partitions as the autoregressive step at its position."""
+    programs = triton.cdiv(hq // hkv, AttentionConfig().block_m) * hkv
+    return min(default_splits(device, programs, ATTENTION_WAVES), triton.cdiv(capacity, MIN_KEYS_PER_SPLIT))
+
+
 def attention_config(rows: int, hq: int, hkv: int) -> AttentionConfig:
     """Query tiles no taller than the grouped rows need (16 at least: the matmul tile)."""
     base = AttentionConfig()

@@ -203,9 +203,12 @@ def split_counts(device: torch.device, blocks: int) -> Tensor:
     return _COUNTS[key]
 
 
-def check_skinny_operands(x: Tensor, w: Tensor, out: Tensor | None) -> None:
+def check_skinny_operands(
+    x: Tensor, w: Tensor, out: Tensor | None, out_dtype: torch.dtype | None = None
+) -> None:
     """ValueError unless x [M, K] and w [N, K] match in dtype (bf16 / fp32) and device, w is
-    contiguous, x's rows are contiguous and `out` (if given) is a contiguous [M, N] of x's dtype."""
+    contiguous, x's rows are contiguous, the output dtype is x's or float32 and `out` (if given) is
+    a contiguous [M, N] of that dtype."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"x and w must be 2-D, got x {tuple(x.shape)} and w {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
@@ -218,10 +221,13 @@ def check_skinny_operands(x: Tensor, w: Tensor, out: Tensor | None) -> None:
         raise ValueError("w must be contiguous (row-major [N, K])")
     if x.shape[1] > 1 and x.stride(1) != 1:
         raise ValueError(f"x's rows must be contiguous (stride(1) == 1), got strides {x.stride()}")
+    want = out_dtype or x.dtype
+    if want not in (x.dtype, torch.float32):
+        raise ValueError(f"the output dtype must be {x.dtype} or torch.float32, got {want}")
     if out is not None:
-        if out.shape != (x.shape[0], w.shape[0]) or out.dtype != x.dtype or out.device != x.device:
+        if out.shape != (x.shape[0], w.shape[0]) or out.dtype != want or out.device != x.device:
             raise ValueError(
-                f"out must be [{x.shape[0]}, {w.shape[0]}] {x.dtype} on {x.device}, "
+                f"out must be [{x.shape[0]}, {w.shape[0]}] {want} on {x.device}, "
                 f"got {tuple(out.shape)} {out.dtype} on {out.device}"
             )
         if not out.is_contiguous():
@@ -229,16 +235,22 @@ def check_skinny_operands(x: Tensor, w: Tensor, out: Tensor | None) -> None:
 
 
 def skinny_linear(
-    x: Tensor, w: Tensor, out: Tensor | None = None, config: SkinnyConfig | None = None
+    x: Tensor,
+    w: Tensor,
+    out: Tensor | None = None,
+    config: SkinnyConfig | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """x[M, K] @ w[N, K]^T into `out` (or a new tensor); the Triton kernel for 1..32 rows, F.linear
-    (cuBLAS) above that or for no rows."""
-    check_skinny_operands(x, w, out)
+    """x[M, K] @ w[N, K]^T into `out` (or a new tensor of `out_dtype`: x's dtype, or float32 for
+    the fp32 accumulators unrounded); the Triton kernel for 1..32 rows, F.linear (cuBLAS) above
+    that or for no rows."""
+    check_skinny_operands(x, w, out, out_dtype)
     (m, k), n = x.shape, w.shape[0]
+    dtype = out.dtype if out is not None else out_dtype or x.dtype
     if m == 0 or m > MAX_ROWS:
-        y = F.linear(x, w)
+        y = torch.mm(x, w.t(), out_dtype=dtype) if dtype != x.dtype else F.linear(x, w)
         return y if out is None else out.copy_(y)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    y = torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     split = cfg.splits > 1
