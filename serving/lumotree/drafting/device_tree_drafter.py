@@ -123,6 +123,7 @@ def suffix_pick_kernel(
     DEPTH: tl.constexpr,
     K: tl.constexpr,
     MAXM: tl.constexpr,
+    MAXMP: tl.constexpr,
     PER_KEY: tl.constexpr,
     PK: tl.constexpr,
     NBP: tl.constexpr,
@@ -162,33 +163,35 @@ def suffix_pick_kernel(
     first = _source_token(hist_ptr, cache_ptr, from_hist, start, has & (start < src_len), SEP)
     valid = has & (start < src_len) & (first != SEP)
 
-    # (every load below depends on the candidates alone, not on the step before: this code is
-    # latency-bound, and independent loads are in flight together)
-    # match length: extend each occurrence backwards while it equals the context
-    matched = tl.full([2 * PK], K, dtype=tl.int32)
-    alive = valid
-    for t in tl.static_range(K, MAXM):
-        want = _context_token(hist_ptr, hist_len, spine_ptr, n_extra, t)
-        at = start - 1 - t
-        same = _source_token(hist_ptr, cache_ptr, from_hist, at, valid & (at >= 0), -3) == want
-        alive = tl.where(t < reach, alive & same, False)
-        matched += alive.to(tl.int32)
+    # Every token the ranking reads is loaded up front as two tiles (the code is latency-bound: one
+    # round of loads instead of a chain of them): the context behind each occurrence, and the
+    # continuation after it.
+    # match length: how far each occurrence extends backwards while it equals the context
+    t = tl.arange(0, MAXMP)
+    want = _context_token(hist_ptr, hist_len, spine_ptr, n_extra, t)
+    at = start[:, None] - 1 - t[None, :]
+    behind_ok = valid[:, None] & (at >= 0) & (t[None, :] < MAXM)
+    behind = _source_token(hist_ptr, cache_ptr, from_hist[:, None], at, behind_ok, -3)
+    checked = (t[None, :] >= K) & (t[None, :] < reach)
+    stop = tl.min(tl.where(checked & (behind != want[None, :]), t[None, :], reach), axis=1)
+    matched = tl.where(valid, tl.maximum(stop, K), K).to(tl.int32)
 
     # continuation lengths (to the source's end, a separator, or `length`)
-    cont_len = tl.zeros([2 * PK], dtype=tl.int32)
-    going = valid
-    for u in tl.static_range(LENP):
-        ok = tl.where(u < length, valid & (start + u < src_len), False)
-        token = _source_token(hist_ptr, cache_ptr, from_hist, start + u, ok, SEP)
-        going = going & ok & (token != SEP)
-        cont_len += going.to(tl.int32)
+    u = tl.arange(0, LENP)
+    ahead_at = start[:, None] + u[None, :]
+    ok = valid[:, None] & (u[None, :] < length) & (ahead_at < src_len[:, None])
+    ahead = _source_token(hist_ptr, cache_ptr, from_hist[:, None], ahead_at, ok, SEP)
+    ends = tl.min(tl.where(ahead == SEP, u[None, :], LENP), axis=1)
+    cont_len = tl.where(valid, ends, 0).to(tl.int32)
     real = valid & (cont_len > 0)
     order = tl.where(real, (MAXM - matched) * (2 * PK) + c, 1 << 30)  # longer, hist first, later first
 
     # distinct continuations: a candidate repeating a better one's continuation is skipped
+    inside_cont = real[:, None] & (u[None, :] < cont_len[:, None])
+    ahead = tl.where(inside_cont, ahead, SEP)
     same = cont_len[:, None] == cont_len[None, :]
-    for u in tl.static_range(LENP):
-        token = _source_token(hist_ptr, cache_ptr, from_hist, start + u, real & (u < cont_len), SEP)
+    for step in tl.static_range(LENP):
+        token = tl.sum(tl.where(u[None, :] == step, ahead, 0), axis=1)
         same = same & (token[:, None] == token[None, :])
     better = order[None, :] < order[:, None]  # [a, b]: b ranks before a
     repeat = tl.sum((same & better & real[None, :]).to(tl.int32), axis=1) > 0
@@ -201,10 +204,8 @@ def suffix_pick_kernel(
     tl.debug_barrier()
     slot = lookup * NCP + tl.where(chosen, rank, 0)
     tl.store(picked_len_ptr + slot, cont_len.to(tl.int64), mask=chosen)
-    for u in tl.static_range(LENP):
-        keep = chosen & (u < cont_len)
-        token = _source_token(hist_ptr, cache_ptr, from_hist, start + u, keep, 0)
-        tl.store(picked_ptr + slot * LENP + u, token, mask=keep)
+    keep = chosen[:, None] & inside_cont
+    tl.store(picked_ptr + slot[:, None] * LENP + u[None, :], ahead, mask=keep)
 
 
 @triton.jit
@@ -342,7 +343,7 @@ class DeviceTreeDrafter:
         k: int,
         history: int,
         device: torch.device | str,
-        block: int = 1024,
+        block: int = 4096,
     ) -> None:
         if depth != geometry.depth_mtp:
             raise ValueError(f"the tree's spine has {geometry.depth_mtp} MTP drafts, the drafter {depth}")
@@ -415,7 +416,7 @@ class DeviceTreeDrafter:
         suffix_pick_kernel[(2,)](
             self.hist, self.hist_len, self.cache, self.cache_len, spine, self.counts, self.ends,
             self.picked, self.picked_len, DEPTH=self.depth, K=self.key_len, MAXM=self.max_match,
-            PER_KEY=self.per_key, PK=self.pk, NBP=self.nbp, TAIL=geo.tail_len, MAXD=geo.max_depth,
+            MAXMP=triton.next_power_of_2(self.max_match), PER_KEY=self.per_key, PK=self.pk, NBP=self.nbp, TAIL=geo.tail_len, MAXD=geo.max_depth,
             CANDIDATES=2 * n_rescue, LENP=self.lenp, NCP=self.ncp, num_warps=4,
         )  # fmt: skip
         paper_tree_kernel[(1,)](
