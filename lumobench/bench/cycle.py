@@ -21,10 +21,10 @@ Also: GDN verification of the 48 GDN layers in model order (one launch per layer
 rows), tree attention at each context against its KV-read floor, and memory.
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
-the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM up to 16 rows),
-"fused-cublas" the same with cuBLAS for every projection, "fused-skinny-all" with the skinny GEMM
-for every projection up to 16 rows (also where it lost to cuBLAS before), "unfused" the engine
-with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
+the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
+to 32 rows: row-invariant), "fused-skinny" the skinny GEMM only where it beat cuBLAS, up to 16 rows
+(the fastest mix, not row-invariant), "fused-cublas" cuBLAS for every projection, "unfused" the
+engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
 named is timed at every context, the others at the first; each variant's AR cycle is also
 profiled once eagerly (kernel count, GEMM time against the rest).
 
@@ -68,9 +68,9 @@ from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
-    "fused": ("auto", "skinny"),
+    "fused": ("auto", "exact"),
+    "fused-skinny": ("auto", "skinny"),
     "fused-cublas": ("auto", "cublas"),
-    "fused-skinny-all": ("auto", "skinny-all"),
     "unfused": ("off", "cublas"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
@@ -557,8 +557,8 @@ def cycle_command(
     variants: Annotated[
         str,
         typer.Option(
-            help="Comma-separated, the headline first: fused (the product path), fused-cublas, "
-            "fused-skinny-all, unfused."
+            help="Comma-separated, the headline first: fused (the product path), fused-skinny, "
+            "fused-cublas, unfused."
         ),
     ] = "fused,fused-cublas,unfused",
     draft_vocab: Annotated[

@@ -7,11 +7,12 @@ token at the same position (CUDA only; the shipped model's shapes, bfloat16 by d
 The speculative arms give the AR arm's tokens only if every op gives a row the same bits whatever
 the other rows of its tree (DESIGN §3.4: the walk accepts the target's own choice per row). Each
 family is checked in the form the engine runs and, where one exists, in a row-invariant form:
-- GEMMs: `ops.linear` (the engine's choice per shape and row count) vs the skinny kernel on every
-  shape up to 32 rows; the vocabulary projection in fp32 (cuBLAS vs the skinny kernel);
-- tree attention: the engine's split count and query tile (they follow the row count) vs fixed ones;
-- GDN: the tree WY kernel (the engine's) vs the path scan, chain rows against one-row steps
-  published by the replay kernel.
+- GEMMs: `ops.linear` (the engine's: the skinny kernel on every shape up to 32 rows) vs cuBLAS; the
+  vocabulary projection with fp32 output (the engine's skinny kernel vs cuBLAS);
+- tree attention: the engine's (a query tile and split count fixed per model and cache) vs a query
+  tile sized to the rows (the engine's choice before 2026-12-03);
+- GDN: the row scan (the engine's) vs the tree WY kernel and the path scan, chain rows against
+  one-row steps of the same form, each published by the replay kernel before the next.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Annotated
 
 import torch
+import torch.nn.functional as F
+import triton
 import typer
 from torch import Tensor
 
@@ -38,6 +41,10 @@ from lumotree.verify.gdn.reference import GdnInputs
 CHAIN = 6  # rows of an MTP-5 cycle
 TREE_ROWS = 32  # rows of the paper tree's verification (the chain padded into them)
 MAX_DEPTH = 8
+# Qwen3.5-27B projections (N, K): QKV + gate of attention and GDN, the MLP's gate-up, the output
+# projections of GDN and the MLP (results/h200/skinny_gemm.md); and its vocabulary
+QWEN_27B_SHAPES = [(16480, 5120), (14336, 5120), (34816, 5120), (5120, 6144), (5120, 17408)]
+QWEN_27B_VOCAB = 248320
 
 
 def compare(rows: Tensor, steps: Tensor) -> dict:
@@ -52,19 +59,15 @@ def compare(rows: Tensor, steps: Tensor) -> dict:
 
 
 def gemm_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator) -> list[dict]:
-    """Every distinct projection shape: rows of M-row calls against one-row calls."""
-    shapes = sorted(
-        {
-            tuple(p.shape)
-            for name, p in model.named_parameters()
-            if p.dim() == 2 and "embed" not in name and p.shape[0] > 1
-        }
-    )
+    """Every distinct projection shape of the model, and the 27B's: rows of M-row calls against
+    one-row calls."""
+    own = {tuple(p.shape) for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name}
+    shapes = sorted(own) + QWEN_27B_SHAPES
     cases = []
     for n, k in shapes:
         w = torch.randn(n, k, generator=gen, device="cuda").to(dtype) / math.sqrt(k)
         x = torch.randn(TREE_ROWS, k, generator=gen, device="cuda").to(dtype)
-        forms = {"ops.linear": ops.linear, "skinny": skinny_linear}
+        forms = {"ops.linear (engine)": ops.linear, "cuBLAS": F.linear}
         for form, gemm in forms.items():
             fn = lambda a, gemm=gemm, w=w: gemm(a, w)  # noqa: E731
             one = torch.cat([fn(x[i : i + 1]) for i in range(TREE_ROWS)])
@@ -74,28 +77,42 @@ def gemm_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator)
 
 
 def logits_cases(model: torch.nn.Module, gen: torch.Generator) -> list[dict]:
-    """The vocabulary projection with fp32 output, bf16 operands."""
-    w = model.lm_head.weight.detach().to(torch.bfloat16).contiguous()
+    """The vocabulary projection with fp32 output, bf16 operands: the model's and the 27B's."""
+    cases = []
+    own = model.lm_head.weight.detach().to(torch.bfloat16).contiguous()
+    big = (0.02 * torch.randn(QWEN_27B_VOCAB, 5120, generator=gen, device="cuda")).to(torch.bfloat16)
+    for w in (own, big):
+        cases += vocab_cases(w, gen)
+    return cases
+
+
+def vocab_cases(w: Tensor, gen: torch.Generator) -> list[dict]:
+    """One vocabulary weight [V, H]: rows of M-row projections against one-row ones."""
     x = torch.randn(TREE_ROWS, w.shape[1], generator=gen, device="cuda").to(torch.bfloat16)
     forms = {
-        "cublas fp32 out": lambda a: torch.mm(a, w.t(), out_dtype=torch.float32),
-        "skinny fp32 out": lambda a: skinny_linear(a, w, out_dtype=torch.float32),
+        "skinny fp32 out (engine)": lambda a: skinny_linear(a, w, out_dtype=torch.float32),
+        "cuBLAS fp32 out": lambda a: torch.mm(a, w.t(), out_dtype=torch.float32),
     }
     cases = []
     for form, fn in forms.items():
         one = torch.cat([fn(x[i : i + 1]) for i in range(TREE_ROWS)])
         for m in (CHAIN, TREE_ROWS):
-            cases.append({"op": "logits", "form": form, "m": m} | compare(fn(x[:m]), one[:m]))
+            cases.append(
+                {"op": f"logits {w.shape[0]}x{w.shape[1]}", "form": form, "m": m}
+                | compare(fn(x[:m]), one[:m])
+            )
     return cases
 
 
-def attention_once(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, fixed: bool) -> Tensor:
-    """The engine's entry point, or the kernel with a split count and query tile fixed per model."""
-    if not fixed:
+def attention_once(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, engine: bool) -> Tensor:
+    """The engine's entry point, or the kernel with a query tile no taller than the rows need."""
+    if engine:
         return device_ops.tree_attention(q, k_cache, v_cache, tree)[0]
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
-    config = AttentionConfig(block_m=64)
+    config = AttentionConfig(
+        block_m=min(AttentionConfig().block_m, max(16, triton.next_power_of_2(rows * hq // hkv)))
+    )
     splits = device_ops.attention_splits(q.device, hq, hkv, k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
@@ -118,18 +135,18 @@ def attention_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Gener
             torch.randn(capacity, hkv, dim, generator=gen, device="cuda").to(dtype) for _ in range(2)
         )
         q = torch.randn(TREE_ROWS, hq, dim, generator=gen, device="cuda").to(dtype)
-        for fixed in (False, True):
+        for engine in (True, False):
             steps = []
             for d in range(CHAIN):
                 one = DeviceTree(1, MAX_DEPTH, "cuda").load_(chain_tree([d], prefix_len=prefix + d))
-                steps.append(attention_once(q[d : d + 1], k_cache, v_cache, one, fixed))
+                steps.append(attention_once(q[d : d + 1], k_cache, v_cache, one, engine))
             steps_t = torch.cat(steps)
             for rows in (CHAIN, TREE_ROWS):
                 tree = DeviceTree(rows, MAX_DEPTH, "cuda").load_(
                     chain_tree(list(range(CHAIN)), prefix_len=prefix, rows=rows)
                 )
-                got = attention_once(q[:rows].contiguous(), k_cache, v_cache, tree, fixed)[:CHAIN]
-                form = "fixed splits, 64-row tiles" if fixed else "engine"
+                got = attention_once(q[:rows].contiguous(), k_cache, v_cache, tree, engine)[:CHAIN]
+                form = "fixed tile and splits (engine)" if engine else "tile sized to the rows"
                 case = {"op": f"attention {capacity} cache", "form": form, "m": rows}
                 cases.append(case | compare(got, steps_t))
     return cases
@@ -152,27 +169,32 @@ def gdn_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator) 
     state0 = rand(hv, dv, dk) * 0.1
     accepted = torch.zeros(MAX_DEPTH + 1, dtype=torch.int64, device="cuda")
     cases = []
-    for form in ("tree WY (engine)", "path scan"):
+    forms = {
+        "row scan (engine)": device_ops.GdnConfig(form="rows"),
+        "tree WY": device_ops.GdnConfig(form="wy"),
+        "path scan": None,
+    }
+    for form, config in forms.items():
         state = state0.clone()
         steps = []
         for d in range(CHAIN):
             row = x.map(lambda t, d=d: t[d : d + 1] if t.dim() > 1 else t)
-            if form == "path scan":
+            if config is None:
                 result = scan.gdn_verify(row, state, chain_tree([d], prefix_len=100 + d))
             else:
                 one = DeviceTree(1, MAX_DEPTH, "cuda").load_(chain_tree([d], prefix_len=100 + d))
-                result = device_ops.gdn_verify(row, state, one)
+                result = device_ops.gdn_verify(row, state, one, config)
             steps.append(result.o)
             device_ops.replay([state], [result.operands], accepted, 1)
         steps_t = torch.cat(steps)
         for rows in (CHAIN, TREE_ROWS):
             chain = chain_tree(list(range(CHAIN)), prefix_len=100, rows=rows)
             sub = x.map(lambda t, rows=rows: t[:rows].contiguous() if t.dim() > 1 else t)
-            if form == "path scan":
+            if config is None:
                 got = scan.gdn_verify(sub, state0.clone(), chain).o
             else:
                 tables = DeviceTree(rows, MAX_DEPTH, "cuda").load_(chain)
-                got = device_ops.gdn_verify(sub, state0.clone(), tables).o
+                got = device_ops.gdn_verify(sub, state0.clone(), tables, config).o
             cases.append({"op": "GDN", "form": form, "m": rows} | compare(got[:CHAIN], steps_t))
     return cases
 

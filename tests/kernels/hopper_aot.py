@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
-from lumotree.verify.gdn import tree_scan, tree_value_major
+from lumotree.verify.gdn import row_scan, tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
 QWEN = dict(H=16, HV=48, K=128)
@@ -50,6 +50,7 @@ KERNELS = {
         dict(QWEN, V=128, BV=64, RP=32, BK=32, ROUNDS=11, PRODUCT=False, PRECISION="tf32x3"),
         dict(num_warps=8),
     ),
+    "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8), dict(num_warps=1)),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
 for block_n, block_k, tiles, splits in (
@@ -67,7 +68,7 @@ for block_n, block_k, tiles, splits in (
         SKINNY_DIVISIBLE,
     )
 # The device tree drafter's launches at the paper geometry (5-depth spine, top-3, tail 6, rescues 4
-# and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 1024-token blocks
+# and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 4096-token blocks
 TYPES |= {
     f"{name}_ptr": "*i64"
     for name in (
@@ -83,12 +84,25 @@ KERNELS["tree drafter append"] = (
 )
 KERNELS["tree drafter scan"] = (
     tree_drafter.suffix_scan_kernel,
-    dict(DEPTH=5, K=2, PK=32, BLOCK=1024, NBH=33, NBP=256),
+    dict(DEPTH=5, K=2, PK=32, BLOCK=4096, NBH=9, NBP=64),
     dict(num_warps=4),
 )
 KERNELS["tree drafter pick"] = (
     tree_drafter.suffix_pick_kernel,
-    dict(DEPTH=5, K=2, MAXM=24, PER_KEY=32, PK=32, NBP=256, TAIL=6, MAXD=11, CANDIDATES=4, LENP=16, NCP=4),
+    dict(
+        DEPTH=5,
+        K=2,
+        MAXM=24,
+        MAXMP=32,
+        PER_KEY=32,
+        PK=32,
+        NBP=64,
+        TAIL=6,
+        MAXD=11,
+        CANDIDATES=4,
+        LENP=16,
+        NCP=4,
+    ),
     dict(num_warps=4),
 )
 KERNELS["tree drafter assemble"] = (

@@ -45,6 +45,18 @@ def test_skinny_linear_matches_float64_at_qwen_shapes(n: int, k: int, m: int) ->
     assert error < 1e-2, f"relative Frobenius error {float(error):.2e}"
 
 
+@pytest.mark.parametrize("m", ROWS)
+def test_fp32_outputs_keep_the_accumulators_at_the_27b_vocabulary(m: int) -> None:
+    # the engine's logits: bf16 operands, fp32 accumulation written without rounding to bf16
+    w, x = _weights(248320, 5120), _rows(m, 5120)
+    y = poisoned((m, 248320), torch.float32, CUDA)
+    skinny_linear(x, w, out=y, out_dtype=torch.float32)
+    assert_written(y)
+    expected = x.double() @ w.double().t()
+    error = torch.linalg.norm(y.double() - expected) / torch.linalg.norm(expected)
+    assert error < 1e-4, f"relative Frobenius error {float(error):.2e}"
+
+
 # Expected to hold on the GPU: every row tile is the same [BLOCK_N, BLOCK_K] x [BLOCK_K, 16] dot in the
 # same K order for every M, and an MMA computes each output element from its own row and column only.
 # What is not documented is that the tensor core's per-element sum order is the same in every column

@@ -65,6 +65,20 @@ def test_each_row_equals_the_one_row_call_bitwise(m: int) -> None:
         assert torch.equal(batch[i : i + 1], skinny_linear(x[i : i + 1], w, config=CONFIG)), f"row {i}"
 
 
+def test_bf16_operands_can_write_fp32_outputs_above_32_rows_too() -> None:
+    # (the interpreter's tl.dot multiplies bf16 bit patterns: the kernel's bf16 -> fp32 products are
+    # checked on the GPU, test_gpu_skinny_gemm.py; here the fallback and the checks)
+    x, w = (t.to(torch.bfloat16) for t in _case(33, 70, seed=61))
+    y = poisoned((33, 70), torch.float32)
+    assert skinny_linear(x, w, out=y, out_dtype=torch.float32) is y
+    assert_written(y)
+    torch.testing.assert_close(y, skinny_linear_reference(x.float(), w.float()), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="output dtype"):
+        skinny_linear(x[:3], w, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="out must be"):
+        skinny_linear(x[:3], w, out=torch.zeros(3, 70, dtype=torch.bfloat16), out_dtype=torch.float32)
+
+
 def test_more_than_32_rows_fall_back_to_f_linear() -> None:
     x, w = _case(33, 40, seed=9)
     _into_poisoned_output(x, w)

@@ -35,7 +35,7 @@ def compiled() -> dict:
 @pytest.mark.parametrize(
     "kernel",
     [
-        "value-major prepare", "value-major apply", "tree-parallel", "tree drafter append",
+        "value-major prepare", "value-major apply", "tree-parallel", "row scan", "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble",
     ],
 )  # fmt: skip

@@ -416,8 +416,9 @@ class DeviceTreeDrafter:
         suffix_pick_kernel[(2,)](
             self.hist, self.hist_len, self.cache, self.cache_len, spine, self.counts, self.ends,
             self.picked, self.picked_len, DEPTH=self.depth, K=self.key_len, MAXM=self.max_match,
-            MAXMP=triton.next_power_of_2(self.max_match), PER_KEY=self.per_key, PK=self.pk, NBP=self.nbp, TAIL=geo.tail_len, MAXD=geo.max_depth,
-            CANDIDATES=2 * n_rescue, LENP=self.lenp, NCP=self.ncp, num_warps=4,
+            MAXMP=triton.next_power_of_2(self.max_match), PER_KEY=self.per_key, PK=self.pk, NBP=self.nbp,
+            TAIL=geo.tail_len, MAXD=geo.max_depth, CANDIDATES=2 * n_rescue, LENP=self.lenp, NCP=self.ncp,
+            num_warps=4,
         )  # fmt: skip
         paper_tree_kernel[(1,)](
             self.hist, self.hist_len, spine, topk, self.picked, self.picked_len, self.rescue_lens,

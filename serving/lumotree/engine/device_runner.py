@@ -46,6 +46,7 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.mtp import MTPProposal
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.runner import CycleResult, Follow, Runner
+from lumotree.model.fused.skinny_gemm import skinny_linear
 from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.model import HybridLM
 from lumotree.model.tree_mode import TreeForward, check_capacity, publish_path_, tree_forward
@@ -192,10 +193,11 @@ class DeviceRunner(Runner):
         A bfloat16 model's vocabulary projection still writes fp32 logits (bf16 operands, fp32
         accumulation and output): bf16-rounded logits move a probability by up to ~6 % when one
         row's hidden state differs in a last bit between trees of other shapes, which flips
-        near-tied sampling races between the AR, chain and tree arms."""
+        near-tied sampling races between the AR, chain and tree arms (up to 32 rows the projection
+        is the skinny GEMM, whose rows do not depend on how many are computed together)."""
         weight = self.model.lm_head.weight
         if hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16:
-            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+            return skinny_linear(hidden, weight, out_dtype=torch.float32)
         return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()

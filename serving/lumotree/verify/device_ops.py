@@ -1,14 +1,22 @@
 """The `triton` kernel set's entry points: the reference signatures, with the tree given as a
 `DeviceTree` (static device tables) and the accepted path as device tensors (the walk's outputs).
 
+Row invariance: a verified row gets the bits the one-row (AR) step gets for the same token at the
+same position, whatever the other rows of its tree, in every op family here and in the fused
+projections (`lumobench.bench.row_invariance` checks each on the GPU). So the speculative arms emit
+the AR arm's tokens in bfloat16 too, where a last-bit difference tips a near-tied sample now and then.
+
 Each function calls the caller-owned form of its op family's Triton kernel and reads every
 per-cycle value from device memory, so a forward or a publication built from them can be captured
 once in a CUDA graph and replayed for later trees: no host value of the tree enters a launch.
 Outputs are allocated per call (inside a captured graph they come from the graph's pool).
 
-- GDN verification in model order: `tree_scan.gdn_tree_` (the tree WY form), one launch per layer;
+- GDN verification in model order, one launch per layer: `row_scan.gdn_rows_` (the default: every
+  row carried down its ancestry with the replay's arithmetic, the AR step's bits) or
+  `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
-- tree attention `decode.tree_attention_` (split-K over the prefix, grouped heads, ancestry bits);
+- tree attention `decode.tree_attention_` (split-K over the prefix, grouped heads, ancestry bits),
+  with a query tile and a split count fixed per model and cache, whatever the rows verified;
 - publication: all GDN layers' replay in one launch (`replay.replay_layers_` on the stacked
   state bank), `fused_conv.publish_conv_kernel` per layer, `decode.publish_kv_device_` per layer.
 """
@@ -35,11 +43,13 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
+from lumotree.verify.gdn.row_scan import gdn_rows_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
-# Tree attention's cache partitions (fixed rows, see attention/decode.py): enough for
-# ATTENTION_WAVES waves of programs, but none shorter than MIN_KEYS_PER_SPLIT cache rows (the merge
-# reads every partition). At 2048 rows a split, a 1-row step at 4K context ran 16 programs and took
+# Tree attention's cache partitions (fixed rows, see attention/decode.py): enough for the one-row
+# step to make ATTENTION_WAVES waves of programs, but none shorter than MIN_KEYS_PER_SPLIT cache rows
+# (the merge reads every partition); a tree runs the same partitions (its extra query tiles make more
+# programs). At 2048 rows a split, a 1-row step at 4K context ran 16 programs and took
 # ~77 us a layer on the H200 (cycle.md).
 ATTENTION_WAVES = 2
 MIN_KEYS_PER_SPLIT = 256
@@ -47,9 +57,11 @@ MIN_KEYS_PER_SPLIT = 256
 
 @dataclass(frozen=True)
 class GdnConfig:
-    """Launch configuration of the per-layer GDN tree kernel (see tree_scan.py and NOTES: on the
-    H200 the fastest per-layer form measured was tf32x3, 64-wide value tiles, 8 warps)."""
+    """The per-layer GDN verification: form "rows" (the row scan, AR's bits) or "wy" (the tree WY
+    kernel, whose launch settings follow: see tree_scan.py and NOTES, on the H200 the fastest
+    per-layer form measured was tf32x3, 64-wide value tiles, 8 warps)."""
 
+    form: str = "rows"
     block_v: int = 64
     num_warps: int = 8
     precision: str = "tf32x3"
@@ -61,6 +73,10 @@ class GdnConfig:
         if device.type == "cuda":
             return cls()
         return cls(block_v=32, num_warps=4, precision="ieee")
+
+    def __post_init__(self) -> None:
+        if self.form not in ("rows", "wy"):
+            raise ValueError(f"the GDN form must be rows or wy, got {self.form!r}")
 
 
 def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: DeviceTree) -> Tensor:
@@ -80,13 +96,16 @@ def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None
 def gdn_verify(
     x: GdnInputs, state: Tensor, tree: DeviceTree, config: GdnConfig | None = None
 ) -> GdnVerifyResult:
-    """One layer's verification through the tree WY kernel: records every row's operands (fp32),
-    no cut states (publication replays from the records)."""
+    """One layer's verification (the row scan, or the tree WY kernel: `config.form`): records every
+    row's operands (fp32), no cut states (publication replays from the records)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     cfg = config or GdnConfig.for_device(x.q.device)
     ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
     o = torch.empty_like(x.v)
+    if cfg.form == "rows":
+        gdn_rows_(x.map(Tensor.contiguous), state.contiguous(), tree.gdn, o, ops)
+        return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     gdn_tree_(
         x.map(Tensor.contiguous),
         state.contiguous(),
@@ -112,11 +131,8 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse)."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
-    config = attention_config(rows, hq, hkv)
-    programs = triton.cdiv(rows * (hq // hkv), config.block_m) * hkv
-    splits = min(
-        default_splits(q.device, programs, ATTENTION_WAVES), triton.cdiv(k_cache.shape[0], MIN_KEYS_PER_SPLIT)
-    )
+    config = AttentionConfig()  # one query tile height for every row count (the MMA shape follows it)
+    splits = attention_splits(q.device, hq, hkv, k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
@@ -143,13 +159,6 @@ def attention_splits(device: torch.device, hq: int, hkv: int, capacity: int) -> 
     keys in the same partitions as the autoregressive step at its position."""
     programs = triton.cdiv(hq // hkv, AttentionConfig().block_m) * hkv
     return min(default_splits(device, programs, ATTENTION_WAVES), triton.cdiv(capacity, MIN_KEYS_PER_SPLIT))
-
-
-def attention_config(rows: int, hq: int, hkv: int) -> AttentionConfig:
-    """Query tiles no taller than the grouped rows need (16 at least: the matmul tile)."""
-    base = AttentionConfig()
-    block_m = min(base.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
-    return AttentionConfig(block_m, base.block_n, base.splits, base.num_warps, base.num_stages)
 
 
 def replay(

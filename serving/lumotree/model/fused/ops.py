@@ -4,11 +4,16 @@ tensors that need no gradient, the PyTorch references everywhere else.
 `kernel_mode` chooses: "auto" (the default: kernels on CUDA), "off" (references everywhere: the
 unfused path, for side-by-side benchmarks) or "always" (kernels on any device: CPU tests under
 TRITON_INTERPRET=1). The same switch gates the fused projections (`weights.py`). Its `gemm` picks
-the projections' GEMM on the fused path: "skinny" (the default: `skinny_gemm.py` for up to
-SKINNY_ROWS rows on the shapes where it beat cuBLAS, F.linear otherwise), "skinny-all" (the skinny
-GEMM on every shape up to SKINNY_ROWS rows: a benchmark variant) or "cublas" (F.linear always).
-On the H200 the skinny kernel beat cuBLAS at one row tile (AR, chain and MTP passes) and lost at
-two (the 32-row tree): results/h200/skinny_gemm.md.
+the projections' GEMM on the fused path:
+- "exact" (the default): `skinny_gemm.py` on every shape for 1 to 32 rows, F.linear above. A row's
+  result then does not depend on how many rows are computed with it (the skinny kernel's batch
+  invariance), so a tree's rows get the bits of the AR step's; cuBLAS picks its algorithm by the
+  row count, and its rows part in a last bit (at the 27B shapes it runs other kernels at 1 and 32
+  rows). On the H200 the skinny kernel ran 0.88-1.14x cuBLAS per shape at 1-32 rows
+  (results/h200/skinny_gemm.md).
+- "skinny": the skinny kernel where it beat cuBLAS (up to SKINNY_ROWS rows), F.linear otherwise:
+  the fastest mix measured, not row-invariant (a benchmark variant);
+- "cublas": F.linear always.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from torch import Tensor, nn
 from lumotree.model.fused import reference
 
 KernelMode = Literal["auto", "off", "always"]
-GemmBackend = Literal["cublas", "skinny", "skinny-all"]
+GemmBackend = Literal["exact", "skinny", "cublas"]
+GEMM_BACKENDS = ("exact", "skinny", "cublas")
 SKINNY_ROWS = 16
+MAX_ROWS = 32  # skinny_gemm.MAX_ROWS (not imported here: CPU-only installs may lack Triton)
 _mode: KernelMode = "auto"
-_gemm: GemmBackend = "skinny"
+_gemm: GemmBackend = "exact"
 
 
 @contextmanager
@@ -37,8 +44,8 @@ def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[N
     global _mode, _gemm
     if mode not in ("auto", "off", "always"):
         raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
-    if gemm not in (None, "cublas", "skinny", "skinny-all"):
-        raise ValueError(f"gemm must be cublas, skinny or skinny-all, got {gemm!r}")
+    if gemm is not None and gemm not in GEMM_BACKENDS:
+        raise ValueError(f"gemm must be one of {', '.join(GEMM_BACKENDS)}, got {gemm!r}")
     previous = _mode, _gemm
     _mode, _gemm = mode, gemm or _gemm
     try:
@@ -65,11 +72,12 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., in] @ weight [out, in]^T: the skinny Triton GEMM on the fused path when chosen and
     the rows fit it, F.linear otherwise."""
     rows = x.numel() // max(1, x.shape[-1])
-    if _gemm != "cublas" and kernels_for(x) and 0 < rows <= SKINNY_ROWS and weight.dtype == x.dtype:
+    limit = MAX_ROWS if _gemm == "exact" else SKINNY_ROWS
+    if _gemm != "cublas" and kernels_for(x) and 0 < rows <= limit and weight.dtype == x.dtype:
         from lumotree.model.fused.skinny_gemm import beats_cublas, skinny_linear
 
         n, k = weight.shape
-        if _gemm == "skinny-all" or beats_cublas(n, k, x.device, x.dtype):
+        if _gemm == "exact" or beats_cublas(n, k, x.device, x.dtype):
             flat = x.reshape(rows, k)
             return skinny_linear(flat, weight.contiguous()).view(*x.shape[:-1], n)
     return F.linear(x, weight)

@@ -234,6 +234,11 @@ def check_skinny_operands(
             raise ValueError("out must be contiguous")
 
 
+def _wide_linear(x: Tensor, w: Tensor) -> Tensor:
+    """x @ w^T in fp32 from bf16 operands: cuBLAS's fp32-output GEMM (CUDA), or fp32 copies."""
+    return torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda else F.linear(x.float(), w.float())
+
+
 def skinny_linear(
     x: Tensor,
     w: Tensor,
@@ -248,7 +253,7 @@ def skinny_linear(
     (m, k), n = x.shape, w.shape[0]
     dtype = out.dtype if out is not None else out_dtype or x.dtype
     if m == 0 or m > MAX_ROWS:
-        y = torch.mm(x, w.t(), out_dtype=dtype) if dtype != x.dtype else F.linear(x, w)
+        y = F.linear(x, w) if dtype == x.dtype else _wide_linear(x, w)
         return y if out is None else out.copy_(y)
     y = torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)

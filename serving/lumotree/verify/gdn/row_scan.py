@@ -1,0 +1,99 @@
+"""Gated DeltaNet tree verification in Triton with the autoregressive step's bits: the row scan.
+
+One program per (value tile, value head, row) loads the committed state tile [BV, K] and carries it
+down the row's ancestry, root first (a parent precedes its children in a tree's logical order), one
+recurrence step per ancestor and the row itself, with the replay kernel's arithmetic (`replay.py`:
+decay, predict with the decayed state, rank-1 write; the same tile height and warps, so the same
+reduction order); its output is the last step's read S q. A row at depth d thus computes exactly
+what d + 1 autoregressive steps compute, each published by the replay before the next: a chain row
+of an MTP-5 or tree cycle has the AR arm's bits (the tree WY form of `tree_scan.py` solves all rows at
+once, with other rounding, and parts from AR in a last bit now and then: results/h200/row-invariance).
+Shared ancestors are recomputed by every row below them (depth x more arithmetic than the path scan),
+all rows in parallel, so a layer costs max depth + 1 dependent steps.
+
+Each program records its own row's prepared operands (normalised q/k, v, g, beta) for the replay.
+Padding rows (past the tree's active count) write zero outputs and no records.
+`gdn_rows_` takes the caller-owned buffers of `tree_scan.gdn_tree_` and the same ancestry tables.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from lumotree.verify.gdn.common import default_block_v
+from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
+from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
+from lumotree.verify.gdn.scan import _load_operands, _record, _step
+
+
+@triton.jit
+def gdn_rows_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    alog_ptr,
+    dtb_ptr,
+    state_ptr,
+    anc_ptr,
+    nactive_ptr,
+    o_ptr,
+    rq_ptr,
+    rk_ptr,
+    rv_ptr,
+    rg_ptr,
+    rb_ptr,
+    R,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+):
+    NVT: tl.constexpr = V // BV
+    GROUP: tl.constexpr = HV // H
+    pid = tl.program_id(0)
+    row = tl.program_id(1)
+    hv = pid // NVT
+    vt = pid % NVT
+    h = hv // GROUP
+    offs_v = vt * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, K)
+    neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+    dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
+    o = tl.zeros([BV], dtype=tl.float32)
+    if row < tl.load(nactive_ptr):
+        S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
+        for node in range(0, row + 1):
+            if tl.load(anc_ptr + row * R + node) != 0:
+                q, k, v, g, beta = _load_operands(
+                    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k,
+                    neg_a, dt_bias, H, HV, K, V,
+                )  # fmt: skip
+                S, o = _step(S, q, k, v, g, beta)
+        q, k, v, g, beta = _load_operands(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, row, True, h, hv, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V
+        )
+        _record(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
+            q, k, v, g, beta, o, H, HV, K, V, GROUP,
+        )  # fmt: skip
+    else:
+        n = row.to(tl.int64)
+        tl.store(o_ptr + (n * HV + hv) * V + offs_v, o.to(o_ptr.dtype.element_ty))
+
+
+def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands) -> None:
+    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (contiguous), state [HV, V, K] fp32
+    (read only), ancestry tables of R rows on the device; writes o [R, HV, V] and the records."""
+    rows, heads, dk = x.q.shape
+    hv, dv = x.v.shape[1], x.v.shape[2]
+    bv = default_block_v(dv)
+    gdn_rows_kernel[(hv * (dv // bv), rows)](
+        *x.tensors(), state, tables.ancestry, tables.n_active, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
+        rows, H=heads, HV=hv, K=dk, V=dv, BV=bv, num_warps=DEFAULT_REPLAY_WARPS,
+    )  # fmt: skip
