@@ -9,8 +9,9 @@ the other rows of its tree (DESIGN §3.4: the walk accepts the target's own choi
 family is checked in the form the engine runs and, where one exists, in a row-invariant form:
 - GEMMs: `ops.linear` (the engine's: the skinny kernel on every shape up to 32 rows) vs cuBLAS; the
   vocabulary projection with fp32 output (the engine's skinny kernel vs cuBLAS);
-- tree attention: the engine's (a query tile and split count fixed per model and cache) vs a query
-  tile sized to the rows (the engine's choice before 2026-12-03);
+- tree attention: the engine's (a query tile and split count fixed per model and cache, each row's
+  last keys walked in logical order) vs a query tile sized to the rows (the choice before
+  2026-12-03), on a chain and on every row of a paper-shaped tree (off the spine too);
 - GDN: the row scan (the engine's) vs the tree WY kernel and the path scan, chain rows against
   one-row steps of the same form, each published by the replay kernel before the next.
 """
@@ -18,6 +19,7 @@ family is checked in the form the engine runs and, where one exists, in a row-in
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Annotated
 
@@ -28,9 +30,11 @@ import typer
 from torch import Tensor
 
 from lumobench.bench.output import command_line, current_commit, write_tables
+from lumobench.checks.random_trees import random_tree
 from lumotree.model import default_model_path, load_checkpoint
 from lumotree.model.fused import ops
 from lumotree.model.fused.skinny_gemm import skinny_linear
+from lumotree.tree import MAX_DEPTH as TREE_MAX_DEPTH
 from lumotree.tree import chain_tree
 from lumotree.verify import device_ops
 from lumotree.verify.attention.decode import AttentionConfig, partial_buffers, tree_attention_
@@ -149,7 +153,27 @@ def attention_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Gener
                 form = "fixed tile and splits (engine)" if engine else "tile sized to the rows"
                 case = {"op": f"attention {capacity} cache", "form": form, "m": rows}
                 cases.append(case | compare(got, steps_t))
+        cases.append(tree_rows_case(q, k_cache, v_cache, prefix))
     return cases
+
+
+def tree_rows_case(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix: int) -> dict:
+    """Every row of a paper-shaped tree, on the spine or off it, against the one-row step at its
+    position with its ancestors committed at contiguous positions before it (the AR arm's cache)."""
+    tree = random_tree("paper", random.Random(prefix), prefix_len=prefix)
+    device_tree = DeviceTree(tree.rows, TREE_MAX_DEPTH, "cuda").load_(tree)
+    got = attention_once(q[: tree.rows].contiguous(), k_cache, v_cache, device_tree, True)
+    rows, steps = [], []
+    for node in range(tree.n_active):
+        path = tree.path_to(node)
+        k_ar, v_ar = k_cache.clone(), v_cache.clone()
+        slots = prefix + tree.slot_map[torch.as_tensor(path)].to(k_cache.device)
+        k_ar[prefix : prefix + len(path)], v_ar[prefix : prefix + len(path)] = k_cache[slots], v_cache[slots]
+        one = DeviceTree(1, TREE_MAX_DEPTH, "cuda").load_(chain_tree([0], prefix_len=prefix + len(path) - 1))
+        steps.append(attention_once(q[node : node + 1], k_ar, v_ar, one, True))
+        rows.append(got[node : node + 1])
+    case = {"op": f"attention {k_cache.shape[0]} cache, paper tree rows", "form": "tail walk (engine)"}
+    return case | {"m": tree.rows} | compare(torch.cat(rows), torch.cat(steps))
 
 
 def gdn_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator) -> list[dict]:

@@ -21,6 +21,7 @@ from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
+from lumotree.verify.attention import decode as attention
 from lumotree.verify.gdn import row_scan, tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -109,6 +110,20 @@ KERNELS["tree drafter assemble"] = (
     tree_drafter.paper_tree_kernel,
     dict(DEPTH=5, KTOP=3, SIBS=2, TAIL=6, N_RESCUE=2, R=32, RP=32, MAXD=11, LENP=16, NCP=4, PAD=0),
     dict(num_warps=1),
+)
+# Tree attention at the 27B's heads (24 query, 4 KV, head dim 128), the engine's tiles
+TYPES |= {"bits_ptr": "*i64", "prefix_ptr": "*i64", "qk_scale": "fp32", "chunk": "i32"}
+TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt", "stride_kh")}
+ATTENTION = dict(G=6, D=128, BM=64, MPAD=192, HKV=4, TAIL=attention.TAIL_KEYS)
+KERNELS["tree attention partial"] = (
+    attention.tree_attention_partial_kernel,
+    dict(ATTENTION, BN=32, PRECISION="tf32"),
+    dict(num_warps=8, num_stages=2),
+)
+KERNELS["tree attention tail"] = (
+    attention.tree_attention_tail_kernel,
+    dict(ATTENTION, SPLIT=22),
+    dict(num_warps=8),
 )
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
 KERNELS["skinny n32 k128 t1 split m1"] = (

@@ -30,8 +30,9 @@ CONFIG = AttentionConfig(block_m=16, block_n=16, num_warps=1)
 def _run_with_partials(
     tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """o [R, HQ, D] and lse [R, HQ], and the split partials o_part [splits, HKV, MPAD, D] and
-    lse_part [splits, HKV, MPAD] (row m of a head's partials is query row m // G, head m % G)."""
+    """o [R, HQ, D] and lse [R, HQ], and the partials o_part [splits + 1, HKV, MPAD, D] and
+    lse_part [splits + 1, HKV, MPAD] (the cache's splits, then the tail walk's; row m of a head's
+    partials is query row m // G, head m % G)."""
     rows = tree.rows
     o = poisoned((rows, HQ, DIM), q.dtype)
     lse = poisoned((rows, HQ), torch.float32)
@@ -54,7 +55,7 @@ def _run_with_partials(
         1.0 / math.sqrt(DIM),
         CONFIG,
     )
-    return o, lse, o_part.view(splits, HKV, -1, DIM), lse_part.view(splits, HKV, -1)
+    return o, lse, o_part.view(splits + 1, HKV, -1, DIM), lse_part.view(splits + 1, HKV, -1)
 
 
 def _run(
@@ -118,6 +119,31 @@ def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(prefix_len:
         heads = slice(depth * group, (depth + 1) * group)  # the chain row's partial rows
         assert torch.equal(lse_part[:, :, :group], lse_part_chain[:, :, heads]), depth
         assert torch.equal(o_part[:, :, :group], o_part_chain[:, :, heads]), depth
+
+
+@pytest.mark.usefixtures("dot_in_k_order")
+@pytest.mark.parametrize(("shape", "prefix_len"), [("paper", 40), ("deep_and_wide", 7), ("random_order", 29)])
+def test_every_tree_row_equals_the_one_row_step_along_its_path_bitwise(shape: str, prefix_len: int) -> None:
+    # On the spine or off it: the AR arm would have committed the row's ancestors at contiguous
+    # positions and verify the row alone at prefix + depth; the tree holds them at physical slots
+    # elsewhere (spine first) and verifies every row at once. The row's bits must not tell.
+    tree = random_tree(shape, random.Random(prefix_len), prefix_len=prefix_len)
+    gen = torch.Generator().manual_seed(prefix_len)
+    k_cache, v_cache = (torch.randn(prefix_len + tree.rows + 2, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(tree.rows, HQ, DIM, generator=gen)
+    o_tree, lse_tree = _run(tree, q, k_cache, v_cache, 3)
+    off_spine = 0
+    for node in range(tree.n_active):
+        path = tree.path_to(node)
+        off_spine += node not in tree.spine.tolist()
+        k_ar, v_ar = k_cache.clone(), v_cache.clone()
+        for depth, ancestor in enumerate(path):
+            slot = prefix_len + int(tree.slot_map[ancestor])
+            k_ar[prefix_len + depth], v_ar[prefix_len + depth] = k_cache[slot], v_cache[slot]
+        step = chain_tree([0], prefix_len=prefix_len + len(path) - 1)
+        o, lse = _run(step, q[node : node + 1], k_ar, v_ar, 3)
+        assert torch.equal(o[0], o_tree[node]) and torch.equal(lse[0], lse_tree[node]), node
+    assert off_spine > 0, "the case must hold rows off the spine"
 
 
 def test_tree_rows_ignore_keys_outside_their_ancestry() -> None:

@@ -36,7 +36,8 @@ def compiled() -> dict:
     "kernel",
     [
         "value-major prepare", "value-major apply", "tree-parallel", "row scan", "tree drafter append",
-        "tree drafter scan", "tree drafter pick", "tree drafter assemble",
+        "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
+        "tree attention tail",
     ],
 )  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:

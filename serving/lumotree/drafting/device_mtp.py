@@ -35,6 +35,7 @@ from lumotree.model.attention import GatedAttention
 from lumotree.model.fused import ops
 from lumotree.model.model import HybridLM
 from lumotree.model.state import KVCache
+from lumotree.verify.attention.decode import check_depth
 
 # (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1]) -> (o, lse)
 TreeAttention = Callable[[Tensor, Tensor, Tensor, "AttentionTables"], tuple[Tensor, Tensor]]
@@ -68,8 +69,7 @@ class DeviceMTP:
         draft_ids: Tensor | None = None,
     ) -> None:
         check_mtp_model(model, depth, k)
-        if queue_rows > 63:
-            raise ValueError(f"queue_rows must be <= 63 (the visibility bitset), got {queue_rows}")
+        check_depth(queue_rows - 1)  # pass 1's rows are a chain
         self.model, self.depth, self.k, self.attention = model, depth, k, attention
         dev, hidden = model.device, model.config.hidden_size
         i64 = dict(dtype=torch.int64, device=dev)

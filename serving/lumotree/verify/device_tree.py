@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from lumotree.tree import CONV_WIDTH, PAD_TOKEN, TreeDescriptor, TreeTopology
+from lumotree.verify.attention.decode import check_depth
 from lumotree.verify.gdn.plan import AncestryTables
 
 
@@ -148,6 +149,7 @@ class DeviceTree:
     ) -> None:
         if rows > 63:
             raise ValueError(f"the visibility bitset holds 63 tree slots, got {rows} rows")
+        check_depth(max_depth)
         self.rows, self.max_depth, self.conv_width = rows, max_depth, conv_width
         self.device = torch.device(device)
         r, i64 = rows, dict(dtype=torch.int64, device=self.device)

@@ -1,20 +1,24 @@
 """Tree attention decode and KV-remap publication in Triton, beside `reference.py`.
 
-Split-K over the cache: program (query block, KV head, split) stages each K/V tile once for all
-query heads of its group (M = tree rows x group heads) and runs an online softmax over its split,
-a fixed range of physical cache rows (`chunk` rows from split * chunk; the committed prefix and,
-past it, the tree slots, physical and spine first, seen under the ancestry bitset: bit j of
-`bits[r]` says row r sees tree slot j). Splits past prefix + rows are empty (lse = -inf, weight 0);
-a merge kernel combines the partials by log-sum-exp, in split order. The prefix length is read on
-the device, so one captured graph serves every cycle.
+A row at logical position p (the prefix plus its depth) sees the committed keys and the tree slots
+of its ancestors and itself. Its keys below p - MAX_DEPTH (all committed) go through split-K: program
+(query block, KV head, split) stages each K/V tile once for all query heads of its group (M = tree
+rows x group heads) and runs an online softmax over its split, a fixed range of physical cache rows
+(`chunk` rows from split * chunk), each row masked at its own bound. Its last TAIL_KEYS keys, the
+committed ones above that bound and then its tree slots (bit j of `bits[r]` says row r sees tree
+slot j; physical order puts a parent's slot before its children's), are walked one at a time in
+logical order by the tail kernel, the last partition. A merge kernel combines the partitions by
+log-sum-exp, in order. The prefix length is read on the device, so one captured graph serves every
+cycle.
 
-The splits do not move with the prefix: a key lands in the same split, at the same place in its
-tiles, whether it is committed or a tree slot. So a query of a chain (or of a tree's spine) at
-position p sums over the same keys in the same splits and tiles as the 1-row step at p; the order
-inside a dot is the dot's own (on the GPU its instruction tile follows the query block's height;
-under the interpreter, numpy's matmul sums in its BLAS kernel's order, which differs between CPUs).
-The tests check it bit for bit, split partials included, with the interpreter's dot in a fixed order.
-With the prefix-relative splits of before, bf16 MTP-5 and AR parted on a sampled demo request.
+Row invariance: the AR step at position p and any tree row at p (on the spine or off it) split their
+keys at the same bound, tile the same committed keys at the same places of the same partitions, and
+walk the same keys in the same order with the same arithmetic (a dot over the head dim per key). So
+they get the same bits, whatever else the tree holds and wherever its slots lie (the order inside a
+tile's dot is the dot's own; on the GPU the query tile's height is fixed per model, `device_ops`;
+under the interpreter numpy's matmul sums in its BLAS kernel's order, which differs between CPUs, and
+the tests fix the dot's order). With splits that followed the row count, or tree slots tiled in
+physical order, bf16 trees parted from AR on long sampled answers (results/h200/row-invariance).
 
 `tree_attention` and `publish_kv_` have the reference's signatures; `tree_attention_` and
 `publish_kv_device_` take device metadata and caller-owned buffers (the forms graphs capture).
@@ -30,11 +34,28 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.tree import TreeDescriptor
+from lumotree.tree import MAX_DEPTH, TreeDescriptor
 from lumotree.verify.attention.reference import _check_cache
 
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
+TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
 MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
+
+
+@triton.jit
+def _popcount(x):
+    """Set bits of each int64 in x (< 2^63)."""
+    n = tl.zeros_like(x)
+    for bit in tl.static_range(63):
+        n += (x >> bit) & 1
+    return n
+
+
+@triton.jit
+def _tail_start(bits, prefix, TAIL: tl.constexpr):
+    """Logical position from which a row walks its keys one by one: its position (prefix + depth,
+    depth = ancestors seen - 1) minus TAIL - 1, so every tree slot it sees lies in its walk."""
+    return tl.maximum(prefix + _popcount(bits) - TAIL, 0)
 
 
 @triton.jit
@@ -59,6 +80,7 @@ def tree_attention_partial_kernel(
     BN: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
+    TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     mb = tl.program_id(0)
@@ -76,9 +98,9 @@ def tree_attention_partial_kernel(
     )
 
     prefix = tl.load(prefix_ptr)
+    bound = _tail_start(tl.load(bits_ptr + row, mask=valid_m, other=1), prefix, TAIL)  # [BM]
     lo = s * chunk
-    hi = tl.minimum(lo + chunk, prefix + R)
-    bits = tl.load(bits_ptr + row, mask=valid_m, other=0)
+    hi = tl.minimum(lo + chunk, prefix)  # committed keys only: the tree's are in the tail walk
 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
@@ -90,13 +112,7 @@ def tree_attention_partial_kernel(
         in_range = keys < hi
         k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
-        if start + BN > prefix:  # the tile reaches the tree slots: their ancestry bits decide
-            rel = keys - prefix
-            seen = ((bits[:, None] >> tl.maximum(rel, 0).to(tl.int64)[None, :]) & 1) != 0
-            visible = (seen | (rel < 0)[None, :]) & in_range[None, :]
-        else:
-            visible = (tl.zeros([BM, BN], dtype=tl.int32) + keys[None, :]) < hi
-        scores = tl.where(visible, scores, float("-inf"))
+        scores = tl.where(keys[None, :] < bound[:, None], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -105,13 +121,91 @@ def tree_attention_partial_kernel(
         v = tl.load(v_ptr + kv_off, mask=in_range[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    _store_partial(o_part_ptr, lse_part_ptr, (s * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D)
 
+
+@triton.jit
+def _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D: tl.constexpr):
+    """A partition's normalised output and log2-sum-exp (-inf and 0 where it saw no key)."""
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    base = (s * HKV + h) * MPAD + m
     tl.store(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], out)
     tl.store(lse_part_ptr + base, lse2)
+
+
+@triton.jit
+def _key_step(q, k_row, v_row, qk_scale, active, m_i, l_i, acc):
+    """One key of the tail walk for the rows where `active` (the others keep their state bit for bit)."""
+    score = tl.sum(q * k_row.to(tl.float32)[None, :], axis=1) * qk_scale
+    score = tl.where(active, score, float("-inf"))
+    m_new = tl.maximum(m_i, score)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(score - m_safe)
+    l_new = l_i * alpha + p
+    acc_new = acc * alpha[:, None] + p[:, None] * v_row.to(tl.float32)[None, :]
+    return tl.where(active, m_new, m_i), tl.where(active, l_new, l_i), tl.where(active[:, None], acc_new, acc)
+
+
+@triton.jit
+def tree_attention_tail_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bits_ptr,
+    prefix_ptr,
+    o_part_ptr,
+    lse_part_ptr,
+    R,
+    qk_scale,
+    stride_qr,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    MPAD: tl.constexpr,
+    HKV: tl.constexpr,
+    TAIL: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Program (query block, KV head): each row's last TAIL logical keys, one at a time in logical
+    order (the committed ones, then the tree slots it sees: a parent's slot precedes its children's),
+    as partition SPLIT (the last)."""
+    mb = tl.program_id(0)
+    h = tl.program_id(1)
+    m = mb * BM + tl.arange(0, BM)
+    row = m // G
+    head = h * G + m % G
+    valid_m = row < R
+    offs_d = tl.arange(0, D)
+    q = tl.load(
+        q_ptr + row[:, None] * stride_qr + head[:, None] * stride_qh + offs_d[None, :],
+        mask=valid_m[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    prefix = tl.load(prefix_ptr)
+    bits = tl.load(bits_ptr + row, mask=valid_m, other=1)
+    start = _tail_start(bits, prefix, TAIL)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    for back in tl.static_range(TAIL - 1):
+        key = prefix - (TAIL - 1) + back  # the committed keys a row at depth 0 walks
+        off = tl.maximum(key, 0).to(tl.int64) * stride_kt + h * stride_kh + offs_d
+        # (scalar conditions enter masks through tl.where: `tensor & scalar` fails in the interpreter)
+        k_row = tl.load(k_ptr + off, mask=tl.where(key >= 0, offs_d < D, False), other=0.0)
+        v_row = tl.load(v_ptr + off, mask=tl.where(key >= 0, offs_d < D, False), other=0.0)
+        walks = tl.where(key >= 0, valid_m & (key >= start), False)
+        m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, walks, m_i, l_i, acc)
+    for slot in range(0, R):
+        off = (prefix + slot).to(tl.int64) * stride_kt + h * stride_kh + offs_d
+        k_row, v_row = tl.load(k_ptr + off), tl.load(v_ptr + off)
+        sees = valid_m & (((bits >> slot) & 1) != 0)
+        m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, sees, m_i, l_i, acc)
+    _store_partial(o_part_ptr, lse_part_ptr, (SPLIT * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D)
 
 
 @triton.jit
@@ -221,6 +315,12 @@ def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
     return (physical.to(torch.int64) << torch.arange(tree.rows, dtype=torch.int64)).sum(-1)
 
 
+def check_depth(max_depth: int) -> None:
+    """ValueError for trees the tail walk cannot hold (a row's tree slots must lie in its walk)."""
+    if max_depth >= TAIL_KEYS:
+        raise ValueError(f"tree attention takes trees of depth < {TAIL_KEYS}, got depth {max_depth}")
+
+
 def default_splits(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
     """Cache partitions so that all splits together fill every multiprocessor `waves` times."""
     if device.type != "cuda":
@@ -232,9 +332,10 @@ def default_splits(device: torch.device, programs_per_split: int, waves: int = 1
 def partial_buffers(
     rows: int, hq: int, hkv: int, dim: int, splits: int, block_m: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """Split-K scratch: o_part [splits * Hkv * MPAD, D] and lse_part fp32."""
+    """Split-K scratch: o_part [(splits + 1) * Hkv * MPAD, D] and lse_part fp32 (the cache's
+    partitions, then the tail walk's)."""
     mpad = triton.cdiv(rows * (hq // hkv), block_m) * block_m
-    n = splits * hkv * mpad
+    n = (splits + 1) * hkv * mpad
     return (
         torch.empty((n, dim), dtype=torch.float32, device=device),
         torch.empty((n,), dtype=torch.float32, device=device),
@@ -257,7 +358,8 @@ def tree_attention_(
 ) -> None:
     """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
     and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
-    o_part/lse_part from `partial_buffers` with the same splits and block_m."""
+    o_part/lse_part from `partial_buffers` with the same splits and block_m. Trees of depth
+    < TAIL_KEYS."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -287,10 +389,16 @@ def tree_attention_(
         BN=config.block_n,
         MPAD=mpad,
         HKV=hkv,
+        TAIL=TAIL_KEYS,
         PRECISION=precision,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+    tree_attention_tail_kernel[(mpad // bm, hkv)](
+        q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, scale * LOG2E, q.stride(0),
+        q.stride(1), k_cache.stride(0), k_cache.stride(1), G=group, D=dim, BM=bm, MPAD=mpad, HKV=hkv,
+        TAIL=TAIL_KEYS, SPLIT=splits, num_warps=config.num_warps,
+    )  # fmt: skip
     merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
     tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
         o_part,
@@ -304,7 +412,7 @@ def tree_attention_(
         D=dim,
         BD=merge_bd,
         BM=merge_bm,
-        NSPLIT=splits,
+        NSPLIT=splits + 1,
         MPAD=mpad,
         HKV=hkv,
         num_warps=4,
@@ -320,8 +428,9 @@ def tree_attention(
     config: AttentionConfig = AttentionConfig(),
 ) -> tuple[Tensor, Tensor]:
     """The reference's signature: q [R, Hq, D] against prefix + tree KV -> o [R, Hq, D] (q's dtype),
-    lse [R, Hq] fp32. Head dim must be a power of two (>= 16 on the GPU)."""
+    lse [R, Hq] fp32. Head dim must be a power of two (>= 16 on the GPU); depth < TAIL_KEYS."""
     _check_cache(k_cache, v_cache, tree)
+    check_depth(int(tree.depth.max()))
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     if hq % hkv:
