@@ -70,6 +70,18 @@ def test_a_row_of_32_equals_the_one_row_call_bitwise(n: int, k: int, row: int) -
     assert torch.equal(batch[row : row + 1], single)
 
 
+@pytest.mark.parametrize(("n", "k"), [(16480, 5120), (5120, 6144)])
+def test_fp32_operands_keep_fp32_accuracy_and_row_invariance(n: int, k: int) -> None:
+    # fp32 runs three TF32 products (tf32x3): fp32-level error, the same bits for a row at any M
+    w, x = _weights(n, k).float(), _rows(32, k).float()
+    for m in ROWS:
+        y = skinny_linear(x[:m], w)
+        expected = x[:m].double() @ w.double().t()
+        error = torch.linalg.norm(y.double() - expected) / torch.linalg.norm(expected)
+        assert error < 1e-5, f"{m} rows: relative Frobenius error {float(error):.2e}"
+        assert torch.equal(y[-1:], skinny_linear(x[m - 1 : m].clone(), w)), m
+
+
 @pytest.mark.parametrize(("n", "k"), [(5120, 6144), (5120, 17408)])
 def test_split_k_in_one_launch_gives_the_same_result_every_time(n: int, k: int) -> None:
     """The last K range of each output block sums the partials: 50 calls, eager and replayed in a
