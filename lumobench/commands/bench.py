@@ -16,6 +16,7 @@ from lumobench.bench.kernels.command import kernels_command
 from lumobench.bench.loop import loop_app
 from lumobench.bench.metrics_delta import metrics_delta_command
 from lumobench.bench.prefill import prefill_command
+from lumobench.bench.row_invariance import row_invariance_command
 from lumobench.bench.server_memory import server_memory_command
 from lumobench.bench.skinny_gemm import skinny_gemm_command
 
@@ -28,12 +29,14 @@ bench_app.command("client")(client_command)
 bench_app.command("engine")(engine_command)
 bench_app.command("prefill")(prefill_command)
 bench_app.command("draft-vocab")(draft_vocab_command)
-# CUDA GPU: the kernels (and a GDN ablation), the skinny GEMM, the decode cycle and its profile
+# CUDA GPU: the kernels (and a GDN ablation), the skinny GEMM, the decode cycle and its profile,
+# whether a verified row has the one-row step's bits
 bench_app.command("kernels")(kernels_command)
 bench_app.command("ablate-gdn")(ablate_gdn_command)
 bench_app.command("skinny-gemm")(skinny_gemm_command)
 bench_app.command("cycle")(cycle_command)
 bench_app.command("cycle-profile")(cycle_profile_command)
+bench_app.command("row-invariance")(row_invariance_command)
 # the real loop through the server and harness against its device cycle
 bench_app.add_typer(loop_app, name="loop")
 # servers: an arm's resident memory, the LumoTree server under large bodies, /metrics deltas
