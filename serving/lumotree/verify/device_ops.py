@@ -15,8 +15,9 @@ Outputs are allocated per call (inside a captured graph they come from the graph
   row carried down its ancestry with the replay's arithmetic, the AR step's bits) or
   `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
-- tree attention `decode.tree_attention_` (split-K over the prefix, grouped heads, ancestry bits),
-  with a query tile and a split count fixed per model and cache, whatever the rows verified;
+- tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
+  row's last keys and tree slots walked in logical order), with a query tile and a split count
+  fixed per model and cache, whatever the rows verified;
 - publication: all GDN layers' replay in one launch (`replay.replay_layers_` on the stacked
   state bank), `fused_conv.publish_conv_kernel` per layer, `decode.publish_kv_device_` per layer.
 """

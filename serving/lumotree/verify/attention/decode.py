@@ -44,11 +44,14 @@ MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share th
 
 @triton.jit
 def _popcount(x):
-    """Set bits of each int64 in x (< 2^63)."""
-    n = tl.zeros_like(x)
-    for bit in tl.static_range(63):
-        n += (x >> bit) & 1
-    return n
+    """Set bits of each int64 in x (0 <= x < 2^63), by bit-slice sums."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    x = x + (x >> 8)
+    x = x + (x >> 16)
+    x = x + (x >> 32)
+    return x & 0x7F
 
 
 @triton.jit
@@ -200,10 +203,15 @@ def tree_attention_tail_kernel(
         v_row = tl.load(v_ptr + off, mask=tl.where(key >= 0, offs_d < D, False), other=0.0)
         walks = tl.where(key >= 0, valid_m & (key >= start), False)
         m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, walks, m_i, l_i, acc)
-    for slot in range(0, R):
-        off = (prefix + slot).to(tl.int64) * stride_kt + h * stride_kh + offs_d
-        k_row, v_row = tl.load(k_ptr + off), tl.load(v_ptr + off)
+    # slots past the block's highest visible one are skipped (its index from an fp32 log2, with one
+    # slot of margin for the rounding: slots no row sees are no-ops)
+    top = tl.max(tl.where(valid_m, tl.log2(bits.to(tl.float32)).to(tl.int32) + 2, 0), axis=0)
+    for slot in range(0, tl.minimum(top, R)):
         sees = valid_m & (((bits >> slot) & 1) != 0)
+        seen = tl.where(tl.max(sees.to(tl.int32), axis=0) > 0, offs_d < D, False)  # no stale rows read
+        off = (prefix + slot).to(tl.int64) * stride_kt + h * stride_kh + offs_d
+        k_row = tl.load(k_ptr + off, mask=seen, other=0.0)
+        v_row = tl.load(v_ptr + off, mask=seen, other=0.0)
         m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, sees, m_i, l_i, acc)
     _store_partial(o_part_ptr, lse_part_ptr, (SPLIT * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D)
 
@@ -246,7 +254,7 @@ def tree_attention_merge_kernel(
         part = tl.load(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :])
         acc += w[:, None] * part
         weight_sum += w
-    out = acc / weight_sum[:, None]
+    out = acc / tl.where(weight_sum == 0.0, 1.0, weight_sum)[:, None]  # (0: padding rows, not stored)
     lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
     tl.store(
         o_ptr + row[:, None] * stride_or + head[:, None] * stride_oh + offs_d[None, :],

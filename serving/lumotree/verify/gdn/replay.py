@@ -85,7 +85,7 @@ def replay_layers_(
     path_len [1] int64 device. one_launch: all layers in one launch, else one launch per layer."""
     layers, hv, dv, dk = states.shape
     heads = ops.k.shape[2]
-    bv = default_block_v(dv) if block_v is None else block_v
+    bv = default_block_v(dv, states.device) if block_v is None else block_v
     programs = hv * (dv // bv)
     strides = (states.stride(0), ops.k.stride(0), ops.v.stride(0), ops.g.stride(0))
     meta = dict(H=heads, HV=hv, K=dk, V=dv, BV=bv, num_warps=num_warps)

@@ -92,7 +92,7 @@ def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, op
     (read only), ancestry tables of R rows on the device; writes o [R, HV, V] and the records."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
-    bv = default_block_v(dv)
+    bv = default_block_v(dv, state.device)
     gdn_rows_kernel[(hv * (dv // bv), rows)](
         *x.tensors(), state, tables.ancestry, tables.n_active, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
         rows, H=heads, HV=hv, K=dk, V=dv, BV=bv, num_warps=DEFAULT_REPLAY_WARPS,
