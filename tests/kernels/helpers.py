@@ -10,7 +10,10 @@ import torch
 from torch import Tensor
 
 from lumobench.checks import gdn_checks
+from lumobench.checks.paired import paired_check_envelope
 from lumotree.tree import TreeDescriptor
+from lumotree.verify.gdn import reference as ref
+from lumotree.verify.gdn.reference import GdnOperands
 
 INT_POISON = -777
 # The marks of every test that needs a CUDA GPU and compiled (not interpreted) Triton kernels.
@@ -59,3 +62,22 @@ def parallel_keys_case(
     return gdn_checks.GdnCase(
         tree, (q, k, v, a, b), torch.full_like(base.A_log, -20.0), base.dt_bias, base.state
     )
+
+
+def assert_gdn_matches_reference(o: Tensor, ops: GdnOperands, case: gdn_checks.GdnCase) -> None:
+    """Outputs within the paired rule's envelope form of the float64 truth, padding rows zero, every
+    record written. The bound follows the fp32 reference's own error here (C_PAIRED times its
+    largest cell error, plus the rounding floor), not a tolerance measured on one CPU: under the
+    interpreter the kernel's dots sum in the order of the CPU's BLAS kernel, the reference's in
+    torch's, so the two round independently and their errors are draws of one size."""
+    n = case.tree.n_active
+    expected = ref.gdn_verify(*case.inputs(torch.float32), case.tree)
+    truth, _ = ref.gdn_sequential_reference(*case.truth(torch.float32), case.tree)
+    assert_written(o)
+    (result,) = paired_check_envelope([(o[:n], expected.o[:n], truth[:n])], 2, torch.float32)
+    assert result.ok, result
+    assert bool((o[n:] == 0).all()), "padding rows must be zero"
+    for field in ("q", "k", "v", "g", "beta"):
+        got = getattr(ops, field)[:n]
+        assert_written(got)
+        torch.testing.assert_close(got, getattr(expected.operands, field)[:n], rtol=1e-5, atol=1e-5)

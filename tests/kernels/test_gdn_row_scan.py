@@ -10,17 +10,15 @@ import pytest
 import torch
 
 from lumobench.checks import gdn_checks
-from lumobench.checks.paired import paired_check_envelope
 from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.tree import chain_tree
-from lumotree.verify.gdn import reference as ref
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import ancestry_tables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import replay_accepted_
 from lumotree.verify.gdn.row_scan import gdn_rows_
 
-from .helpers import assert_written, poisoned
+from .helpers import assert_gdn_matches_reference, poisoned
 
 DIMS = gdn_checks.GdnDims(H=2, HV=4, K=16, V=16)
 
@@ -43,17 +41,7 @@ def test_row_scan_outputs_and_records_match_the_reference(shape: str) -> None:
     )
     x, state = case.inputs(torch.float32)
     o, ops = _rows(x, state, case.tree)
-    n = case.tree.n_active
-    expected = ref.gdn_verify(x, state, case.tree)
-    truth, _ = ref.gdn_sequential_reference(*case.truth(torch.float32), case.tree)
-    assert_written(o)
-    (result,) = paired_check_envelope([(o[:n], expected.o[:n], truth[:n])], 2, torch.float32)
-    assert result.ok, result
-    assert bool((o[n:] == 0).all()), "padding rows must be zero"
-    for field in ("q", "k", "v", "g", "beta"):
-        got = getattr(ops, field)[:n]
-        assert_written(got)
-        torch.testing.assert_close(got, getattr(expected.operands, field)[:n], rtol=1e-5, atol=1e-5)
+    assert_gdn_matches_reference(o, ops, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lumobench.checks import gdn_checks
-from lumobench.checks.paired import paired_check, paired_check_envelope
+from lumobench.checks.paired import paired_check
 from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.tree import build_tree
 from lumotree.verify.gdn import reference as ref
@@ -19,7 +19,7 @@ from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.tree_scan import gdn_tree_layers_, gdn_verify_tree
 from lumotree.verify.gdn.tree_value_major import gdn_value_major_layers_, gdn_verify_value_major
 
-from .helpers import assert_written, parallel_keys_case, poisoned
+from .helpers import assert_gdn_matches_reference, parallel_keys_case, poisoned
 
 DIMS = gdn_checks.GdnDims(H=2, HV=4, K=16, V=16)
 
@@ -39,25 +39,6 @@ def _stack(cases: list[gdn_checks.GdnCase]) -> tuple[GdnInputs, torch.Tensor]:
 def _poisoned_records(n: int, rows: int) -> GdnOperands:
     empty = empty_operands(rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, torch.device("cpu"))
     return GdnOperands(*(poisoned((n, *t.shape), torch.float32) for t in vars(empty).values()))
-
-
-def _assert_matches_reference(o: torch.Tensor, ops: GdnOperands, case: gdn_checks.GdnCase) -> None:
-    """Outputs within the paired rule's envelope form of the float64 truth, padding rows zero, every
-    record written. The bound follows the fp32 reference's own error here (C_PAIRED times its
-    largest cell error, plus the rounding floor), not a tolerance measured on one CPU: under the
-    interpreter the kernel's dots sum in the order of the CPU's BLAS kernel, the reference's in
-    torch's, so the two round independently and their errors are draws of one size."""
-    n = case.tree.n_active
-    expected = ref.gdn_verify(*case.inputs(torch.float32), case.tree)
-    truth, _ = ref.gdn_sequential_reference(*case.truth(torch.float32), case.tree)
-    assert_written(o)
-    (result,) = paired_check_envelope([(o[:n], expected.o[:n], truth[:n])], 2, torch.float32)
-    assert result.ok, result
-    assert bool((o[n:] == 0).all()), "padding rows must be zero"
-    for field in ("q", "k", "v", "g", "beta"):
-        got = getattr(ops, field)[:n]
-        assert_written(got)
-        torch.testing.assert_close(got, getattr(expected.operands, field)[:n], rtol=1e-5, atol=1e-5)
 
 
 TREE_SOLVES = ["substitution", "product", "value-major"]
@@ -82,7 +63,7 @@ def _run_tree(cases: list[gdn_checks.GdnCase], block_v: int = 16, solve: str = "
 def test_tree_parallel_outputs_and_records_match_reference(shape: str, solve: str) -> None:
     case = _case(shape, seed=300 + SHAPES.index(shape))
     o, ops = _run_tree([case], solve=solve)
-    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
+    assert_gdn_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
 @pytest.mark.parametrize("kernel", ["tree", "value-major"])
@@ -92,7 +73,7 @@ def test_one_launch_over_instances_matches_each_instance_alone(kernel: str) -> N
     cases = [gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(410 + i)) for i in range(3)]
     o, ops = _run_tree(cases, solve="value-major" if kernel == "value-major" else "substitution")
     for i, case in enumerate(cases):
-        _assert_matches_reference(o[i], GdnOperands(*(t[i] for t in vars(ops).values())), case)
+        assert_gdn_matches_reference(o[i], GdnOperands(*(t[i] for t in vars(ops).values())), case)
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "wide_fan", "chain"])
@@ -121,7 +102,7 @@ def test_substitution_solve_stays_exact_on_a_deep_chain_with_parallel_keys_and_n
     chain = _case("chain", seed=800).tree
     case = parallel_keys_case(chain, DIMS, torch.Generator().manual_seed(801))
     o, ops = _run_tree([case], solve=solve)
-    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
+    assert_gdn_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
 def test_the_product_solve_fails_the_check_on_that_chain() -> None:
@@ -131,7 +112,7 @@ def test_the_product_solve_fails_the_check_on_that_chain() -> None:
     case = parallel_keys_case(chain, DIMS, torch.Generator().manual_seed(801))
     o, ops = _run_tree([case], solve="product")
     with pytest.raises(AssertionError, match="violations"):
-        _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
+        assert_gdn_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
 
 
 def test_refilled_ancestry_tables_serve_a_new_tree() -> None:
@@ -141,7 +122,7 @@ def test_refilled_ancestry_tables_serve_a_new_tree() -> None:
     o = poisoned((1, second.tree.rows, DIMS.HV, DIMS.V), torch.float32)
     ops = _poisoned_records(1, second.tree.rows)
     gdn_tree_layers_(*_stack([second]), tables, o, ops, block_v=16)
-    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), second)
+    assert_gdn_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), second)
 
 
 @pytest.mark.parametrize(
@@ -167,4 +148,4 @@ def test_split_solve_merges_enough_blocks_for_the_tables_depth(depth: int, cap: 
     ops = _poisoned_records(1, tree.rows)
     tables = ancestry_tables(tree, "cpu", max_depth=cap)
     gdn_value_major_layers_(*_stack([case]), tables, o, ops, block_v=16, block_k=8)
-    _assert_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)
+    assert_gdn_matches_reference(o[0], GdnOperands(*(t[0] for t in vars(ops).values())), case)

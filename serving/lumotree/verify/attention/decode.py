@@ -62,6 +62,24 @@ def _tail_start(bits, prefix, TAIL: tl.constexpr):
 
 
 @triton.jit
+def _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr):
+    """The program's query block (program_id(0)) of KV head program_id(1): grouped rows m (tree row
+    m // G, head m % G), which are real rows, the head-dim offsets, q [BM, D] (0 past the rows) and
+    each row's visibility bits (1 past the rows: the root only)."""
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    row = m // G
+    head = tl.program_id(1) * G + m % G
+    valid_m = row < R
+    offs_d = tl.arange(0, D)
+    q = tl.load(
+        q_ptr + row[:, None] * stride_qr + head[:, None] * stride_qh + offs_d[None, :],
+        mask=valid_m[:, None],
+        other=0.0,
+    )
+    return m, valid_m, offs_d, q, tl.load(bits_ptr + row, mask=valid_m, other=1)
+
+
+@triton.jit
 def tree_attention_partial_kernel(
     q_ptr,
     k_ptr,
@@ -86,22 +104,11 @@ def tree_attention_partial_kernel(
     TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    mb = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    m = mb * BM + tl.arange(0, BM)
-    row = m // G
-    head = h * G + m % G
-    valid_m = row < R
-    offs_d = tl.arange(0, D)
-    q = tl.load(
-        q_ptr + row[:, None] * stride_qr + head[:, None] * stride_qh + offs_d[None, :],
-        mask=valid_m[:, None],
-        other=0.0,
-    )
-
+    m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
     prefix = tl.load(prefix_ptr)
-    bound = _tail_start(tl.load(bits_ptr + row, mask=valid_m, other=1), prefix, TAIL)  # [BM]
+    bound = _tail_start(bits, prefix, TAIL)  # [BM]
     lo = s * chunk
     hi = tl.minimum(lo + chunk, prefix)  # committed keys only: the tree's are in the tail walk
 
@@ -177,20 +184,10 @@ def tree_attention_tail_kernel(
     """Program (query block, KV head): each row's last TAIL logical keys, one at a time in logical
     order (the committed ones, then the tree slots it sees: a parent's slot precedes its children's),
     as partition SPLIT (the last)."""
-    mb = tl.program_id(0)
     h = tl.program_id(1)
-    m = mb * BM + tl.arange(0, BM)
-    row = m // G
-    head = h * G + m % G
-    valid_m = row < R
-    offs_d = tl.arange(0, D)
-    q = tl.load(
-        q_ptr + row[:, None] * stride_qr + head[:, None] * stride_qh + offs_d[None, :],
-        mask=valid_m[:, None],
-        other=0.0,
-    ).to(tl.float32)
+    m, valid_m, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
+    q = q.to(tl.float32)
     prefix = tl.load(prefix_ptr)
-    bits = tl.load(bits_ptr + row, mask=valid_m, other=1)
     start = _tail_start(bits, prefix, TAIL)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
