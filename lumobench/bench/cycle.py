@@ -75,6 +75,8 @@ VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
+GREEDY = SamplingParams(temperature=0.0)
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -206,10 +208,18 @@ def history(length: int, vocab: int, period: int = 97) -> list[int]:
     return [pattern[i % period] for i in range(length)]
 
 
-def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) -> dict[str, float]:
+def run_arm(
+    runner: DeviceRunner,
+    arm: Arm,
+    ctx: int,
+    cycles: int,
+    warmup: int,
+    params: SamplingParams = GREEDY,
+) -> dict[str, float]:
     """The engine's decode loop on `runner` at context `ctx`: medians over `cycles` cycles (after
     `warmup`) of the device-timed cycle and phases and of the host wall time per cycle, and the
-    mean accepted drafts."""
+    mean accepted drafts. `params`: the request's sampling (the forced schedule still picks the
+    accepted path; sampling settings change the logits processing every cycle runs)."""
     suffix = SuffixDrafter()
     drafter = Drafter(arm.geometry, suffix)
     prompt = history(ctx, runner.model.config.vocab_size)
@@ -220,7 +230,7 @@ def run_arm(runner: DeviceRunner, arm: Arm, ctx: int, cycles: int, warmup: int) 
         1, runner.model.config.hidden_size, device=runner.model.device, dtype=runner.model.dtype
     )
     proposal = runner.start_decode(hidden, root)
-    sampler = runner.sampler(SamplingParams(temperature=0.0), 0, prompt, [root])
+    sampler = runner.sampler(params, 0, prompt, [root])
     spans: dict[str, list[float]] = {}
     walls, accepted = [], []
     tree = drafter.topology(root, proposal)
@@ -399,7 +409,7 @@ def bench(
             fill_state_(runner, 4096)
             hidden = torch.zeros(1, model.config.hidden_size, device=device, dtype=model.dtype)
             runner.start_decode(hidden, 1)
-            runner.sampler(SamplingParams(temperature=0.0), 0, [1], [1])
+            runner.sampler(GREEDY, 0, [1], [1])
             result["profile"][variant] = kernel_profile(runner)
             del runner
     for ctx in contexts:

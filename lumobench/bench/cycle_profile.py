@@ -19,7 +19,7 @@ from typing import Annotated
 import torch
 import typer
 
-from lumobench.bench.cycle import ARMS, Arm, build_runner, fill_state_, kernel_times, run_arm
+from lumobench.bench.cycle import ARMS, GREEDY, Arm, build_runner, fill_state_, kernel_times, run_arm
 from lumobench.bench.output import command_line, current_commit, write_tables
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.sampling import SamplingParams
@@ -39,6 +39,12 @@ FAMILIES = (
 
 
 TOP_KERNELS = 25  # the longest kernels of an arm's eager cycle listed by name
+#: the request sampling a profile runs with: greedy, or the paper's agent sampling (most of the demo
+#: corpus's requests and every agent-corpus request)
+SAMPLINGS = {
+    "greedy": GREEDY,
+    "paper": SamplingParams(temperature=0.6, top_p=0.95, top_k=20, presence_penalty=1.0),
+}
 
 
 def family(name: str) -> str:
@@ -46,17 +52,19 @@ def family(name: str) -> str:
     return next((fam for fam, keys in FAMILIES if any(k in low for k in keys)), "other elementwise")
 
 
-def profile_arm(model: HybridLM, arm: Arm, ctx: int, cycles: int, warmup: int) -> dict:
+def profile_arm(
+    model: HybridLM, arm: Arm, ctx: int, cycles: int, warmup: int, params: SamplingParams = GREEDY
+) -> dict:
     """One arm: device phases and loop (medians over `cycles`), and one eager cycle's kernels."""
     runner = build_runner(model, ctx, arm, graphs=True, cycles=cycles + warmup)
     fill_state_(runner, ctx)
-    timed = run_arm(runner, arm, ctx, cycles, warmup)
+    timed = run_arm(runner, arm, ctx, cycles, warmup, params)
     fill_state_(runner, ctx)
     hidden = torch.zeros(
         1, runner.model.config.hidden_size, device=runner.model.device, dtype=runner.model.dtype
     )
     runner.start_decode(hidden, 3)
-    runner.sampler(SamplingParams(temperature=0.0), 0, [3], [3])
+    runner.sampler(params, 0, [3], [3])
     kernels = kernel_times(runner)
     families: dict[str, dict[str, float]] = {}
     for name, times in kernels.items():
@@ -76,7 +84,8 @@ def profile_arm(model: HybridLM, arm: Arm, ctx: int, cycles: int, warmup: int) -
 
 def markdown(doc: dict) -> str:
     lines = [
-        f"# Where a decode cycle goes: {doc['model']} ({doc['dtype']}), {doc['context']} tokens of context",
+        f"# Where a decode cycle goes: {doc['model']} ({doc['dtype']}), {doc['context']} tokens of context, "
+        f"{doc.get('sampling', 'greedy')} sampling",
         "",
         f"Command: `{doc['command']}` at commit {doc['commit']}.",
         "Device phases: CUDA events inside the captured cycle (medians); loop: wall per cycle of the "
@@ -118,6 +127,13 @@ def cycle_profile_command(
     context: Annotated[int, typer.Option(min=1, help="Committed context tokens.")] = 1024,
     iters: Annotated[int, typer.Option(min=1, help="Timed cycles per arm.")] = 100,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up cycles.")] = 20,
+    sampling: Annotated[
+        str,
+        typer.Option(
+            help="Request sampling: greedy, or paper (temperature 0.6, top-p 0.95, top-k 20, presence "
+            "penalty 1.0; the forced schedule still picks the accepted path)."
+        ),
+    ] = "greedy",
 ) -> None:
     """Profile the AR step, the chain MTP-5 cycle and the paper tree cycle of a small model."""
     if not torch.cuda.is_available():
@@ -127,6 +143,9 @@ def cycle_profile_command(
     if dtype not in dtypes:
         typer.echo(f"error: --dtype takes float32 or bfloat16, got {dtype!r}", err=True)
         raise typer.Exit(2)
+    if sampling not in SAMPLINGS:
+        typer.echo(f"error: --sampling takes {' or '.join(SAMPLINGS)}, got {sampling!r}", err=True)
+        raise typer.Exit(2)
     folder = model or default_model_path()
     net = load_checkpoint(folder, dtype=dtypes[dtype], device=torch.device("cuda"))
     arms = [Arm("ar", ARMS["ar"], 0.0), Arm("mtp5", ARMS["mtp5"], 3.17), Arm("tree", ARMS["tree"], 4.05)]
@@ -134,7 +153,10 @@ def cycle_profile_command(
         "model": folder.name,
         "dtype": dtype,
         "context": context,
-        "arms": {arm.name: profile_arm(net, arm, context, iters, warmup) for arm in arms},
+        "sampling": sampling,
+        "arms": {
+            arm.name: profile_arm(net, arm, context, iters, warmup, SAMPLINGS[sampling]) for arm in arms
+        },
         "command": command_line("cycle-profile"),
         "commit": current_commit(),
     }
