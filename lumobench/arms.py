@@ -244,14 +244,17 @@ def check_launchable(arm: ResolvedArm) -> None:
         raise LumobenchError(f"arm {arm.name} needs an NVIDIA GPU (engine {arm.config.engine}){hint}")
 
 
-def check_serves(arm: ResolvedArm, records: Sequence[CorpusRecord], corpus: Path | None) -> None:
-    """Refuse, before anything is sent, a corpus with requests the arm cannot serve (its `[limits]`)."""
+def check_serves(
+    arm: ResolvedArm, records: Sequence[CorpusRecord], corpus: Path | None, greedy: bool = False
+) -> None:
+    """Refuse, before anything is sent, a corpus with requests the arm cannot serve (its `[limits]`);
+    `greedy`: every request will be sent as greedy decoding (`replay --greedy`)."""
     limits = arm.config.limits
-    if limits.greedy_only and (sampled := [r.id for r in records if not r.is_greedy]):
+    if limits.greedy_only and not greedy and (sampled := [r.id for r in records if not r.is_greedy]):
         shown = ", ".join(sampled[:3]) + (", ..." if len(sampled) > 3 else "")
         why = f" ({limits.why})" if limits.why else ""
         raise LumobenchError(
             f"arm {arm.name} serves greedy requests only{why}; {len(sampled)} of {len(records)} records of "
-            f"{corpus} sample or leave temperature unset ({shown}): replay a greedy corpus such as "
-            f"corpora/demo-greedy.jsonl"
+            f"{corpus} sample or leave temperature unset ({shown}): replay with --greedy (every request "
+            f"sent as greedy decoding) or a greedy corpus such as corpora/demo-greedy.jsonl"
         )

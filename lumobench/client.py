@@ -54,15 +54,33 @@ class Target:
     health_path: str = "/health"  # probed when requests get "unavailable" answers
     #: every request's response cap becomes min(its own, this); a request without one gets this
     max_tokens_cap: int | None = None
+    #: send every request as greedy decoding (`greedy_body`), whatever sampling the record carries
+    greedy: bool = False
+
+
+#: what `--greedy` takes out of a request besides setting temperature 0: the truncations and the seed
+#: mean nothing without sampling, and the penalties are left out too, so that greedy means the argmax of
+#: the model's own distribution on every engine (engines apply penalties in their own ways)
+GREEDY_DROPPED = (
+    "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
+    "sampling_seed",  # the generate API's name for the seed
+)  # fmt: skip
 
 
 def _capped(limit: int | None, cap: int | None) -> int | None:
     return limit if cap is None else min(limit or cap, cap)
 
 
+def greedy_body(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` (a chat body, or a generate body's sampling_params) as greedy decoding: temperature 0,
+    `GREEDY_DROPPED` removed, everything else (max_tokens, ignore_eos, ...) kept."""
+    return {k: v for k, v in params.items() if k not in GREEDY_DROPPED} | {"temperature": 0}
+
+
 def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) for one record; messages and tools are sent exactly as recorded, the response
-    cap lowered to `target.max_tokens_cap` when there is one."""
+    cap lowered to `target.max_tokens_cap` when there is one, and the sampling made greedy when
+    `target.greedy` (after the extra bodies are merged, so an arm's extra_body cannot put it back)."""
     dumped = record.model_dump(mode="json", exclude_unset=True)
     cap = target.max_tokens_cap
     if target.api == "generate":
@@ -79,6 +97,8 @@ def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, 
                 **body["sampling_params"],
                 "max_new_tokens": _capped(body["sampling_params"].get("max_new_tokens"), cap),
             }
+        if target.greedy:
+            body["sampling_params"] = greedy_body(body["sampling_params"])
         return GENERATE_PATH, body
     body = {
         "model": target.model,
@@ -95,6 +115,8 @@ def build_request(record: CorpusRecord, target: Target) -> tuple[str, dict[str, 
         body["max_tokens"] = _capped(body.get("max_tokens"), cap)
         if body.get("max_completion_tokens") is not None:
             body["max_completion_tokens"] = _capped(body["max_completion_tokens"], cap)
+    if target.greedy:
+        body = greedy_body(body)
     return CHAT_PATH, body
 
 

@@ -78,6 +78,7 @@ class ReplayArgs:
     api_key_env: str | None = None  # the variable holding the API key (default: the arm's, the run's)
     boot_per_run: bool | None = None  # None: the arm file's setting
     max_tokens_cap: int | None = None  # every request's max_tokens lowered to at most this
+    greedy: bool = False  # every request sent as greedy decoding (`client.greedy_body`)
     interleaved: bool | None = None  # None: interleave when the arms fit the machine
     with_peers: bool = False  # add `PEER_ARMS` (to the default arms when none are named)
 
@@ -88,7 +89,8 @@ class ReplayArgs:
             "--manifest": self.manifest, "--concurrency": self.concurrency, "--out": self.out,
             "--api": self.api, "--label": self.label, "--model": self.model,
             "--boot-per-run" if self.boot_per_run else "--one-boot": self.boot_per_run,
-            "--max-tokens-cap": self.max_tokens_cap, "--with-peers": self.with_peers or None,
+            "--max-tokens-cap": self.max_tokens_cap, "--greedy": self.greedy or None,
+            "--with-peers": self.with_peers or None,
         }  # fmt: skip
         return [flag for flag, value in flags.items() if value is not None]
 
@@ -190,7 +192,8 @@ def _arm_info(arm: ResolvedArm, redactor: Redactor) -> ArmInfo:
 
 
 def _arm_target(arm: ResolvedArm, args: ReplayArgs) -> Target:
-    """Where and how requests to a launched arm go: its request settings, the options' clocks and cap."""
+    """Where and how requests to a launched arm go: its request settings, the options' clocks, cap and
+    greedy choice."""
     req = arm.config.request
     return Target(
         base_url=arm.base_url,
@@ -203,6 +206,7 @@ def _arm_target(arm: ResolvedArm, args: ReplayArgs) -> Target:
         api_key=arm.api_key,
         health_path=arm.config.readiness.health,
         max_tokens_cap=args.max_tokens_cap,
+        greedy=args.greedy,
     )
 
 
@@ -236,7 +240,7 @@ def _endpoint_run(args: ReplayArgs, endpoint: str, arms: list[str], records: lis
     if arms:  # an arm already running at the endpoint: use its request settings, launch nothing
         config, source = load_arm(arms[0])
         running = resolve_arm(config, source, model=args.model, api_key_env=args.api_key_env)
-        check_serves(running, records, args.corpus)
+        check_serves(running, records, args.corpus, greedy=args.greedy)
     key = running.api_key if running else api_key_from_env(args.api_key_env, "--endpoint")
     served = probe_endpoint(base, key)
     model = args.model or served.model
@@ -255,6 +259,7 @@ def _endpoint_run(args: ReplayArgs, endpoint: str, arms: list[str], records: lis
             request_deadline_s=args.timeouts.deadline_s,
             api_key=key,
             max_tokens_cap=args.max_tokens_cap,
+            greedy=args.greedy,
         )
         info = ArmInfo(name=args.label or "endpoint")
     key_env = running.api_key_env if running else args.api_key_env
@@ -277,7 +282,7 @@ def _arm_runs(args: ReplayArgs, arms: list[str], records: list[CorpusRecord]) ->
         config, source = load_arm(name)
         arm = resolve_arm(config, source, port=args.port, model=args.model, api_key_env=args.api_key_env)
         check_launchable(arm)
-        check_serves(arm, records, args.corpus)
+        check_serves(arm, records, args.corpus, greedy=args.greedy)
         resolved.append(arm)
     if any(a.config.request.api == "generate" for a in resolved):
         _require_input_ids(records)
@@ -317,7 +322,7 @@ def _new_meta(run: _Pending, args: ReplayArgs, records: list[CorpusRecord], mani
         manifest_sha256=file_sha256(manifest) if manifest else None,
         request_ids=[r.id for r in records],
         record_sha256={r.id: record_sha256(r) for r in records},
-        deterministic_ids=[r.id for r in records if r.is_deterministic],
+        deterministic_ids=[r.id for r in records if target.greedy or r.is_deterministic],
         runs=args.runs or 1,
         concurrency=args.concurrency or 1,
         boot_per_run=run.boot_per_run,
@@ -325,6 +330,7 @@ def _new_meta(run: _Pending, args: ReplayArgs, records: list[CorpusRecord], mani
         stream_options=target.stream_options,
         extra_body=target.extra_body,
         max_tokens_cap=target.max_tokens_cap,
+        greedy=target.greedy,
         run_id=new_run_id(run.label),
         created=now_iso(),
         host=host_info(),
@@ -404,7 +410,9 @@ def _resume(run_path: Path, args: ReplayArgs) -> Plan:
         check_port_free(arm.config.host, arm.port)
         run.redactor = Redactor.for_arm(arm)
         meta.endpoint, meta.api_key_env = arm.base_url, arm.api_key_env
-        target = _arm_target(arm, replace(args, api=meta.api, max_tokens_cap=meta.max_tokens_cap))
+        target = _arm_target(
+            arm, replace(args, api=meta.api, max_tokens_cap=meta.max_tokens_cap, greedy=meta.greedy)
+        )
         return Plan(run, meta, records, target, arm)
     if args.port is not None:
         raise LumobenchError(f"--port launches arms; run {meta.run_id} replayed a running endpoint")
@@ -422,6 +430,7 @@ def _resume(run_path: Path, args: ReplayArgs) -> Plan:
         request_deadline_s=args.timeouts.deadline_s,
         api_key=key,
         max_tokens_cap=meta.max_tokens_cap,
+        greedy=meta.greedy,
     )
     return Plan(run, meta, records, target, None)
 

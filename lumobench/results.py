@@ -165,6 +165,7 @@ class RunMeta(BaseModel):
     max_tokens_cap: int | None = Field(
         default=None, ge=1, le=MAX_TOKENS
     )  # --max-tokens-cap (kept for --resume)
+    greedy: bool = False  # --greedy: every request was sent as greedy decoding (kept for --resume)
     host: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list)
     status: Literal["running", "finished", "interrupted", "aborted"] = "running"

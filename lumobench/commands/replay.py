@@ -200,6 +200,16 @@ def replay(
             "corpus captured on a long-context arm replayed on the embedded engine; kept for --resume.",
         ),
     ] = None,
+    greedy: Annotated[
+        bool,
+        typer.Option(
+            "--greedy",
+            help="Send every request as greedy decoding: temperature 0, and the record's top_p, top_k, "
+            "min_p, seed and presence/frequency/repetition penalties left out (max_tokens kept), e.g. a "
+            "sampled corpus replayed on greedy-only arms (vLLM CPU MTP); outputs are then compared on "
+            "every request. Kept in run.json for reports and --resume.",
+        ),
+    ] = False,
     interleaved: Annotated[
         bool | None,
         typer.Option(
@@ -240,6 +250,7 @@ def replay(
                 api_key_env=api_key_env,
                 boot_per_run=boot_per_run,
                 max_tokens_cap=max_tokens_cap,
+                greedy=greedy,
                 interleaved=interleaved,
                 with_peers=with_peers,
             )

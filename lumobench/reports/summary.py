@@ -69,6 +69,7 @@ class ArmReport(BaseModel):
     interleaved: bool = False  # measured in an interleaved group (arms up at once, requests rotated)
     # interleaved only: CPU seconds the other arms' servers used per second of this arm's requests
     others_cpu_per_s: float | None = None
+    greedy: bool = False  # replayed with --greedy: every request sent as greedy decoding
 
 
 def _tokens_per_chunk(rows: Sequence[RequestRow]) -> float | None:
@@ -188,6 +189,7 @@ def build_report(paths: Sequence[Path], reference: str | None = None) -> list[Ar
                 per_request_ratios=per_request,
                 interleaved=bool(meta.interleaved_with),
                 others_cpu_per_s=_others_cpu_per_s(rows),
+                greedy=meta.greedy,
             )
         )
     return reports
@@ -301,6 +303,11 @@ def table_notes(reports: Sequence[ArmReport]) -> list[str]:
         )
     elif len(reports) > 1:
         notes.append("measured one arm after another: ratios include any drift of the machine between arms")
+    if greedy := [r.arm for r in reports if r.greedy]:
+        notes.append(
+            "replayed with --greedy (every request sent as greedy decoding, whatever its record's sampling)"
+            + ("" if len(greedy) == len(reports) else f": {', '.join(greedy)} only")
+        )
     return notes
 
 

@@ -18,11 +18,14 @@ from .helpers import DEMO, REPO, small_corpus
 DEMO_GREEDY = REPO / "corpora" / "demo-greedy.jsonl"
 
 
-def _plan(corpus: Path, out: Path, arms: list[str], with_peers: bool = False) -> list[Plan]:
-    return plan_replay(ReplayArgs(corpus=corpus, arms=tuple(arms), out=out, with_peers=with_peers)).plans
+def _plan(
+    corpus: Path, out: Path, arms: list[str], with_peers: bool = False, greedy: bool = False
+) -> list[Plan]:
+    args = ReplayArgs(corpus=corpus, arms=tuple(arms), out=out, with_peers=with_peers, greedy=greedy)
+    return plan_replay(args).plans
 
 
-def test_a_greedy_only_arm_refuses_a_sampled_corpus_before_sending_anything(
+def test_a_greedy_only_arm_refuses_a_sampled_corpus_unless_it_is_replayed_greedy(
     tmp_path: Path, scripted_arm: Callable[..., Path]
 ) -> None:
     arm = str(
@@ -33,12 +36,16 @@ def test_a_greedy_only_arm_refuses_a_sampled_corpus_before_sending_anything(
     assert str(refused.value).startswith(
         "arm greedy serves greedy requests only (engine bug, see FINDINGS.md); 3 of 3 records of "
     ) and str(refused.value).endswith(
-        "sample or leave temperature unset (wal-t01, wal-t02, wal-t03): replay a greedy corpus such as "
-        "corpora/demo-greedy.jsonl"
+        "sample or leave temperature unset (wal-t01, wal-t02, wal-t03): replay with --greedy (every "
+        "request sent as greedy decoding) or a greedy corpus such as corpora/demo-greedy.jsonl"
     )
     assert not (tmp_path / "r").exists()
     (plan,) = _plan(DEMO_GREEDY, tmp_path / "r", [arm])
     assert plan.meta.manifest and plan.meta.manifest.endswith("manifests/demo-greedy.json")
+    assert not plan.meta.greedy and not plan.target.greedy
+    # the same sampled corpus, replayed as greedy decoding: accepted, and the run says so
+    (plan,) = _plan(small_corpus(tmp_path, 3), tmp_path / "g", [arm], greedy=True)
+    assert plan.meta.greedy and plan.target.greedy
 
 
 def test_with_peers_adds_the_vllm_cpu_arms_or_names_the_command_that_builds_them(
