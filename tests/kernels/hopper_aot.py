@@ -51,7 +51,7 @@ KERNELS = {
         dict(QWEN, V=128, BV=64, RP=32, BK=32, ROUNDS=11, PRODUCT=False, PRECISION="tf32x3"),
         dict(num_warps=8),
     ),
-    "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8), dict(num_warps=1)),
+    "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8, RP=32), dict(num_warps=1)),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
 for block_n, block_k, tiles, splits in (

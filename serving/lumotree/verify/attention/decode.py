@@ -159,6 +159,25 @@ def _key_step(q, k_row, v_row, qk_scale, active, m_i, l_i, acc):
 
 
 @triton.jit
+def _committed_key(k_ptr, v_ptr, key, h, stride_kt, stride_kh, offs_d, D: tl.constexpr):
+    """Committed key `key`'s K and V rows of KV head h (zeros for key < 0)."""
+    off = tl.maximum(key, 0).to(tl.int64) * stride_kt + h * stride_kh + offs_d
+    # (scalar conditions enter masks through tl.where: `tensor & scalar` fails in the interpreter)
+    mask = tl.where(key >= 0, offs_d < D, False)
+    return tl.load(k_ptr + off, mask=mask, other=0.0), tl.load(v_ptr + off, mask=mask, other=0.0)
+
+
+@triton.jit
+def _slot_key(k_ptr, v_ptr, bits, valid_m, prefix, slot, h, stride_kt, stride_kh, offs_d, D: tl.constexpr):
+    """Tree slot `slot`'s K and V rows of KV head h; zeros where no row of the block sees it (a slot
+    nobody sees may hold stale rows)."""
+    sees = valid_m & (((bits >> slot) & 1) != 0)
+    seen = tl.where(tl.max(sees.to(tl.int32), axis=0) > 0, offs_d < D, False)
+    off = (prefix + slot).to(tl.int64) * stride_kt + h * stride_kh + offs_d
+    return tl.load(k_ptr + off, mask=seen, other=0.0), tl.load(v_ptr + off, mask=seen, other=0.0)
+
+
+@triton.jit
 def tree_attention_tail_kernel(
     q_ptr,
     k_ptr,
@@ -192,24 +211,26 @@ def tree_attention_tail_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, D], dtype=tl.float32)
+    # each step issues the next key's loads before its own arithmetic (the walk is a chain of
+    # dependent steps; the loads are not), so their latency hides behind it
+    k_row, v_row = _committed_key(k_ptr, v_ptr, prefix - (TAIL - 1), h, stride_kt, stride_kh, offs_d, D)
     for back in tl.static_range(TAIL - 1):
         key = prefix - (TAIL - 1) + back  # the committed keys a row at depth 0 walks
-        off = tl.maximum(key, 0).to(tl.int64) * stride_kt + h * stride_kh + offs_d
-        # (scalar conditions enter masks through tl.where: `tensor & scalar` fails in the interpreter)
-        k_row = tl.load(k_ptr + off, mask=tl.where(key >= 0, offs_d < D, False), other=0.0)
-        v_row = tl.load(v_ptr + off, mask=tl.where(key >= 0, offs_d < D, False), other=0.0)
+        k_next, v_next = _committed_key(k_ptr, v_ptr, key + 1, h, stride_kt, stride_kh, offs_d, D)
         walks = tl.where(key >= 0, valid_m & (key >= start), False)
         m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, walks, m_i, l_i, acc)
+        k_row, v_row = k_next, v_next
     # slots past the block's highest visible one are skipped (its index from an fp32 log2, with one
     # slot of margin for the rounding: slots no row sees are no-ops)
     top = tl.max(tl.where(valid_m, tl.log2(bits.to(tl.float32)).to(tl.int32) + 2, 0), axis=0)
+    k_row, v_row = _slot_key(k_ptr, v_ptr, bits, valid_m, prefix, 0, h, stride_kt, stride_kh, offs_d, D)
     for slot in range(0, tl.minimum(top, R)):
+        k_next, v_next = _slot_key(
+            k_ptr, v_ptr, bits, valid_m, prefix, slot + 1, h, stride_kt, stride_kh, offs_d, D
+        )
         sees = valid_m & (((bits >> slot) & 1) != 0)
-        seen = tl.where(tl.max(sees.to(tl.int32), axis=0) > 0, offs_d < D, False)  # no stale rows read
-        off = (prefix + slot).to(tl.int64) * stride_kt + h * stride_kh + offs_d
-        k_row = tl.load(k_ptr + off, mask=seen, other=0.0)
-        v_row = tl.load(v_ptr + off, mask=seen, other=0.0)
         m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, sees, m_i, l_i, acc)
+        k_row, v_row = k_next, v_next
     _store_partial(o_part_ptr, lse_part_ptr, (SPLIT * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D)
 
 

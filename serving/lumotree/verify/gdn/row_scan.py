@@ -26,7 +26,7 @@ from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
-from lumotree.verify.gdn.scan import _load_operands, _record, _step
+from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
 
 
 @triton.jit
@@ -53,6 +53,7 @@ def gdn_rows_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
+    RP: tl.constexpr,
 ):
     NVT: tl.constexpr = V // BV
     GROUP: tl.constexpr = HV // H
@@ -65,26 +66,34 @@ def gdn_rows_kernel(
     offs_k = tl.arange(0, K)
     neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-    o = tl.zeros([BV], dtype=tl.float32)
     if row < tl.load(nactive_ptr):
-        S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
-        for node in range(0, row + 1):
-            if tl.load(anc_ptr + row * R + node) != 0:
-                q, k, v, g, beta = _load_operands(
-                    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k,
-                    neg_a, dt_bias, H, HV, K, V,
-                )  # fmt: skip
-                S, o = _step(S, q, k, v, g, beta)
-        q, k, v, g, beta = _load_operands(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, row, True, h, hv, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V
+        # the row's ancestry (itself included) in registers, walked root first; each step issues
+        # the next ancestor's loads before its own arithmetic, so their latency hides behind it
+        offs_r = tl.arange(0, RP)
+        on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
+        steps = tl.sum(on_path.to(tl.int32), axis=0)
+        node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
+        rq, rk, rv, ra, rb = _issue_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, H, HV, K, V
         )
+        S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
+        q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
+        o = tl.zeros([BV], dtype=tl.float32)
+        for _ in range(steps):
+            node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
+            rq, rk, rv, ra, rb = _issue_loads(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, H, HV, K, V
+            )
+            S, o = _step(S, q, k, v, g, beta)
+            if node < RP:  # the row's own operands stay prepared after the last step, for its record
+                q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
         _record(
             rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
             q, k, v, g, beta, o, H, HV, K, V, GROUP,
         )  # fmt: skip
     else:
         n = row.to(tl.int64)
-        tl.store(o_ptr + (n * HV + hv) * V + offs_v, o.to(o_ptr.dtype.element_ty))
+        tl.store(o_ptr + (n * HV + hv) * V + offs_v, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
 
 
 def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands) -> None:
@@ -95,5 +104,6 @@ def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, op
     bv = default_block_v(dv, state.device)
     gdn_rows_kernel[(hv * (dv // bv), rows)](
         *x.tensors(), state, tables.ancestry, tables.n_active, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
-        rows, H=heads, HV=hv, K=dk, V=dv, BV=bv, num_warps=DEFAULT_REPLAY_WARPS,
+        rows, H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows),
+        num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip
