@@ -122,8 +122,8 @@ KERNELS["tree attention partial"] = (
 )
 KERNELS["tree attention tail"] = (
     attention.tree_attention_tail_kernel,
-    dict(ATTENTION, SPLIT=22),
-    dict(num_warps=8),
+    dict(ATTENTION, BM=attention.AttentionConfig().tail_block_m, SPLIT=22),
+    dict(num_warps=attention.AttentionConfig().tail_warps),
 )
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
 KERNELS["skinny n32 k128 t1 split m1"] = (

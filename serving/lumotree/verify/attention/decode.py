@@ -27,7 +27,7 @@ physical order, bf16 trees parted from AR on long sampled answers (results/h200/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -318,13 +318,17 @@ def publish_kv_kernel(
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step."""
+    """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step; the tail
+    walk's own query tile (its steps are row-wise products, no MMA: a small tile runs more programs
+    and wastes less on a short block) and warps."""
 
     block_m: int = 64
     block_n: int = 32
     splits: int | None = None  # cache partitions; None: enough programs to fill the device
     num_warps: int = 8
     num_stages: int = 2
+    tail_block_m: int = 16
+    tail_warps: int = 4
 
 
 def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
@@ -420,10 +424,11 @@ def tree_attention_(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    tree_attention_tail_kernel[(mpad // bm, hkv)](
+    tail_bm = min(config.tail_block_m, bm)  # fixed as bm is: a row's walk has the same bits at any R
+    tree_attention_tail_kernel[(mpad // tail_bm, hkv)](
         q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, scale * LOG2E, q.stride(0),
-        q.stride(1), k_cache.stride(0), k_cache.stride(1), G=group, D=dim, BM=bm, MPAD=mpad, HKV=hkv,
-        TAIL=TAIL_KEYS, SPLIT=splits, num_warps=config.num_warps,
+        q.stride(1), k_cache.stride(0), k_cache.stride(1), G=group, D=dim, BM=tail_bm, MPAD=mpad,
+        HKV=hkv, TAIL=TAIL_KEYS, SPLIT=splits, num_warps=config.tail_warps,
     )  # fmt: skip
     merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
     tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
@@ -466,7 +471,7 @@ def tree_attention(
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     device = q.device
     bm = min(config.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
-    config = AttentionConfig(bm, config.block_n, config.splits, config.num_warps, config.num_stages)
+    config = replace(config, block_m=bm)
     mblocks = triton.cdiv(rows * (hq // hkv), bm)
     splits = config.splits or default_splits(device, mblocks * hkv)
     o = torch.empty_like(q)
