@@ -263,8 +263,11 @@ def run_arm(
     }
 
 
-def gdn_model_order(model: HybridLM, tree: TreeDescriptor, timer: Timer) -> float:
-    """Median ms of the GDN verification of every GDN layer, one launch per layer, in one graph."""
+def gdn_model_order(
+    model: HybridLM, tree: TreeDescriptor, timer: Timer, config: device_ops.GdnConfig | None = None
+) -> float:
+    """Median ms of the GDN verification of every GDN layer, in model order, in one graph (the
+    engine's form unless `config` names another)."""
     cfg, dev = model.config, model.device
     tables = DeviceTree(tree.rows, MAX_DEPTH, dev).load_(tree)
     gen = torch.Generator(device=dev).manual_seed(1)
@@ -289,7 +292,7 @@ def gdn_model_order(model: HybridLM, tree: TreeDescriptor, timer: Timer) -> floa
 
     def all_layers() -> None:
         for x, state in inputs:
-            device_ops.gdn_verify(x, state, tables)
+            device_ops.gdn_verify(x, state, tables, config)
 
     all_layers()
     torch.cuda.synchronize()

@@ -11,6 +11,7 @@ from lumobench.bench.cycle import cycle_command
 from lumobench.bench.cycle_profile import cycle_profile_command
 from lumobench.bench.draft_vocab import draft_vocab_command
 from lumobench.bench.engine import engine_command
+from lumobench.bench.gdn_forms import gdn_forms_command
 from lumobench.bench.kernels.ablate_gdn import ablate_gdn_command
 from lumobench.bench.kernels.command import kernels_command
 from lumobench.bench.loop import loop_app
@@ -30,13 +31,14 @@ bench_app.command("engine")(engine_command)
 bench_app.command("prefill")(prefill_command)
 bench_app.command("draft-vocab")(draft_vocab_command)
 # CUDA GPU: the kernels (and a GDN ablation), the skinny GEMM, the decode cycle and its profile,
-# whether a verified row has the one-row step's bits
+# whether a verified row has the one-row step's bits, the GDN verification forms side by side
 bench_app.command("kernels")(kernels_command)
 bench_app.command("ablate-gdn")(ablate_gdn_command)
 bench_app.command("skinny-gemm")(skinny_gemm_command)
 bench_app.command("cycle")(cycle_command)
 bench_app.command("cycle-profile")(cycle_profile_command)
 bench_app.command("row-invariance")(row_invariance_command)
+bench_app.command("gdn-forms")(gdn_forms_command)
 # the real loop through the server and harness against its device cycle
 bench_app.add_typer(loop_app, name="loop")
 # servers: an arm's resident memory, the LumoTree server under large bodies, /metrics deltas

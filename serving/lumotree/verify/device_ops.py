@@ -11,9 +11,10 @@ per-cycle value from device memory, so a forward or a publication built from the
 once in a CUDA graph and replayed for later trees: no host value of the tree enters a launch.
 Outputs are allocated per call (inside a captured graph they come from the graph's pool).
 
-- GDN verification in model order, one launch per layer: `row_scan.gdn_rows_` (the default: every
-  row carried down its ancestry with the replay's arithmetic, the AR step's bits) or
-  `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
+- GDN verification in model order, per layer: `row_scan.gdn_rows_` (the default: every row
+  carried down its ancestry with the replay's arithmetic, the AR step's bits, one launch),
+  `spine_scan.gdn_spine_rows_` (the same bits, each spine node's state computed once, two
+  launches) or `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
 - tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
   row's last keys and tree slots walked in logical order), with a query tile and a split count
@@ -45,6 +46,7 @@ from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
 from lumotree.verify.gdn.row_scan import gdn_rows_
+from lumotree.verify.gdn.spine_scan import cut_buffer, gdn_spine_rows_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
 # Tree attention's cache partitions (fixed rows, see attention/decode.py): enough for the one-row
@@ -56,11 +58,15 @@ ATTENTION_WAVES = 2
 MIN_KEYS_PER_SPLIT = 256
 
 
+GDN_FORMS = ("rows", "spine", "wy")
+
+
 @dataclass(frozen=True)
 class GdnConfig:
-    """The per-layer GDN verification: form "rows" (the row scan, AR's bits) or "wy" (the tree WY
-    kernel, whose launch settings follow: see tree_scan.py and NOTES, on the H200 the fastest
-    per-layer form measured was tf32x3, 64-wide value tiles, 8 warps)."""
+    """The per-layer GDN verification: form "rows" (the row scan, AR's bits), "spine" (the spine
+    scan: the row scan's bits, each spine node's state computed once; two launches) or "wy" (the
+    tree WY kernel, whose launch settings follow: see tree_scan.py and NOTES, on the H200 the
+    fastest per-layer form measured was tf32x3, 64-wide value tiles, 8 warps)."""
 
     form: str = "rows"
     block_v: int = 64
@@ -76,8 +82,8 @@ class GdnConfig:
         return cls(block_v=32, num_warps=4, precision="ieee")
 
     def __post_init__(self) -> None:
-        if self.form not in ("rows", "wy"):
-            raise ValueError(f"the GDN form must be rows or wy, got {self.form!r}")
+        if self.form not in GDN_FORMS:
+            raise ValueError(f"the GDN form must be one of {', '.join(GDN_FORMS)}, got {self.form!r}")
 
 
 def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: DeviceTree) -> Tensor:
@@ -97,8 +103,8 @@ def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None
 def gdn_verify(
     x: GdnInputs, state: Tensor, tree: DeviceTree, config: GdnConfig | None = None
 ) -> GdnVerifyResult:
-    """One layer's verification (the row scan, or the tree WY kernel: `config.form`): records every
-    row's operands (fp32), no cut states (publication replays from the records)."""
+    """One layer's verification (the row scan, the spine scan or the tree WY kernel: `config.form`):
+    records every row's operands (fp32), no cut states (publication replays from the records)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     cfg = config or GdnConfig.for_device(x.q.device)
@@ -106,6 +112,10 @@ def gdn_verify(
     o = torch.empty_like(x.v)
     if cfg.form == "rows":
         gdn_rows_(x.map(Tensor.contiguous), state.contiguous(), tree.gdn, o, ops)
+        return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
+    if cfg.form == "spine":
+        cut = cut_buffer(tree.max_depth, hv, dv, dk, x.q.device)
+        gdn_spine_rows_(x.map(Tensor.contiguous), state.contiguous(), tree.gdn, tree.spine_nodes, cut, o, ops)
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     gdn_tree_(
         x.map(Tensor.contiguous),

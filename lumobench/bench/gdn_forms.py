@@ -1,0 +1,126 @@
+"""The GDN verification forms side by side at a random-weight preset's shapes (CUDA only): every GDN
+layer in model order in one graph per form (the row scan, the spine scan, the tree WY form) for the
+paper tree, and whether the spine scan gives the row scan's bits (outputs and records) on random
+trees of every shape.
+
+    lumobench bench gdn-forms --out results/h200/gdn-forms      (or python -m lumobench.bench.gdn_forms)
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from lumobench.bench.cycle import gdn_model_order
+from lumobench.bench.output import command_line, current_commit, write_tables
+from lumobench.bench.timing import Timer
+from lumobench.checks.random_trees import SHAPES, paper_tree, random_tree
+from lumotree.drafting.geometry import GeometryConfig
+from lumotree.model.config import HybridConfig
+from lumotree.model.random_weights import preset_config, random_model
+from lumotree.tree import MAX_DEPTH
+from lumotree.verify import device_ops
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.reference import GdnInputs
+
+
+def spine_matches_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
+    """Per random tree shape: one GDN layer of `cfg`'s shapes (random operands and gates) verified by
+    the row scan and by the spine scan from the same inputs; equal when every output and record of
+    an active row is bitwise equal."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+
+    def randn(*s: int) -> torch.Tensor:
+        return torch.randn(s, generator=gen, device=device)
+
+    cases = []
+    for i, shape in enumerate(SHAPES):
+        tree = random_tree(shape, random.Random(seed + i))
+        rows = tree.rows
+        shapes = ((rows, h, dk), (rows, h, dk), (rows, hv, dv), (rows, hv), (rows, hv))
+        x = GdnInputs(*(randn(*s).to(dtype) for s in shapes), randn(hv).abs().log(), randn(hv))
+        state = randn(hv, dv, dk) * 0.1
+        tables = DeviceTree(rows, MAX_DEPTH, device).load_(tree)
+        got = {
+            form: device_ops.gdn_verify(x, state, tables, device_ops.GdnConfig(form=form))
+            for form in ("rows", "spine")
+        }
+        active = tree.n_active
+        pairs = [(got["rows"].o[:active], got["spine"].o[:active])]
+        pairs += [
+            (getattr(got["rows"].operands, f)[:active], getattr(got["spine"].operands, f)[:active])
+            for f in ("q", "k", "v", "g", "beta")
+        ]
+        equal = all(torch.equal(a, b) for a, b in pairs)
+        cases.append({"shape": shape, "rows": active, "depth": int(tree.depth.max()), "equal": equal})
+    return cases
+
+
+def markdown(doc: dict) -> str:
+    lines = [
+        f"# GDN verification forms, {doc['preset']} shapes ({doc['device']})",
+        "",
+        f"Command: `{doc['command']}` at commit {doc['commit']}.",
+        f"Every GDN layer ({doc['layers']}) in model order in one CUDA graph, the paper tree "
+        f"({doc['tree_rows']} active rows, depth {doc['tree_depth']}), median of {doc['iters']} replays:",
+        "",
+        "| form | ms | bits |",
+        "| --- | ---: | --- |",
+    ]
+    bits = {"rows": "the one-row step's", "spine": "the row scan's", "wy": "its own (not row-invariant)"}
+    lines += [f"| {form} | {ms:.3f} | {bits[form]} |" for form, ms in doc["model_order_ms"].items()]
+    lines += ["", "The spine scan against the row scan, one layer, random trees:", ""]
+    lines += ["| tree shape | active rows | depth | bitwise equal |", "| --- | ---: | ---: | --- |"]
+    lines += [f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['equal']} |" for c in doc["spine_vs_rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def gdn_forms_command(
+    out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")] = Path(
+        "results/h200/gdn-forms"
+    ),
+    preset: Annotated[str, typer.Option(help="Random-weights shape preset.")] = "qwen3.5-27b",
+    iters: Annotated[int, typer.Option(min=1, help="Timed graph replays per form.")] = 50,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
+) -> None:
+    """Time the GDN verification forms in model order and check the spine scan's bits."""
+    if not torch.cuda.is_available():
+        typer.echo("error: the GDN forms bench needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    device = torch.device("cuda")
+    try:
+        model = random_model(preset_config(preset), device, torch.bfloat16, seed=0)
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    tree = paper_tree(random.Random(0), model.config.vocab_size, 4096, GeometryConfig(rows=32))
+    timer = Timer(device, iters, warmup)
+    with torch.inference_mode():
+        spine = spine_matches_rows(model.config, torch.bfloat16, device, seed=3)
+        timed = {
+            form: gdn_model_order(model, tree, timer, device_ops.GdnConfig(form=form))
+            for form in device_ops.GDN_FORMS
+        }
+    doc = {
+        "preset": preset,
+        "device": torch.cuda.get_device_name(),
+        "layers": sum(1 for layer in model.model.layers if layer.is_linear),
+        "tree_rows": tree.n_active,
+        "tree_depth": int(tree.depth.max()),
+        "iters": iters,
+        "model_order_ms": timed,
+        "spine_vs_rows": spine,
+        "command": command_line("gdn-forms"),
+        "commit": current_commit(),
+    }
+    write_tables(out, doc, markdown)
+
+
+if __name__ == "__main__":
+    typer.run(gdn_forms_command)
