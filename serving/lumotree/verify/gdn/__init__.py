@@ -6,8 +6,11 @@ Which form is used for what:
 - `scan.py` (Triton): the path scan of DESIGN §3.3 (spine launch exporting cut states, then branch
   paths) and, with the "store_all" schedule, the native-paths baseline that stores every node's
   state. Tables: `plan.ScanTables`.
+- `row_scan.py` (Triton): the engine's form: every row carried down its ancestry with the replay's
+  arithmetic, so a row has the one-row (AR) step's bits; `spine_scan.py` (Triton): the same bits
+  with each spine node's state computed once (a spine launch, then a branch launch).
 - `tree_scan.py` (Triton): the tree WY form, every row solved at once through the ancestry-masked
-  triangular system; the fastest form per layer, what a model running its layers in order uses.
+  triangular system; the fastest form per layer, but with its own rounding (not row-invariant).
 - `tree_value_major.py` (Triton): the same algebra split into a prepare and a value-major apply
   launch; the fastest over many instances (e.g. all 48 layers of a model) in one launch.
 - `replay.py` (Triton): publication of the accepted path from the recorded operands, per layer or
