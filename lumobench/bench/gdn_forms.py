@@ -20,6 +20,7 @@ from lumobench.bench.output import command_line, current_commit, write_tables
 from lumobench.bench.timing import Timer
 from lumobench.checks.random_trees import SHAPES, paper_tree, random_tree
 from lumotree.drafting.geometry import GeometryConfig
+from lumotree.model import default_model_path, load_checkpoint
 from lumotree.model.config import HybridConfig
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.tree import MAX_DEPTH
@@ -85,7 +86,9 @@ def gdn_forms_command(
     out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")] = Path(
         "results/h200/gdn-forms"
     ),
-    preset: Annotated[str, typer.Option(help="Random-weights shape preset.")] = "qwen3.5-27b",
+    preset: Annotated[
+        str, typer.Option(help="Random-weights shape preset, or `shipped` for the shipped model.")
+    ] = "qwen3.5-27b",
     iters: Annotated[int, typer.Option(min=1, help="Timed graph replays per form.")] = 50,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
 ) -> None:
@@ -95,7 +98,10 @@ def gdn_forms_command(
         raise typer.Exit(2)
     device = torch.device("cuda")
     try:
-        model = random_model(preset_config(preset), device, torch.bfloat16, seed=0)
+        if preset == "shipped":
+            model = load_checkpoint(default_model_path(), dtype=torch.bfloat16, device=device)
+        else:
+            model = random_model(preset_config(preset), device, torch.bfloat16, seed=0)
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
