@@ -11,10 +11,11 @@ per-cycle value from device memory, so a forward or a publication built from the
 once in a CUDA graph and replayed for later trees: no host value of the tree enters a launch.
 Outputs are allocated per call (inside a captured graph they come from the graph's pool).
 
-- GDN verification in model order, per layer: `row_scan.gdn_rows_` (the default: every row
-  carried down its ancestry with the replay's arithmetic, the AR step's bits, one launch),
+- GDN verification in model order, per layer: `row_scan.gdn_rows_` (every row carried down its
+  ancestry with the replay's arithmetic, the AR step's bits, one launch) or
   `spine_scan.gdn_spine_rows_` (the same bits, each spine node's state computed once, two
-  launches) or `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
+  launches: the engine's choice for wide trees over large states, `GdnConfig.for_device`), or
+  `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
 - tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
   row's last keys and tree slots walked in logical order), with a query tile and a split count
@@ -59,6 +60,12 @@ MIN_KEYS_PER_SPLIT = 256
 
 
 GDN_FORMS = ("rows", "spine", "wy")
+# The spine scan beats the row scan where the state work outweighs its second launch: measured on the
+# H200 for the paper tree (results/h200/gdn-forms*.md), 48 layers of Qwen3.5-27B (3 MiB states) 1.96 ms
+# against 3.53, 6 layers of the shipped model (64 KiB states) 0.099 against 0.058. Chains (MTP-5's
+# 6 rows) and one-row steps were not measured apart and keep the row scan.
+SPINE_MIN_STATE_BYTES = 2**20
+SPINE_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,13 @@ class GdnConfig:
     solve: str = "substitution"
 
     @classmethod
-    def for_device(cls, device: torch.device) -> GdnConfig:
-        """tf32x3 tensor-core products on CUDA; exact fp32 ("ieee") elsewhere (the interpreter)."""
+    def for_device(cls, device: torch.device, rows: int = 1, state_bytes: int = 0) -> GdnConfig:
+        """The engine's choice for `rows` verified rows over a layer state of `state_bytes`: on CUDA
+        the spine scan for wide trees over large states, else the row scan (the same bits either
+        way), the WY settings tf32x3; on a CPU (the interpreter) the row scan and exact fp32."""
         if device.type == "cuda":
-            return cls()
+            wide = rows >= SPINE_MIN_ROWS and state_bytes >= SPINE_MIN_STATE_BYTES
+            return cls(form="spine" if wide else "rows")
         return cls(block_v=32, num_warps=4, precision="ieee")
 
     def __post_init__(self) -> None:
@@ -107,7 +117,7 @@ def gdn_verify(
     records every row's operands (fp32), no cut states (publication replays from the records)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
-    cfg = config or GdnConfig.for_device(x.q.device)
+    cfg = config or GdnConfig.for_device(x.q.device, rows, state.numel() * state.element_size())
     ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
     o = torch.empty_like(x.v)
     if cfg.form == "rows":
