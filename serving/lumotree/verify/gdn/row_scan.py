@@ -30,6 +30,33 @@ from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
 
 
 @triton.jit
+def carry_down(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, neg_a, dt_bias,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    RP: tl.constexpr,
+):  # fmt: skip
+    """Carry the tile S [BV, K] down the rows where `on_path` (root side first, at least one), one
+    step each; each step issues the next row's loads before its own arithmetic, so their latency
+    hides behind it. Returns the last step's read and the last row's prepared operands (its record's)."""
+    steps = tl.sum(on_path.to(tl.int32), axis=0)
+    node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
+    rq, rk, rv, ra, rb = _issue_loads(
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, H, HV, K, V
+    )
+    q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
+    o = tl.zeros([BV], dtype=tl.float32)
+    for _ in range(steps):
+        node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
+        rq, rk, rv, ra, rb = _issue_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, H, HV, K, V
+        )
+        S, o = _step(S, q, k, v, g, beta)
+        if node < RP:  # the row's own operands stay prepared after the last step, for its record
+            q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
+    return o, q, k, v, g, beta
+
+
+@triton.jit
 def gdn_rows_kernel(
     q_ptr,
     k_ptr,
@@ -67,26 +94,14 @@ def gdn_rows_kernel(
     neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     if row < tl.load(nactive_ptr):
-        # the row's ancestry (itself included) in registers, walked root first; each step issues
-        # the next ancestor's loads before its own arithmetic, so their latency hides behind it
+        # the row's ancestry (itself included) in registers, walked root first
         offs_r = tl.arange(0, RP)
         on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
-        steps = tl.sum(on_path.to(tl.int32), axis=0)
-        node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
-        rq, rk, rv, ra, rb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, H, HV, K, V
-        )
         S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
-        q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
-        o = tl.zeros([BV], dtype=tl.float32)
-        for _ in range(steps):
-            node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-            rq, rk, rv, ra, rb = _issue_loads(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, H, HV, K, V
-            )
-            S, o = _step(S, q, k, v, g, beta)
-            if node < RP:  # the row's own operands stay prepared after the last step, for its record
-                q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
+        o, q, k, v, g, beta = carry_down(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, neg_a, dt_bias,
+            H, HV, K, V, BV, RP,
+        )  # fmt: skip
         _record(
             rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
             q, k, v, g, beta, o, H, HV, K, V, GROUP,

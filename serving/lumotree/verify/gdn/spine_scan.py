@@ -30,6 +30,7 @@ from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
+from lumotree.verify.gdn.row_scan import carry_down
 from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
 
 
@@ -151,23 +152,12 @@ def gdn_branch_kernel(
         S = tl.load(cut_ptr + (hv + base * HV).to(tl.int64) * V * K + tile)
         # the rest of the ancestry (itself included), root side first, as the row scan walks it
         offs_r = tl.arange(0, RP)
-        on_path = tl.load(anc_ptr + row * R + offs_r, mask=(offs_r <= row) & (offs_r > base_node), other=0)
-        on_path = on_path != 0
-        steps = tl.sum(on_path.to(tl.int32), axis=0)
-        node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
-        rq, rk, rv, ra, rb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, H, HV, K, V
-        )
-        q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
-        o = tl.zeros([BV], dtype=tl.float32)
-        for _ in range(steps):
-            node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-            rq, rk, rv, ra, rb = _issue_loads(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, H, HV, K, V
-            )
-            S, o = _step(S, q, k, v, g, beta)
-            if node < RP:  # the row's own operands stay prepared after the last step, for its record
-                q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
+        rest = (offs_r <= row) & (offs_r > base_node)
+        on_path = tl.load(anc_ptr + row * R + offs_r, mask=rest, other=0) != 0
+        o, q, k, v, g, beta = carry_down(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, neg_a, dt_bias,
+            H, HV, K, V, BV, RP,
+        )  # fmt: skip
         _record(
             rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
             q, k, v, g, beta, o, H, HV, K, V, GROUP,
