@@ -21,7 +21,9 @@ from lumotree.verify.gdn.spine_scan import cut_buffer, gdn_spine_rows_
 
 from .helpers import assert_gdn_matches_reference, poisoned
 
-DIMS = gdn_checks.GdnDims(H=2, HV=4, K=16, V=16)
+DIMS = gdn_checks.GdnDims(H=1, HV=2, K=16, V=16)  # one key head, two value heads: grouped, cheap
+#: the default run's trees (the paper tree and a deep, wide one); the other shapes are slow-marked
+QUICK = {"paper", "deep_and_wide"}
 CPU = torch.device("cpu")
 
 
@@ -49,7 +51,12 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("shape", "dtype"), [(s, torch.bfloat16) for s in SHAPES] + [("paper", torch.float32)]
+    ("shape", "dtype"),
+    [
+        pytest.param(s, torch.bfloat16, marks=() if s in QUICK else pytest.mark.slow, id=f"{s}-bf16")
+        for s in SHAPES
+    ]
+    + [pytest.param("paper", torch.float32, id="paper-fp32")],
 )
 def test_the_spine_scan_gives_every_row_the_row_scans_bits(shape: str, dtype: torch.dtype) -> None:
     tree = random_tree(shape, random.Random(900 + SHAPES.index(shape)))
