@@ -1,10 +1,13 @@
-"""Where a decode cycle's time goes, for a model small enough that launches, not bytes, set the pace
-(the shipped lumo-tiny-coder on a GPU): per arm, the device-timed phases of the captured cycle, the
+"""Where a decode cycle's time goes: per arm, the device-timed phases of the captured cycle, the
 in-process loop around it, and the kernels of one eager cycle by family (count and device time), so
 the gap between the graph's time and its kernels' time is what launching them costs.
 
     lumobench bench cycle-profile --out results/h200/cycle-tiny     (CUDA only; or python -m
     lumobench.bench.cycle_profile)
+    lumobench bench cycle-profile --random-weights qwen3.5-27b --context 4096 --out results/h200/cycle-27b
+
+The shipped lumo-tiny-coder shows what launches cost (its bytes are few); a random-weight preset
+shows where a large model's cycle goes beyond its weight reads.
 
 Each arm runs the engine's loop on `DeviceRunner` as `lumobench.bench.cycle` does (forced
 acceptance at the paper's means, so every arm publishes paths of realistic length; the shipped
@@ -22,6 +25,7 @@ import typer
 from lumobench.bench.cycle import ARMS, GREEDY, Arm, build_runner, fill_state_, kernel_times, run_arm
 from lumobench.bench.output import command_line, current_commit, write_tables
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
+from lumotree.model.random_weights import preset_config, preset_names, random_model
 from lumotree.sampling import SamplingParams
 
 #: kernel families by the first name fragment that matches (lowercase), in this order
@@ -123,6 +127,10 @@ def cycle_profile_command(
         "results/h200/cycle-tiny"
     ),
     model: Annotated[Path | None, typer.Option(help="Checkpoint (default: lumo-tiny-coder).")] = None,
+    random_weights: Annotated[
+        str | None,
+        typer.Option(help="A shape preset with random weights instead of a checkpoint, e.g. qwen3.5-27b."),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "bfloat16",
     context: Annotated[int, typer.Option(min=1, help="Committed context tokens.")] = 1024,
     iters: Annotated[int, typer.Option(min=1, help="Timed cycles per arm.")] = 100,
@@ -135,7 +143,7 @@ def cycle_profile_command(
         ),
     ] = "greedy",
 ) -> None:
-    """Profile the AR step, the chain MTP-5 cycle and the paper tree cycle of a small model."""
+    """Profile the AR step, the chain MTP-5 cycle and the paper tree cycle of a model."""
     if not torch.cuda.is_available():
         typer.echo("error: the cycle profile needs a CUDA GPU", err=True)
         raise typer.Exit(2)
@@ -146,11 +154,24 @@ def cycle_profile_command(
     if sampling not in SAMPLINGS:
         typer.echo(f"error: --sampling takes {' or '.join(SAMPLINGS)}, got {sampling!r}", err=True)
         raise typer.Exit(2)
-    folder = model or default_model_path()
-    net = load_checkpoint(folder, dtype=dtypes[dtype], device=torch.device("cuda"))
+    if model is not None and random_weights is not None:
+        typer.echo("error: give --model or --random-weights, not both", err=True)
+        raise typer.Exit(2)
+    cuda = torch.device("cuda")
+    if random_weights is not None:
+        if random_weights not in preset_names():
+            known = ", ".join(preset_names())
+            typer.echo(f"error: unknown --random-weights preset {random_weights!r}; known: {known}", err=True)
+            raise typer.Exit(2)
+        name = f"{random_weights} (random weights)"
+        net = random_model(preset_config(random_weights), cuda, dtypes[dtype], seed=0)
+    else:
+        folder = model or default_model_path()
+        name = folder.name
+        net = load_checkpoint(folder, dtype=dtypes[dtype], device=cuda)
     arms = [Arm("ar", ARMS["ar"], 0.0), Arm("mtp5", ARMS["mtp5"], 3.17), Arm("tree", ARMS["tree"], 4.05)]
     doc = {
-        "model": folder.name,
+        "model": name,
         "dtype": dtype,
         "context": context,
         "sampling": sampling,
