@@ -1,5 +1,7 @@
 """The host runner writes the prompt's MTP rows on a worker thread: the call returns at once, the
-store after them runs once they are written, and everything that reads the MTP cache waits.
+store after them runs once they are written, and everything that reads the MTP cache waits; the
+engine emits a request's first token only once they are written (prefill work stays out of the
+decode window).
 
 `SlowMTP` is a fake MTP source standing for a drafter whose prompt pass takes long: its commit
 blocks until the test releases it, and it records what it was given.
@@ -8,6 +10,7 @@ blocks until the test releases it, and it records what it was given.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -15,9 +18,11 @@ import torch
 from torch import Tensor
 
 from lumotree.drafting.mtp import MTPProposal
+from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.engine.model_runner import ModelRunner
 from lumotree.model import HybridLM
 from lumotree.model.state import KVCache
+from lumotree.sampling import SamplingParams
 from lumotree.verify.kernel_sets import CPU_FAST
 
 
@@ -82,3 +87,25 @@ def test_a_failed_commit_is_raised_where_the_runner_settles(runner: tuple[ModelR
     assert stored == []  # the store after a failed pass never runs
     mtp.fail = False
     run.reset()  # the failure was reported once; the runner goes on
+
+
+def test_the_first_token_goes_out_after_the_prompts_mtp_rows_are_written(
+    demo_prompts: list[GenerationRequest],
+) -> None:
+    engine = LLMEngine(EngineConfig(drafter="mtp", max_model_len=4096, prefix_cache=False))
+    mtp = engine.runner.mtp
+    assert mtp is not None
+    commit, written = mtp.commit, threading.Event()
+
+    def slow_commit(hidden: Tensor, next_tokens: Sequence[int]) -> None:
+        time.sleep(0.3)  # a prompt pass that outlasts the first token's logits and sampling
+        commit(hidden, next_tokens)
+        written.set()
+
+    mtp.commit = slow_commit  # type: ignore[method-assign]
+    prompt = min(demo_prompts, key=lambda p: len(p.prompt_token_ids)).prompt_token_ids
+    engine.add_request(GenerationRequest("first", prompt, SamplingParams(0.0), 4))
+    first: list[int] = []
+    while not first:
+        first = [t for event in engine.step() for t in event.token_ids]
+    assert written.is_set(), "the first token was emitted while the prompt's MTP rows were being written"

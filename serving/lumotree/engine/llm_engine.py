@@ -313,8 +313,11 @@ class LLMEngine:
             # logits go first, the last chunk's MTP rows after (a runner may write them meanwhile)
             logits = self.runner.logits(self._last_hidden).cpu()
             self.runner.commit_mtp_rows(rows, next_tokens)
-        sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed)
-        token = sampler.choose(logits, [[]])[0]
+            sampler = RowSampler(seq.request.sampling, self._require_prompt_seen(), [], seq.seed)
+            token = sampler.choose(logits, [[]])[0]
+            # the prompt's MTP rows are prefill work: written before the first token goes out, so
+            # the time to first token holds them and the decode window starts with a cycle
+            self.runner.settle()
         seq.status = SequenceStatus.DECODE
         kept, reason = self._cut(seq, [token])
         self.drafter.emitted(kept)

@@ -13,7 +13,8 @@ prefills the next chunk and the first token is sampled: the native calls and PyT
 release the GIL, so a second core takes them off the time to first token. The worker's passes
 touch only the MTP cache and the native forward's scratch; the main thread meanwhile runs the
 target's PyTorch prefill and `lt_logits`, which writes only its output. `settle` joins it before
-anything reads the MTP cache (the first proposal, the next request's reset).
+anything reads the MTP cache (the next request's reset) and before the first token is emitted (the
+engine: prompt rows are prefill work, kept out of the decode window).
 """
 
 from __future__ import annotations
