@@ -3,13 +3,17 @@ environment (subprocesses and a real server). Single-threaded, as the engine's t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 import torch
 
 from lumotree.verify.kernel_sets import CPU_FAST, TreeKernels
+from lumotree.vllm.gdn_core import GdnCore, TorchGdnCore
+from lumotree.vllm.native_core import NativeGdnCore
+
+MakeCore = Callable[[Mapping[str, torch.nn.Module]], GdnCore]
 
 
 @pytest.fixture(autouse=True, scope="package")
@@ -28,6 +32,20 @@ def tree_kernels(request: pytest.FixtureRequest) -> TreeKernels:
     from lumotree.vllm.gpu import triton_kernels
 
     return triton_kernels()
+
+
+@pytest.fixture(params=["native", "cpu-fast", "triton"], scope="module")
+def make_core(request: pytest.FixtureRequest) -> MakeCore:
+    """The plugin's GDN cores over given GDN layers (by name): the native core (the CPU default), and
+    the PyTorch core with the CPU op set and with the Triton set of its GPU path (interpreted here)."""
+    if request.param == "native":
+        return lambda layers: NativeGdnCore(layers, max_rows=32)
+    kernels = CPU_FAST
+    if request.param == "triton":
+        from lumotree.vllm.gpu import triton_kernels
+
+        kernels = triton_kernels()
+    return lambda layers: TorchGdnCore(kernels)
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,15 @@ from torch import Tensor
 
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.model.gdn import GatedDeltaNet
-from lumotree.verify.kernel_sets import CPU_FAST, TreeKernels
+from lumotree.verify.kernel_sets import CPU_FAST
 from lumotree.vllm.align import move_running_states, running_column
 from lumotree.vllm.checkpoints import boundary_cuts, publish_gdn_path
-from lumotree.vllm.gdn_core import conv_state_view, gdn_core
+from lumotree.vllm.gdn_core import GdnCore, TorchGdnCore, conv_state_view
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.publish import LayerIndex, publish_accepted
 from lumotree.vllm.steps import RequestStep, StepPlan
 
+from .conftest import MakeCore
 from .fake_vllm import attention_layer, gdn_layer, plan
 from .trees import tree_from_paths
 
@@ -63,9 +64,10 @@ def _chunk(index: int, start: int, x_rows: int, prefix: int) -> RequestStep:
 @pytest.mark.parametrize("dim_first", [False, True])
 @pytest.mark.parametrize("spec_width", [0, 27])
 def test_chunks_continue_the_state_across_steps(
-    mixer: GatedDeltaNet, dim_first: bool, spec_width: int
+    mixer: GatedDeltaNet, make_core: MakeCore, dim_first: bool, spec_width: int
 ) -> None:
     layer = gdn_layer(mixer, slots=4, spec_width=spec_width, dim_first=dim_first)
+    core = make_core({layer.prefix: layer})
     untouched = [c.clone() for c in layer.kv_cache]
     x, b, a = _inputs(mixer, 12, seed=0)
     out = torch.zeros(12, mixer.num_v_heads, mixer.head_v_dim)
@@ -74,7 +76,7 @@ def test_chunks_continue_the_state_across_steps(
         rows = slice(prefix, prefix + size)
         step = plan([_chunk(0, 0, size, prefix)], [[[SLOT]]], [1])
         part = torch.zeros(size, mixer.num_v_heads, mixer.head_v_dim)
-        gdn_core(layer, step, 0, dim_first, CPU_FAST, x[rows], b[rows], a[rows], part)
+        core.forward(layer, step, 0, dim_first, x[rows], b[rows], a[rows], part)
         out[rows] = part
         prefix += size
     o, conv, state = _chain(mixer, x, b, a, None, None)
@@ -87,20 +89,12 @@ def test_chunks_continue_the_state_across_steps(
 
 
 def _prefill_prefix(
-    layer: torch.nn.Module, mixer: GatedDeltaNet, kernels: TreeKernels, slot: int, seed: int
+    layer: torch.nn.Module, mixer: GatedDeltaNet, core: GdnCore, slot: int, seed: int
 ) -> tuple[Tensor, Tensor]:
     """Prefill a 7-token committed prefix into `slot`; copies of the slot's conv and recurrent state."""
     px, pb, pa = _inputs(mixer, 7, seed=seed)
-    gdn_core(
-        layer,
-        plan([_chunk(0, 0, 7, 0)], [[[slot]]], [1]),
-        0,
-        False,
-        kernels,
-        px,
-        pb,
-        pa,
-        torch.zeros(7, 4, 64),
+    core.forward(
+        layer, plan([_chunk(0, 0, 7, 0)], [[[slot]]], [1]), 0, False, px, pb, pa, torch.zeros(7, 4, 64)
     )
     return conv_state_view(layer.kv_cache[0], slot, 4, False).clone(), layer.kv_cache[1][slot].clone()
 
@@ -116,10 +110,11 @@ PATHS = [[1, 2, 3, 4], [1, 5], [6, 7, 8], [6, 9], [10]]
 
 
 def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(
-    mixer: GatedDeltaNet, tree_kernels: TreeKernels
+    mixer: GatedDeltaNet, make_core: MakeCore
 ) -> None:
     layer = gdn_layer(mixer, slots=4, spec_width=27)
-    conv0, state0 = _prefill_prefix(layer, mixer, tree_kernels, SLOT, seed=1)  # the committed prefix
+    core = make_core({layer.prefix: layer})
+    conv0, state0 = _prefill_prefix(layer, mixer, core, SLOT, seed=1)  # the committed prefix
 
     req = _tree_step(PATHS, prefix=7, start=3)  # rows 0..2 of the batch belong to another request
     n = req.tree.rows
@@ -129,7 +124,7 @@ def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(
     x[req.rows], b[req.rows], a[req.rows] = tx, tb, ta  # vLLM's flat layout: physical order
     out = torch.zeros(flat, mixer.num_v_heads, mixer.head_v_dim)
     step = plan([req], [[[SLOT]]], [1])
-    gdn_core(layer, step, 0, False, tree_kernels, x, b, a, out)
+    core.forward(layer, step, 0, False, x, b, a, out)
     assert torch.equal(layer.kv_cache[1][SLOT], state0), "verification wrote the durable state"
 
     for node in range(n):
@@ -139,7 +134,7 @@ def test_tree_rows_see_their_paths_and_publication_equals_the_path_as_a_chain(
 
     accepted = req.tree.path_to(int((req.tree.tokens == 8).nonzero()))  # root, 6, 7, 8: off the spine
     assert not req.tree.is_spine_prefix(accepted)
-    publish_accepted(step, req, accepted, LayerIndex({layer.prefix: (layer, 0)}, {}, False), tree_kernels)
+    publish_accepted(step, req, accepted, LayerIndex({layer.prefix: (layer, 0)}, {}, False), core)
     _, conv, state = _chain(mixer, tx[accepted], tb[accepted], ta[accepted], conv0, state0)
     torch.testing.assert_close(layer.kv_cache[1][SLOT], state, rtol=1e-5, atol=1e-5)
     assert torch.equal(conv_state_view(layer.kv_cache[0], SLOT, 4, False), conv)
@@ -157,7 +152,7 @@ def test_publication_moves_the_accepted_paths_kv_rows_into_place() -> None:
     attn.impl.do_kv_cache_update(attn, keys, values, attn.kv_cache, slots)
     accepted = req.tree.path_to(int((req.tree.tokens == 9).nonzero()))  # root, 6, 9
     layers = LayerIndex({}, {attn.layer_name: (attn, 0)}, False)
-    publish_accepted(step, req, accepted, layers, CPU_FAST)
+    publish_accepted(step, req, accepted, layers, TorchGdnCore(CPU_FAST))
     placed = step.kv_slots(req, 0, prefix + torch.arange(len(accepted)))
     got_k, got_v = gather_kv(attn.kv_cache, placed, attn.isa)
     assert torch.equal(got_k, keys[accepted]) and torch.equal(got_v, values[accepted])
@@ -183,12 +178,13 @@ def test_boundary_cuts_are_exactly_the_path_lengths_that_end_a_block(
 
 @pytest.mark.parametrize("cut_at", [[1, 3], [2], [4], [1, 2, 3, 4]])
 def test_publication_in_segments_saves_the_state_after_exactly_each_cut(
-    mixer: GatedDeltaNet, tree_kernels: TreeKernels, cut_at: list[int]
+    mixer: GatedDeltaNet, make_core: MakeCore, cut_at: list[int]
 ) -> None:
     """What vLLM's align mode caches for a block must be the state after exactly its tokens, also
     when the accepted path crosses the block's end part-way."""
     layer = gdn_layer(mixer, slots=4, spec_width=27)
-    conv0, state0 = _prefill_prefix(layer, mixer, tree_kernels, SLOT, seed=3)
+    core = make_core({layer.prefix: layer})
+    conv0, state0 = _prefill_prefix(layer, mixer, core, SLOT, seed=3)
     conv = conv_state_view(layer.kv_cache[0], SLOT, 4, False)
     state = layer.kv_cache[1][SLOT]
 
@@ -197,15 +193,14 @@ def test_publication_in_segments_saves_the_state_after_exactly_each_cut(
     x, b, a = torch.zeros_like(tx), torch.zeros_like(tb), torch.zeros_like(ta)
     x[req.rows], b[req.rows], a[req.rows] = tx, tb, ta  # vLLM's flat layout: physical order
     step = plan([req], [[[SLOT]]], [1])
-    gdn_core(layer, step, 0, False, tree_kernels, x, b, a, torch.zeros(req.tree.rows, 4, 64))
+    core.forward(layer, step, 0, False, x, b, a, torch.zeros(req.tree.rows, 4, 64))
     accepted = req.tree.path_to(int((req.tree.tokens == 8).nonzero()))  # root, 6, 7, 8: off the spine
     saved: dict[int, tuple[Tensor, Tensor]] = {}
 
     def save(k: int) -> None:
         saved[k] = (conv.clone(), state.clone())
 
-    record = req.gdn[layer.prefix]
-    publish_gdn_path(tree_kernels, req.tree, [state], [conv], [record], accepted, cut_at, save)
+    publish_gdn_path(core, req, [layer.prefix], [state], [conv], accepted, cut_at, save)
     assert sorted(saved) == cut_at
     for k in [*cut_at, len(accepted)]:
         path = accepted[:k]
@@ -227,13 +222,14 @@ def test_running_column_is_the_block_of_the_last_scheduled_token() -> None:
 
 
 def test_align_mode_moves_the_running_state_and_publication_saves_the_crossed_block_end(
-    mixer: GatedDeltaNet, tree_kernels: TreeKernels
+    mixer: GatedDeltaNet, make_core: MakeCore
 ) -> None:
     """Align mode (block size 4): the committed state moves from the last step's column to this
     step's; publication of a path whose root ends block 1 leaves that block's slot the state after
     exactly 8 tokens and the running slot the state after the whole path; nothing else written."""
     layer = gdn_layer(mixer, slots=7, spec_width=27)
-    conv0, state0 = _prefill_prefix(layer, mixer, tree_kernels, 6, seed=5)
+    core = make_core({layer.prefix: layer})
+    conv0, state0 = _prefill_prefix(layer, mixer, core, 6, seed=5)
     table = [0, 4, 6, 0, 5]  # the request's blocks: column 1 -> slot 4, 2 -> 6 (last step's), 4 -> 5
     untouched = [c.clone() for c in layer.kv_cache]
 
@@ -249,9 +245,9 @@ def test_align_mode_moves_the_running_state_and_publication_saves_the_crossed_bl
     tx, tb, ta = _inputs(mixer, req.tree.rows, seed=6)
     x, b, a = torch.zeros_like(tx), torch.zeros_like(tb), torch.zeros_like(ta)
     x[req.rows], b[req.rows], a[req.rows] = tx, tb, ta
-    gdn_core(layer, step, 0, False, tree_kernels, x, b, a, torch.zeros(req.tree.rows, 4, 64))
+    core.forward(layer, step, 0, False, x, b, a, torch.zeros(req.tree.rows, 4, 64))
     accepted = req.tree.path_to(int((req.tree.tokens == 8).nonzero()))  # root, 6, 7, 8
-    publish_accepted(step, req, accepted, layers, tree_kernels)
+    publish_accepted(step, req, accepted, layers, core)
 
     for slot, nodes in ((4, accepted[:1]), (5, accepted)):
         _, conv, state = _chain(mixer, tx[nodes], tb[nodes], ta[nodes], conv0, state0)

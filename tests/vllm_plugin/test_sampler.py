@@ -12,6 +12,7 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.engine.acceptance import RowSampler
 from lumotree.sampling import SamplingParams
 from lumotree.verify.kernel_sets import CPU_FAST
+from lumotree.vllm.gdn_core import TorchGdnCore
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState
 from lumotree.vllm.sampler import sample_step
@@ -58,7 +59,7 @@ def test_first_tokens_follow_the_engines_rule_and_a_failing_request_fails_alone(
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
     samples = sample_step(
         plan(requests, [[[0], [1], [2]]], [1]), logits, torch.randn(9, 8), states, [[], [], []],
-        LayerIndex({}, {}, False), CPU_FAST,
+        LayerIndex({}, {}, False), TorchGdnCore(CPU_FAST),
     )  # fmt: skip
     assert samples.tokens[0] == [int(logits[0].argmax())]
     assert samples.tokens[1] == [] and "drafter exploded" in samples.failed["broken"]

@@ -4,8 +4,8 @@ vLLM's prefix cache for hybrid models ("align" mamba cache mode) keeps, for mamb
 request, the recurrent and conv state after exactly (j + 1) * block_size tokens. One tree cycle
 publishes its whole accepted path at once, so when the path crosses a block boundary the boundary's
 state exists only part-way through the replay. `boundary_cuts` says where a path crosses;
-`publish_gdn_path` replays the path segment by segment and hands the states to `save` at each cut
-(in align mode `align.boundary_saver`; in mode "none" there are no cuts).
+`publish_gdn_path` publishes the path segment by segment through the GDN core and hands the states
+to `save` at each cut (in align mode `align.boundary_saver`; in mode "none" there are no cuts).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from itertools import pairwise
 
 from torch import Tensor
 
-from lumotree.model.tree_mode import GdnRecord
-from lumotree.tree import TreeDescriptor
-from lumotree.verify.kernel_sets import TreeKernels
+from lumotree.vllm.gdn_core import GdnCore
+from lumotree.vllm.steps import RequestStep
 
 
 def boundary_cuts(prefix_len: int, path_len: int, block_size: int) -> list[int]:
@@ -33,30 +32,23 @@ def boundary_cuts(prefix_len: int, path_len: int, block_size: int) -> list[int]:
 
 
 def publish_gdn_path(
-    kernels: TreeKernels,
-    tree: TreeDescriptor,
+    core: GdnCore,
+    req: RequestStep,
+    names: Sequence[str],
     states: Sequence[Tensor],
     convs: Sequence[Tensor],
-    records: Sequence[GdnRecord],
     accepted: Sequence[int],
     cuts: Sequence[int] = (),
     save: Callable[[int], None] | None = None,
 ) -> None:
-    """Publish the accepted logical nodes (root first) into every GDN layer in place.
-
-    states[i] [HV, V, K] fp32 and convs[i] [C, W-1] are layer i's durable states, records[i] its
-    verification record (pre-conv inputs [R, C], recurrence operands). At each cut k
-    (1 <= k <= len(accepted)) the states hold exactly the path's first k nodes when save(k) runs.
-    """
+    """Publish the accepted logical nodes (root first) of the request's tree into every GDN layer
+    `names` in place (states[i] [HV, V, K] fp32 and convs[i] [C, W-1]: layer i's durable states).
+    At each cut k (1 <= k <= len(accepted)) the states hold exactly the path's first k nodes when
+    save(k) runs."""
     bounds = sorted({0, len(accepted), *cuts})
     if bounds[0] < 0 or bounds[-1] > len(accepted):
         raise ValueError(f"cuts {list(cuts)} outside the path of {len(accepted)} nodes")
-    operands = [record.operands for record in records]
     for start, end in pairwise(bounds):
-        segment = tree.padded_path(accepted[start:end])
-        for conv, record in zip(convs, records, strict=True):
-            kernels.publish_conv(conv, record.x, segment, end - start)
-        if states:
-            kernels.replay(states, operands, segment, end - start)
+        core.publish(req, names, states, convs, accepted[start:end])
         if save is not None and end in cuts:
             save(end)

@@ -1,12 +1,14 @@
 """The Gated DeltaNet core (conv + recurrence) of vLLM's Qwen3-Next layers, replaced by LumoTree's.
 
-vLLM's layer keeps its projections, gated RMSNorm and output projection; this module is what runs
-between them (what vLLM's `cpu_gdn_attention_core` op does), for every scheduled request:
-- a chunk of known tokens runs the chain ops of the project's model (`gdn_ops`: causal conv, the
-  chunked delta rule) from the request's state slot and writes the slot (prefill);
-- a tree runs the tree conv and the GDN tree verification of the op set (LumoTree's verifier) from
-  the slot, writes nothing durable and records each node's operands for publication.
-Any dtype works (vLLM's own CPU kernel is bf16 only); the recurrent state is fp32.
+vLLM's layer keeps its projections, gated RMSNorm and output projection; a core (`GdnCore`) is what
+runs between them (what vLLM's `cpu_gdn_attention_core` op does), for every scheduled request:
+- a chunk of known tokens runs from the request's state slot and writes the slot (prefill);
+- a tree runs from the slot, writes nothing durable and records what publication replays;
+- `publish` replays a segment of a tree's accepted path into the slots of every GDN layer.
+Two cores: `TorchGdnCore` here (the project model's chain ops `gdn_ops` and an op set's tree conv and
+GDN verification: the reference, and the Triton set on CUDA) and `native_core.NativeGdnCore` (the
+native forward's kernels, the CPU default). Any dtype works (vLLM's own CPU kernel is bf16 only);
+the recurrent state is fp32.
 
 State layout in vLLM's mamba cache, slot s of a layer: the recurrent state `ssm[s]` [HV, V, K]
 (V-first, the core's layout) and the conv state in the first W-1 entries of the conv buffer
@@ -14,6 +16,9 @@ State layout in vLLM's mamba cache, slot s of a layer: the recurrent state `ssm[
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -94,36 +99,94 @@ def run_tree(
     return result.o, GdnRecord(x, result.operands)
 
 
-def gdn_core(
-    layer: torch.nn.Module,
-    plan: StepPlan,
-    group: int,
-    dim_first: bool,
-    kernels: TreeKernels,
-    mixed_qkv: Tensor,
-    b: Tensor,
-    a: Tensor,
-    core_attn_out: Tensor,
-) -> None:
-    """What vLLM's GDN core op computes, for every request of the plan: writes core_attn_out
-    [N, HV, V] in place (rows of the scheduled tokens)."""
-    conv_cache, ssm_cache = layer.kv_cache[0], layer.kv_cache[1]
-    width = layer.conv_kernel_size
-    for req in plan.requests:
-        slot = plan.state_slot(req, group)
-        conv_state = conv_state_view(conv_cache, slot, width, dim_first)
-        state = ssm_cache[slot]
-        if req.tree is None:
-            if req.prefix_len == 0:  # a new sequence (vLLM reuses slots without clearing them)
-                conv_state.zero_()
-                state.zero_()
-            rows = req.tokens
-            core_attn_out[rows] = run_chunk(
-                layer, mixed_qkv[rows], a[rows], b[rows], conv_state, state, width
-            )
-        else:
-            assert req.rows is not None
-            rows = req.rows
-            o, record = run_tree(layer, req, mixed_qkv[rows], a[rows], b[rows], conv_state, state, kernels)
-            core_attn_out[rows] = o.to(core_attn_out.dtype)
-            req.gdn[layer.prefix] = record
+class GdnCore(Protocol):
+    """What the plugin's GDN op and publication call (see the module docstring)."""
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        plan: StepPlan,
+        group: int,
+        dim_first: bool,
+        mixed_qkv: Tensor,
+        b: Tensor,
+        a: Tensor,
+        core_attn_out: Tensor,
+    ) -> None:
+        """vLLM's GDN core op for one layer and every request of the plan: core_attn_out
+        [N, HV, V] written in place (rows of the scheduled tokens)."""
+        ...
+
+    def publish(
+        self,
+        req: RequestStep,
+        names: Sequence[str],
+        states: Sequence[Tensor],
+        convs: Sequence[Tensor],
+        nodes: Sequence[int],
+    ) -> None:
+        """Publish logical nodes (a segment of the accepted path, in order) of the request's tree
+        into the GDN layers `names` (states[i] [HV, V, K] fp32, convs[i] [C, W-1]: layer i's, in place)."""
+        ...
+
+
+def start_sequence(req: RequestStep, conv_state: Tensor, state: Tensor) -> None:
+    """A new sequence starts from zero states (vLLM reuses slots without clearing them)."""
+    if req.prefix_len == 0:
+        conv_state.zero_()
+        state.zero_()
+
+
+class TorchGdnCore:
+    """The GDN core in PyTorch: chunks by the model's chain ops, trees by an op set."""
+
+    def __init__(self, kernels: TreeKernels) -> None:
+        self.kernels = kernels
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        plan: StepPlan,
+        group: int,
+        dim_first: bool,
+        mixed_qkv: Tensor,
+        b: Tensor,
+        a: Tensor,
+        core_attn_out: Tensor,
+    ) -> None:
+        conv_cache, ssm_cache = layer.kv_cache[0], layer.kv_cache[1]
+        width = layer.conv_kernel_size
+        for req in plan.requests:
+            slot = plan.state_slot(req, group)
+            conv_state = conv_state_view(conv_cache, slot, width, dim_first)
+            state = ssm_cache[slot]
+            if req.tree is None:
+                start_sequence(req, conv_state, state)
+                rows = req.tokens
+                core_attn_out[rows] = run_chunk(
+                    layer, mixed_qkv[rows], a[rows], b[rows], conv_state, state, width
+                )
+            else:
+                assert req.rows is not None
+                rows = req.rows
+                o, record = run_tree(
+                    layer, req, mixed_qkv[rows], a[rows], b[rows], conv_state, state, self.kernels
+                )
+                core_attn_out[rows] = o.to(core_attn_out.dtype)
+                req.gdn[layer.prefix] = record
+
+    def publish(
+        self,
+        req: RequestStep,
+        names: Sequence[str],
+        states: Sequence[Tensor],
+        convs: Sequence[Tensor],
+        nodes: Sequence[int],
+    ) -> None:
+        assert req.tree is not None
+        records = [req.gdn[name] for name in names]
+        segment = req.tree.padded_path(list(nodes))
+        for conv, record in zip(convs, records, strict=True):
+            self.kernels.publish_conv(conv, record.x, segment, len(nodes))
+        if states:
+            self.kernels.replay(states, [record.operands for record in records], segment, len(nodes))

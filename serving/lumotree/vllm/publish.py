@@ -1,6 +1,6 @@
-"""Publication of a tree's accepted path into vLLM's own state (DESIGN §3.5): GDN replay of the
-recorded operands into each layer's recurrent-state slot, the conv state from the path's last
-inputs, and the path's KV rows moved to the contiguous positions vLLM's scheduler now counts as
+"""Publication of a tree's accepted path into vLLM's own state (DESIGN §3.5): through the GDN core,
+the replay of the recorded steps into each layer's recurrent-state slot and the conv state from the
+path's last inputs; and the path's KV rows moved to the contiguous positions vLLM's scheduler now counts as
 computed (prefix_len .. prefix_len + path_len - 1; no move when the path is a spine prefix).
 """
 
@@ -12,10 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lumotree.verify.kernel_sets import TreeKernels
 from lumotree.vllm.align import boundary_saver
 from lumotree.vllm.checkpoints import boundary_cuts, publish_gdn_path
-from lumotree.vllm.gdn_core import conv_state_view
+from lumotree.vllm.gdn_core import GdnCore, conv_state_view
 from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.steps import RequestStep, StepPlan
 
@@ -31,18 +30,17 @@ class LayerIndex:
 
 
 def publish_accepted(
-    plan: StepPlan, req: RequestStep, accepted: list[int], layers: LayerIndex, kernels: TreeKernels
+    plan: StepPlan, req: RequestStep, accepted: list[int], layers: LayerIndex, core: GdnCore
 ) -> None:
     """Publish the accepted logical nodes (root first) of a tree request in place."""
     tree = req.tree
     assert tree is not None
     path_len = len(accepted)
-    states, convs, records = [], [], []
-    for name, (layer, group) in layers.gdn.items():
+    states, convs = [], []
+    for layer, group in layers.gdn.values():
         slot = plan.state_slot(req, group)
         states.append(layer.kv_cache[1][slot])
         convs.append(conv_state_view(layer.kv_cache[0], slot, layer.conv_kernel_size, layers.conv_dim_first))
-        records.append(req.gdn[name])
     cuts, save = [], None
     if plan.align_block_size is not None and layers.gdn:
         cuts = boundary_cuts(tree.prefix_len, path_len, plan.align_block_size)
@@ -56,7 +54,7 @@ def publish_accepted(
             plan.align_block_size,
             layers.conv_dim_first,
         )
-    publish_gdn_path(kernels, tree, states, convs, records, accepted, cuts, save)
+    publish_gdn_path(core, req, list(layers.gdn), states, convs, accepted, cuts, save)
     if tree.is_spine_prefix(accepted):
         return  # the path's KV already sits at prefix_len .. prefix_len + path_len - 1
     src = tree.prefix_len + tree.slot_map[torch.as_tensor(accepted)]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lumotree.engine.acceptance import walk
-from lumotree.verify.kernel_sets import TreeKernels
+from lumotree.vllm.gdn_core import GdnCore
 from lumotree.vllm.logprobs import TokenLogprobs, padded, token_logprobs
 from lumotree.vllm.processing import FilteredRowSampler
 from lumotree.vllm.publish import LayerIndex, publish_accepted
@@ -66,7 +66,7 @@ def sample_step(
     states: dict[str, RequestState],
     outputs: Sequence[Sequence[int]],
     layers: LayerIndex,
-    kernels: TreeKernels,
+    core: GdnCore,
 ) -> StepSamples:
     """Sample every request of the plan. logits: the step's logits rows (1 + drafts per request,
     physical order); hidden: the step's target rows [N, H]; outputs[i]: request i's output tokens
@@ -78,7 +78,7 @@ def sample_step(
         rows: list[int] = []
         if state is not None:  # else it failed before it could be sampled (its error is recorded)
             try:
-                tokens, rows = _sample_request(plan, req, logits, hidden, state, output, layers, kernels)
+                tokens, rows = _sample_request(plan, req, logits, hidden, state, output, layers, core)
             except Exception as exc:  # one request's failure must not take the server down
                 log.exception("lumotree: request %s failed", req.req_id)
                 result.failed[req.req_id] = f"lumotree: {type(exc).__name__}: {exc}"
@@ -96,7 +96,7 @@ def _sample_request(
     state: RequestState,
     output: Sequence[int],
     layers: LayerIndex,
-    kernels: TreeKernels,
+    core: GdnCore,
 ) -> tuple[list[int], list[int]]:
     """Emitted tokens of one request (publication done) and the logits rows that produced them;
     feeds its drafter what vLLM keeps."""
@@ -116,7 +116,7 @@ def _sample_request(
         acc = walk(
             req.tree, lambda nodes: logits[req.logit_start + slot_map[torch.as_tensor(nodes)]], sampler
         )
-        publish_accepted(plan, req, acc.accepted, layers, kernels)
+        publish_accepted(plan, req, acc.accepted, layers, core)
         accepted = torch.as_tensor(acc.accepted)
         emitted, hidden_rows = acc.emitted, hidden[req.rows[accepted]]
         logit_rows = (req.logit_start + slot_map[accepted]).tolist()

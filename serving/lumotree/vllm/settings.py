@@ -3,7 +3,9 @@ room for them): which drafter, its MTP depth and the op set (LUMOTREE_VLLM=1 act
 
     LUMOTREE_VLLM_DRAFTER=tree        tree (paper geometry) | mtp (chain MTP-k) | ar (root-only trees)
     LUMOTREE_VLLM_MTP_DEPTH=5         MTP passes per cycle (the spine depth)
-    LUMOTREE_VLLM_KERNELS=cpu-fast    cpu-fast | reference (the op set on CPU)
+    LUMOTREE_VLLM_KERNELS=cpu-native  cpu-native | cpu-fast | reference (on the CPU: the GDN core on the
+                                      native forward's kernels, or the op set's in PyTorch; tree
+                                      attention runs the named op set, cpu-fast for cpu-native)
 
 A tree never has more rows than vLLM schedules for a request (1 + num_speculative_tokens).
 """
@@ -18,7 +20,7 @@ from lumotree.engine.config import DRAFTER_KINDS, EngineConfig
 ENV_DRAFTER = "LUMOTREE_VLLM_DRAFTER"
 ENV_DEPTH = "LUMOTREE_VLLM_MTP_DEPTH"
 ENV_KERNELS = "LUMOTREE_VLLM_KERNELS"
-KERNEL_SETS = ("cpu-fast", "reference")
+KERNEL_SETS = ("cpu-native", "cpu-fast", "reference")
 
 
 class SettingsError(ValueError):
@@ -27,11 +29,11 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class PluginSettings:
-    """drafter: "tree", "mtp" or "ar"; mtp_depth: spine depth; kernels: the CPU op set."""
+    """drafter: "tree", "mtp" or "ar"; mtp_depth: spine depth; kernels: the CPU GDN core and op set."""
 
     drafter: str = "tree"
     mtp_depth: int = 5
-    kernels: str = "cpu-fast"
+    kernels: str = "cpu-native"
 
     @property
     def full_rows(self) -> int:
@@ -60,7 +62,7 @@ def from_env() -> PluginSettings:
         EngineConfig(drafter=drafter, mtp_depth=depth)  # type: ignore[arg-type]
     except ValueError as exc:
         raise SettingsError(f"{ENV_DEPTH}={raw_depth!r}: {exc}") from None
-    kernels = os.environ.get(ENV_KERNELS, "cpu-fast")
+    kernels = os.environ.get(ENV_KERNELS, "cpu-native")
     if kernels not in KERNEL_SETS:
         raise SettingsError(f"{ENV_KERNELS} must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
     return PluginSettings(drafter=drafter, mtp_depth=depth, kernels=kernels)

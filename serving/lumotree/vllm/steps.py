@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from lumotree.model.native.gdn_core import NativeTree
 from lumotree.model.tree_mode import GdnRecord
 from lumotree.tree import TreeDescriptor, build_tree, chain_tree
 
@@ -67,7 +68,8 @@ class RequestStep:
     count rows, and rows[i] the flat token of logical node i (start + slot_map[i]);
     ends_sequence (chunks): the chunk reaches the last known token, so its last row samples;
     logit_start: its first row in the step's logits (vLLM computes 1 + drafts rows per request);
-    gdn: the verification records of each GDN layer (trees), by layer name.
+    gdn: the verification records of each GDN layer (trees, PyTorch core), by layer name;
+    native: the tree's tables and records of every GDN layer (trees, native core).
     """
 
     req_id: str
@@ -82,6 +84,7 @@ class RequestStep:
     ends_sequence: bool = False
     logit_start: int = 0
     gdn: dict[str, GdnRecord] = field(default_factory=dict)
+    native: NativeTree | None = None
 
     @property
     def is_tree(self) -> bool:

@@ -22,13 +22,13 @@ from lumotree.model.model import HybridLM
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
 from lumotree.vllm.align import move_running_states, running_column
-from lumotree.vllm.gdn_core import gdn_core
+from lumotree.vllm.gdn_core import GdnCore, TorchGdnCore
 from lumotree.vllm.logprobs import TokenLogprobs
 from lumotree.vllm.paged_kv import check_layout
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState, UnsupportedRequest
 from lumotree.vllm.sampler import StepSamples, sample_step
-from lumotree.vllm.settings import PluginSettings, SettingsError
+from lumotree.vllm.settings import ENV_KERNELS, PluginSettings, SettingsError
 from lumotree.vllm.steps import RequestStep, StepPlan, physical_tokens, scheduled_tree
 from lumotree.vllm.tree_attention import tree_attention_rows
 
@@ -38,7 +38,8 @@ class LumoTreeWorker:
 
     def __init__(self, settings: PluginSettings) -> None:
         self.settings = settings
-        self.kernels: TreeKernels = CPU_FAST if settings.kernels == "cpu-fast" else REFERENCE
+        self.kernels: TreeKernels = REFERENCE if settings.kernels == "reference" else CPU_FAST
+        self.core: GdnCore | None = None  # chosen once the layers are known (`_index`)
         self.requests: dict[str, RequestState] = {}
         self.outputs = OutputCache()  # earlier outputs, shared by every request's suffix drafter
         self.plan: StepPlan | None = None
@@ -113,9 +114,25 @@ class LumoTreeWorker:
 
             self.kernels = triton_kernels()
             disable_fused_decode([layer for layer, _ in gdn.values()])
-        elif self.trees:
+        self.core = self._gdn_core({name: layer for name, (layer, _) in gdn.items()}, on_cuda)
+        if not on_cuda and self.trees:
             layer = next(iter(attention.values()))[0]
             check_layout(vllm_kv_writer(), layer.isa, layer.kv_cache.dtype)
+
+    def _gdn_core(self, layers: dict[str, torch.nn.Module], on_cuda: bool) -> GdnCore:
+        """The native core on the CPU unless the settings name a PyTorch op set; SettingsError if
+        the native forward cannot be built here."""
+        if on_cuda or self.settings.kernels != "cpu-native" or not layers:
+            return TorchGdnCore(self.kernels)
+        from lumotree.model.native.build import NativeBuildError
+        from lumotree.vllm.native_core import NativeGdnCore
+
+        try:
+            return NativeGdnCore(layers, self.max_rows)
+        except (NativeBuildError, ValueError) as exc:
+            raise SettingsError(
+                f"lumotree.vllm: the native GDN core cannot run here ({exc}); set {ENV_KERNELS}=cpu-fast"
+            ) from None
 
     # ---- hooks -------------------------------------------------------------------------------
     def update_states(self, runner: object, scheduler_output: object) -> None:
@@ -219,9 +236,9 @@ class LumoTreeWorker:
 
     def gdn(self, layer: torch.nn.Module, mixed_qkv: Tensor, b: Tensor, a: Tensor, out: Tensor) -> None:
         """vLLM's GDN core op for one layer, all requests of the step."""
-        assert self.plan is not None and self._groups is not None
+        assert self.plan is not None and self._groups is not None and self.core is not None
         group = self._groups[layer.prefix]
-        gdn_core(layer, self.plan, group, self._conv_dim_first, self.kernels, mixed_qkv, b, a, out)
+        self.core.forward(layer, self.plan, group, self._conv_dim_first, mixed_qkv, b, a, out)
 
     def attention(
         self,
@@ -245,12 +262,11 @@ class LumoTreeWorker:
         """The step's tokens in place of vLLM's samplers (publication included), and their
         logprobs when a request of the batch asked for them (vLLM's k: the batch's largest)."""
         assert self.plan is not None and self.hidden is not None and self._layers is not None
+        assert self.core is not None
         outputs = [runner.requests[r.req_id].output_token_ids for r in self.plan.requests]  # type: ignore[attr-defined]
         # the walk runs on the host (its Philox coins are numpy's); on a GPU that copies the rows
         logits = logits.cpu()
-        samples = sample_step(
-            self.plan, logits, self.hidden, self.requests, outputs, self._layers, self.kernels
-        )
+        samples = sample_step(self.plan, logits, self.hidden, self.requests, outputs, self._layers, self.core)
         self.failed.update(samples.failed)
         k = runner.input_batch.max_num_logprobs  # type: ignore[attr-defined]
         if k is None:

@@ -303,6 +303,16 @@ typedef struct {
     int32_t anc_stride;
 } Rows;
 
+/* rows of a caller's flat token tensors the plugin's GDN entry points read and write (see lt_gdn_tree) */
+typedef struct {
+    const void* x;
+    const void* a;
+    const void* b;
+    void* o;
+    int64_t ldx, lda, ldb, ldo; /* row strides in elements */
+    int32_t bf16;
+} GdnIO;
+
 static inline int64_t ancestor(const Rows* r, int i, int d) { return r->anc[(int64_t)i * r->anc_stride + d]; }
 static inline int64_t prefix_of(const Rows* r, int i) { return r->row_prefix ? r->row_prefix[i] : r->prefix; }
 
@@ -335,6 +345,9 @@ static const LtLayout LT_LAYOUT[] = {
     LT_AT(Model, lm_head), LT_AT(Model, layers), LT_AT(Model, work), LT_AT(Model, states),
     LT_AT(Model, mtp_norm_e), LT_AT(Model, mtp_norm_h), LT_AT(Model, mtp_norm), LT_AT(Model, mtp_fc),
     LT_AT(Model, mtp_layer), LT_AT(Model, draft_head), LT_AT(Model, draft_ids), LT_AT(Model, draft_n),
+
+    LT_SIZE(GdnIO), LT_AT(GdnIO, x), LT_AT(GdnIO, a), LT_AT(GdnIO, b), LT_AT(GdnIO, o), LT_AT(GdnIO, ldx),
+    LT_AT(GdnIO, lda), LT_AT(GdnIO, ldb), LT_AT(GdnIO, ldo), LT_AT(GdnIO, bf16),
 
     LT_SIZE(Rows), LT_AT(Rows, n), LT_AT(Rows, prefix), LT_AT(Rows, row_prefix), LT_AT(Rows, pos),
     LT_AT(Rows, depth), LT_AT(Rows, slot), LT_AT(Rows, anc), LT_AT(Rows, anc_stride),
@@ -509,60 +522,83 @@ static void gdn_replay_head(float* s, float eg, const float* u, const float* k, 
     }
 }
 
+/* x rounded to the nearest bfloat16 (ties to even), as torch's .to(torch.bfloat16) rounds */
+static inline float round_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+/* One GDN row i of `r` (rows in logical order, parents first): the conv window along its ancestry
+ * (pre-conv inputs in L->rec_x, taps above the root from the committed conv state), SiLU (rounded to
+ * bfloat16 when conv_bf16: a bfloat16 model's conv output), q/k L2 norm, the gates a, b [HV], and
+ * one recurrent step per value head from the parent's state (the committed state at depth 0) into
+ * m->states[i], or in place on L->recurrent when in_place (a chain). Records k, exp(g) and u for
+ * publication; o [HV, DV] gets the read. */
+static void gdn_row(const Model* m, const Layer* L, const Rows* r, int i, const float* aa, const float* bb,
+                    int in_place, int conv_bf16, float* o) {
+    int C = m->conv_dim, W = m->conv_w, HK = m->hk, HV = m->hv, DK = m->dk, DV = m->dv;
+    int group = HV / HK, kd = HK * DK;
+    int64_t state_floats = (int64_t)HV * DV * DK;
+    float y[4096];
+    int64_t d = r->depth[i];
+    /* conv window along the ancestry: taps above the root come from the committed conv state */
+    const float* src[16];
+    int64_t stride[16];
+    for (int t = 0; t < W; t++) {
+        int64_t rel = d - (W - 1) + t;
+        src[t] = rel < 0 ? L->conv_state + (W - 1) + rel : L->rec_x + ancestor(r, i, (int)rel) * C;
+        stride[t] = rel < 0 ? W - 1 : 1;
+    }
+    for (int c = 0; c < C; c++) {
+        float acc = 0.0f;
+        for (int t = 0; t < W; t++) acc = acc + L->conv_w[c * W + t] * src[t][c * stride[t]];
+        y[c] = acc;
+    }
+    silu_n(y, y, C);
+    if (conv_bf16)
+        for (int c = 0; c < C; c++) y[c] = round_bf16(y[c]);
+    float* qn = y;      /* [HK, DK] */
+    float* kn = y + kd; /* [HK, DK] */
+    const float* v = y + 2 * kd;
+    float qscale = 1.0f / sqrtf((float)DK);
+    for (int h = 0; h < HK; h++) {
+        float* q = qn + h * DK;
+        float* k = kn + h * DK;
+        float rq = 1.0f / sqrtf(dot(q, q, DK) + 1e-6f), rk = 1.0f / sqrtf(dot(k, k, DK) + 1e-6f);
+        for (int j = 0; j < DK; j++) {
+            q[j] = (q[j] * rq) * qscale;
+            k[j] = k[j] * rk;
+        }
+    }
+    memcpy(L->rec_k + (int64_t)i * kd, kn, (size_t)kd * 4);
+    int64_t parent = d == 0 ? -1 : ancestor(r, i, (int)d - 1);
+    const float* s_in = in_place || parent < 0 ? L->recurrent : m->states + parent * state_floats;
+    float* s_out = in_place ? L->recurrent : m->states + (int64_t)i * state_floats;
+    for (int h = 0; h < HV; h++) {
+        float g = L->neg_a[h] * softplus1(aa[h] + L->dt_bias[h]);
+        float eg = expf(g), beta = sigmoid1(bb[h]);
+        L->rec_eg[(int64_t)i * HV + h] = eg;
+        int kh = h / group;
+        gdn_step_head(s_in + (int64_t)h * DV * DK, s_out + (int64_t)h * DV * DK, eg, beta, v + h * DV,
+                      kn + kh * DK, qn + kh * DK, DV, DK, L->rec_u + ((int64_t)i * HV + h) * DV, o + h * DV);
+    }
+}
+
 static void gdn_mixer(const Model* m, const Layer* L, const Rows* r, const float* xn, float* proj, float* mix) {
-    int H = m->hidden, C = m->conv_dim, W = m->conv_w, HK = m->hk, HV = m->hv, DK = m->dk, DV = m->dv;
-    int np = L->proj.n_pad, group = HV / HK, kd = HK * DK, vd = HV * DV;
+    int H = m->hidden, C = m->conv_dim, HV = m->hv, DV = m->dv;
+    int np = L->proj.n_pad, vd = HV * DV;
     lt_gemm(xn, r->n, H, H, L->proj.w, np, proj, np);
     for (int i = 0; i < r->n; i++) memcpy(L->rec_x + (int64_t)i * C, proj + (int64_t)i * np, (size_t)C * 4);
-    int64_t state_floats = (int64_t)HV * DV * DK;
-    float conv[1024 * 4];
     for (int i = 0; i < r->n; i++) {
         const float* pr = proj + (int64_t)i * np;
         const float* z = pr + C;
         const float* bb = pr + C + vd;
         const float* aa = pr + C + vd + HV;
-        int64_t d = r->depth[i];
-        /* conv window along the ancestry: taps above the root come from the committed conv state */
-        const float* src[16];
-        int64_t stride[16];
-        for (int t = 0; t < W; t++) {
-            int64_t rel = d - (W - 1) + t;
-            src[t] = rel < 0 ? L->conv_state + (W - 1) + rel : L->rec_x + ancestor(r, i, (int)rel) * C;
-            stride[t] = rel < 0 ? W - 1 : 1;
-        }
-        float* y = conv;
-        for (int c = 0; c < C; c++) {
-            float acc = 0.0f;
-            for (int t = 0; t < W; t++) acc = acc + L->conv_w[c * W + t] * src[t][c * stride[t]];
-            y[c] = acc;
-        }
-        silu_n(y, y, C);
-        float* qn = y;          /* [HK, DK] */
-        float* kn = y + kd;     /* [HK, DK] */
-        const float* v = y + 2 * kd;
-        float qscale = 1.0f / sqrtf((float)DK);
-        for (int h = 0; h < HK; h++) {
-            float* q = qn + h * DK;
-            float* k = kn + h * DK;
-            float rq = 1.0f / sqrtf(dot(q, q, DK) + 1e-6f), rk = 1.0f / sqrtf(dot(k, k, DK) + 1e-6f);
-            for (int j = 0; j < DK; j++) {
-                q[j] = (q[j] * rq) * qscale;
-                k[j] = k[j] * rk;
-            }
-        }
-        memcpy(L->rec_k + (int64_t)i * kd, kn, (size_t)kd * 4);
-        int64_t parent = d == 0 ? -1 : ancestor(r, i, (int)d - 1);
-        const float* s_in = parent < 0 ? L->recurrent : m->states + parent * state_floats;
-        float* s_out = m->states + (int64_t)i * state_floats;
         float o[4096];
-        for (int h = 0; h < HV; h++) {
-            float g = L->neg_a[h] * softplus1(aa[h] + L->dt_bias[h]);
-            float eg = expf(g), beta = sigmoid1(bb[h]);
-            L->rec_eg[(int64_t)i * HV + h] = eg;
-            int kh = h / group;
-            gdn_step_head(s_in + (int64_t)h * DV * DK, s_out + (int64_t)h * DV * DK, eg, beta, v + h * DV,
-                          kn + kh * DK, qn + kh * DK, DV, DK, L->rec_u + ((int64_t)i * HV + h) * DV, o + h * DV);
-        }
+        gdn_row(m, L, r, i, aa, bb, 0, 0, o);
         /* gated RMSNorm per value head, then out_proj input */
         float* mr = mix + (int64_t)i * vd;
         silu_n(z, mr, vd);
@@ -572,6 +608,102 @@ static void gdn_mixer(const Model* m, const Layer* L, const Rows* r, const float
             for (int j = 0; j < DV; j++) mr[h * DV + j] = (L->gnorm[j] * (oh[j] * rr)) * mr[h * DV + j];
         }
     }
+}
+
+/* The conv state [C, W-1] shifted by path[0..len)'s pre-conv inputs (L->rec_x rows), in place */
+static void shift_conv(const Model* m, const Layer* L, const int64_t* path, int len) {
+    int C = m->conv_dim, W = m->conv_w;
+    for (int c = 0; c < C; c++) {
+        float hist[64];
+        int n = 0;
+        for (int t = 0; t < W - 1; t++) hist[n++] = L->conv_state[(int64_t)c * (W - 1) + t];
+        for (int p = 0; p < len; p++) hist[n++] = L->rec_x[path[p] * C + c];
+        for (int t = 0; t < W - 1; t++) L->conv_state[(int64_t)c * (W - 1) + t] = hist[n - (W - 1) + t];
+    }
+}
+
+/* Publish path[0..len) (logical nodes, root first) of a GDN layer's last verification in place: the
+ * recorded steps replayed into L->recurrent, the conv state shifted by the path's pre-conv inputs. */
+static void publish_gdn(const Model* m, const Layer* L, const int64_t* path, int len) {
+    int HK = m->hk, HV = m->hv, DK = m->dk, DV = m->dv, group = HV / HK;
+    for (int p = 0; p < len; p++) {
+        int64_t node = path[p];
+        for (int h = 0; h < HV; h++)
+            gdn_replay_head(L->recurrent + (int64_t)h * DV * DK, L->rec_eg[node * HV + h],
+                            L->rec_u + (node * HV + h) * DV, L->rec_k + (node * HK + h / group) * DK, DV, DK);
+    }
+    shift_conv(m, L, path, len);
+}
+
+/* ---- the GDN core on a caller's state (the vLLM plugin) ---------------------------------------
+ * A chain of known tokens, a tree's verification and its publication, for one GDN layer at a time,
+ * on the caller's state: L->recurrent [HV, DV, DK] and L->conv_state [C, W-1] float32, L->rec_* the
+ * records a tree leaves for its publication. Inputs and outputs are rows of the caller's flat token
+ * tensors (GdnIO): pre-conv x [.., C], gates a, b [.., HV], outputs o [.., HV DV], float32 or, with
+ * bf16, bfloat16 (then the conv output is rounded to bfloat16, as a bfloat16 model's conv writes it,
+ * and outputs are rounded to nearest even). Every row runs gdn_row, the native forward's own. */
+static inline float io_get(const void* p, int64_t at, int bf16) {
+    if (!bf16) return ((const float*)p)[at];
+    uint32_t bits = (uint32_t)((const uint16_t*)p)[at] << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+static inline void io_put(void* p, int64_t at, float x, int bf16) {
+    if (!bf16) {
+        ((float*)p)[at] = x;
+        return;
+    }
+    uint32_t bits;
+    x = round_bf16(x);
+    memcpy(&bits, &x, 4);
+    ((uint16_t*)p)[at] = (uint16_t)(bits >> 16);
+}
+
+/* io row `row` -> L->rec_x row i (float32) */
+static void stage_x(const Model* m, const Layer* L, const GdnIO* io, int i, int64_t row) {
+    int C = m->conv_dim;
+    for (int c = 0; c < C; c++) L->rec_x[(int64_t)i * C + c] = io_get(io->x, row * io->ldx + c, io->bf16);
+}
+
+/* gdn_row of row i, its gates and output at io row `row` */
+static void io_row(const Model* m, const Layer* L, const Rows* r, int i, int64_t row, int in_place, const GdnIO* io) {
+    int HV = m->hv, vd = HV * m->dv;
+    float aa[256], bb[256], o[4096];
+    for (int h = 0; h < HV; h++) {
+        aa[h] = io_get(io->a, row * io->lda + h, io->bf16);
+        bb[h] = io_get(io->b, row * io->ldb + h, io->bf16);
+    }
+    gdn_row(m, L, r, i, aa, bb, in_place, io->bf16, o);
+    for (int j = 0; j < vd; j++) io_put(io->o, row * io->ldo + j, o[j], io->bf16);
+}
+
+/* Verify the rows of a tree (logical row i at io row start + r->slot[i]) from the committed state,
+ * which is only read; node states in m->states, records in L->rec_* for lt_gdn_publish. */
+void lt_gdn_tree(const Model* m, const Layer* L, const Rows* r, const GdnIO* io, int64_t start) {
+    for (int i = 0; i < r->n; i++) stage_x(m, L, io, i, start + r->slot[i]); /* windows read ancestors' x */
+    for (int i = 0; i < r->n; i++) io_row(m, L, r, i, start + r->slot[i], 0, io);
+}
+
+/* n known tokens at io rows start.. from the committed state, which advances in place: blocks of
+ * chain->n rows (a chain table: depth i, ancestor at depth d = d) stepped in place, the conv state
+ * shifted after each block. */
+void lt_gdn_chain(const Model* m, const Layer* L, const Rows* chain, int32_t n, const GdnIO* io, int64_t start) {
+    int64_t path[64];
+    for (int j = 0; j < chain->n; j++) path[j] = j;
+    for (int32_t j0 = 0; j0 < n; j0 += chain->n) {
+        Rows block = *chain;
+        block.n = n - j0 < chain->n ? n - j0 : chain->n;
+        for (int i = 0; i < block.n; i++) stage_x(m, L, io, i, start + j0 + i);
+        for (int i = 0; i < block.n; i++) io_row(m, L, &block, i, start + j0 + i, 1, io);
+        shift_conv(m, L, path, block.n);
+    }
+}
+
+/* Publish path[0..len) of the last lt_gdn_tree of each of n_layers layers into their state */
+void lt_gdn_publish(const Model* m, const Layer* layers, int32_t n_layers, const int64_t* path, int32_t len) {
+    for (int l = 0; l < n_layers; l++) publish_gdn(m, &layers[l], path, len);
 }
 
 /* ---- attention -------------------------------------------------------------------------------
@@ -835,23 +967,10 @@ void lt_verify(const Model* m, const Rows* r, const int64_t* tokens, float* resi
 /* Publish path[0..len) (logical nodes, root first) of the last verification: GDN replay, conv state,
  * KV rows moved to prefix..prefix+len-1 (gathered before any is written). */
 void lt_publish(const Model* m, const Rows* r, const int64_t* path, int32_t len, float* kv_tmp) {
-    int C = m->conv_dim, W = m->conv_w, HK = m->hk, HV = m->hv, DK = m->dk, DV = m->dv, group = HV / HK;
     for (int l = 0; l < m->n_layers; l++) {
         Layer* L = &m->layers[l];
         if (L->is_gdn) {
-            for (int p = 0; p < len; p++) {
-                int64_t node = path[p];
-                for (int h = 0; h < HV; h++)
-                    gdn_replay_head(L->recurrent + (int64_t)h * DV * DK, L->rec_eg[node * HV + h],
-                                    L->rec_u + (node * HV + h) * DV, L->rec_k + (node * HK + h / group) * DK, DV, DK);
-            }
-            for (int c = 0; c < C; c++) {
-                float hist[64];
-                int n = 0;
-                for (int t = 0; t < W - 1; t++) hist[n++] = L->conv_state[(int64_t)c * (W - 1) + t];
-                for (int p = 0; p < len; p++) hist[n++] = L->rec_x[path[p] * C + c];
-                for (int t = 0; t < W - 1; t++) L->conv_state[(int64_t)c * (W - 1) + t] = hist[n - (W - 1) + t];
-            }
+            publish_gdn(m, L, path, len);
         } else {
             int64_t row_floats = (int64_t)m->hkv * m->hd;
             int moved = 0;

@@ -108,6 +108,20 @@ class _Rows(ctypes.Structure):
     ]
 
 
+class _GdnIO(ctypes.Structure):
+    _fields_ = [
+        ("x", c_void_p),
+        ("a", c_void_p),
+        ("b", c_void_p),
+        ("o", c_void_p),
+        ("ldx", c_int64),
+        ("lda", c_int64),
+        ("ldb", c_int64),
+        ("ldo", c_int64),
+        ("bf16", c_int32),
+    ]
+
+
 class _LayoutEntry(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("value", c_int64)]
 
@@ -117,6 +131,7 @@ _MIRRORS: dict[str, type[ctypes.Structure]] = {
     "Layer": _Layer,
     "Model": _Model,
     "Rows": _Rows,
+    "GdnIO": _GdnIO,
 }
 
 
@@ -162,6 +177,9 @@ _SIGNATURES = {
     "lt_logits": [_P, _P, c_int32, _P],
     "lt_mtp_step": [_P, _P, _P, _P, _P, _P, _P],
     "lt_mtp_propose": [_P, _P, _P, _P, c_int32, c_int32, _P, _P, _P, _P],
+    "lt_gdn_tree": [_P, _P, _P, _P, c_int64],
+    "lt_gdn_chain": [_P, _P, _P, c_int32, _P, c_int64],
+    "lt_gdn_publish": [_P, _P, c_int32, _P, c_int32],
 }
 # limits of forward.c's fixed-size buffers
 _MAX_CONV = 4096  # conv channels

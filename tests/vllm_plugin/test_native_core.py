@@ -1,0 +1,163 @@
+"""The native GDN core's entry points (forward.c's lt_gdn_chain, lt_gdn_tree, lt_gdn_publish) against
+the PyTorch references beside them, on fresh random weights, states and rows: a chain against the
+model's chain ops, a tree's rows against the reference tree conv + GDN verification, a published
+path against the reference replay and conv publication. Outputs start poisoned (NaN), so a row the
+core should write and does not, or one it should leave and writes, shows; float32 within float32
+rounding (other summation order), bfloat16 rows within bfloat16 rounding.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lumotree.model import gdn_ops
+from lumotree.model.native.gdn_core import GdnShape, GdnWeights, NativeGdn, token_rows
+from lumotree.tree import TreeDescriptor
+from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
+from lumotree.verify.gdn.reference import GdnInputs, gdn_verify, replay_accepted_
+
+from .trees import tree_from_paths
+
+SHAPES = [GdnShape(64 * 2 * 2 + 4 * 64, 4, 2, 4, 64, 64), GdnShape(32 * 2 * 3 + 3 * 48, 4, 3, 3, 32, 48)]
+TOL = {torch.float32: {"rtol": 1e-4, "atol": 2e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
+
+
+def _weights(shape: GdnShape, gen: torch.Generator) -> GdnWeights:
+    return GdnWeights(
+        conv=torch.randn(shape.conv_dim, shape.conv_width, generator=gen) * 0.5,
+        A_log=torch.rand(shape.value_heads, generator=gen) * 2 - 1,
+        dt_bias=torch.randn(shape.value_heads, generator=gen),
+    )
+
+
+def _rows(
+    shape: GdnShape, n: int, dtype: torch.dtype, gen: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Random flat rows x [n, C], a, b [n, HV] and a NaN-poisoned output [n, HV, V]."""
+    x = torch.randn(n, shape.conv_dim, generator=gen).to(dtype)
+    a = torch.randn(n, shape.value_heads, generator=gen).to(dtype)
+    b = torch.randn(n, shape.value_heads, generator=gen).to(dtype)
+    return x, a, b, torch.full((n, shape.value_heads, shape.value_dim), float("nan"), dtype=dtype)
+
+
+def _states(shape: GdnShape, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A committed conv state [C, W-1] and recurrent state [HV, V, K] (float32)."""
+    conv = torch.randn(shape.conv_dim, shape.conv_width - 1, generator=gen)
+    return conv, torch.randn(shape.value_heads, shape.value_dim, shape.key_dim, generator=gen) * 0.1
+
+
+def _split(shape: GdnShape, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    n, kd = y.shape[0], shape.key_heads * shape.key_dim
+    q, k, v = y.split([kd, kd, shape.value_heads * shape.value_dim], dim=-1)
+    return (
+        q.reshape(n, shape.key_heads, shape.key_dim),
+        k.reshape(n, shape.key_heads, shape.key_dim),
+        v.reshape(n, shape.value_heads, shape.value_dim),
+    )
+
+
+def _reference_tree(
+    shape: GdnShape,
+    w: GdnWeights,
+    x: Tensor,
+    a: Tensor,
+    b: Tensor,
+    conv: Tensor,
+    state: Tensor,
+    tree: TreeDescriptor,
+):
+    """The PyTorch reference of a tree's rows (logical order): outputs [R, HV, V] and operands."""
+    y = tree_conv(x, conv.to(x.dtype), w.conv, None, tree)
+    q, k, v = _split(shape, y)
+    return gdn_verify(GdnInputs(q, k, v, a, b, w.A_log, w.dt_bias), state, tree)
+
+
+def _random_tree(rnd: random.Random, prefix_len: int) -> TreeDescriptor:
+    paths = [[rnd.randrange(1, 6) for _ in range(rnd.randrange(1, 7))] for _ in range(rnd.randrange(1, 6))]
+    return tree_from_paths(0, paths, prefix_len=prefix_len)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_a_chain_is_the_models_chain_forward_and_advances_the_state(shape: GdnShape, n: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    w = _weights(shape, gen)
+    core = NativeGdn(shape, [w], max_rows=16)  # 40 tokens: three blocks
+    conv, state = _states(shape, gen)
+    x, a, b, out = _rows(shape, n + 3, torch.float32, gen)
+    rows = slice(2, 2 + n)  # rows 0, 1 and the last belong to other requests
+    conv_run, state_run = conv.clone(), state.clone()
+    core.chain(0, token_rows(x, a, b, out), 2, n, conv_run, state_run)
+
+    y, want_conv = gdn_ops.causal_conv1d(x[None, rows], w.conv, conv[None])
+    q, k, v = _split(shape, y[0])
+    qn, kn = gdn_ops.prepare_qk(q[None], k[None], shape.value_heads)
+    g = -w.A_log.exp() * F.softplus(a[rows] + w.dt_bias)
+    o, want_state = gdn_ops.recurrent_gated_delta_rule(
+        qn, kn, v[None], g[None], b[rows].sigmoid()[None], state[None]
+    )
+    torch.testing.assert_close(out[rows], o[0], **TOL[torch.float32])
+    torch.testing.assert_close(state_run, want_state[0], **TOL[torch.float32])
+    assert torch.equal(conv_run, want_conv[0])
+    assert out[:2].isnan().all() and out[2 + n :].isnan().all()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_rows_are_the_reference_verification_and_leave_the_state(
+    shape: GdnShape, dtype: torch.dtype, seed: int
+) -> None:
+    gen, rnd = torch.Generator().manual_seed(seed), random.Random(seed)
+    w = _weights(shape, gen)
+    core = NativeGdn(shape, [w], max_rows=32)
+    tree = _random_tree(rnd, prefix_len=9)
+    n, start = tree.n_active, 3
+    conv, state = _states(shape, gen)
+    conv = conv.to(dtype).float()  # a committed conv state holds earlier rows' inputs, in the rows' dtype
+    x, a, b, out = _rows(shape, start + n + 2, dtype, gen)
+    flat = start + tree.slot_map  # vLLM's flat rows of the logical nodes
+    conv_run, state_run = conv.clone(), state.clone()
+    core.tree(0, core.new_tree(tree), token_rows(x, a, b, out), start, conv_run, state_run)
+
+    want = _reference_tree(shape, w, x[flat], a[flat], b[flat], conv, state, tree)
+    torch.testing.assert_close(out[flat].float(), want.o.float(), **TOL[dtype])
+    assert torch.equal(conv_run, conv) and torch.equal(state_run, state)
+    assert out[:start].isnan().all() and out[start + n :].isnan().all()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("seed", range(4))
+def test_publication_is_the_reference_replay_of_the_accepted_path_in_every_layer(
+    shape: GdnShape, seed: int
+) -> None:
+    gen, rnd = torch.Generator().manual_seed(100 + seed), random.Random(seed)
+    layers = [_weights(shape, gen) for _ in range(3)]
+    core = NativeGdn(shape, layers, max_rows=32)
+    tree = _random_tree(rnd, prefix_len=4)
+    native_tree = core.new_tree(tree)
+    x, a, b, out = _rows(shape, tree.n_active, torch.float32, gen)
+    flat = tree.slot_map
+    committed = [_states(shape, gen) for _ in layers]
+    convs, states = [c.clone() for c, _ in committed], [s.clone() for _, s in committed]
+    for i in range(len(layers)):
+        core.tree(i, native_tree, token_rows(x, a, b, out), 0, convs[i], states[i])
+    leaf = rnd.randrange(tree.n_active)
+    path = tree.path_to(leaf)
+    cut = rnd.randrange(1, len(path) + 1)
+    core.publish(native_tree, states, convs, path[:cut])  # in two segments, as align mode may
+    core.publish(native_tree, states, convs, path[cut:])
+
+    accepted = tree.padded_path(path)
+    for i, w in enumerate(layers):
+        conv, state = committed[i][0].clone(), committed[i][1].clone()
+        want = _reference_tree(shape, w, x[flat], a[flat], b[flat], conv, state, tree)
+        replay_accepted_(state, want.operands, accepted, len(path))
+        publish_conv_state_(conv, x[flat], accepted, len(path))
+        torch.testing.assert_close(states[i], state, **TOL[torch.float32])
+        assert torch.equal(convs[i], conv)
