@@ -50,3 +50,24 @@ def test_conv_state_publication_matches_reference_for_every_path_length(shape: s
         publish_conv_state_(got, x, accepted, len(path))
         ref.publish_conv_state_(expected, x, accepted, len(path))
         assert torch.equal(got, expected), f"node {node} (path length {len(path)})"
+
+
+def test_both_conv_kernels_read_a_column_slice_of_a_wider_output_in_place() -> None:
+    tree = random_tree("paper", random.Random(3))
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.full((tree.rows, CHANNELS + 7), float("nan"))
+    wide[:, 5 : 5 + CHANNELS] = torch.randn(tree.rows, CHANNELS, generator=gen)
+    x = wide[:, 5 : 5 + CHANNELS]  # rows 47 elements apart, NaN on both sides
+    state = torch.randn(CHANNELS, WIDTH - 1, generator=gen)
+    weight = torch.randn(CHANNELS, WIDTH, generator=gen)
+    y, y_dense = (poisoned((tree.rows, CHANNELS), torch.float32) for _ in range(2))
+    tree_conv_(x, state, weight, None, tree.conv_gather, y)
+    tree_conv_(x.contiguous(), state, weight, None, tree.conv_gather, y_dense)
+    assert_written(y)
+    assert torch.equal(y, y_dense)
+    node = max(range(tree.n_active), key=lambda n: len(tree.path_to(n)))  # the longest path
+    path = tree.path_to(node)
+    got, expected = state.clone(), state.clone()
+    publish_conv_state_(got, x, tree.padded_path(path), len(path))
+    ref.publish_conv_state_(expected, x.contiguous(), tree.padded_path(path), len(path))
+    assert torch.equal(got, expected)

@@ -28,14 +28,14 @@ CPU = torch.device("cpu")
 
 
 def _verify(
-    form: str, x: GdnInputs, state: torch.Tensor, tables: DeviceTree
+    form: str, x: GdnInputs, state: torch.Tensor, tables: DeviceTree, contiguous: bool = True
 ) -> tuple[torch.Tensor, GdnOperands]:
     rows = tables.rows
     o = poisoned((rows, DIMS.HV, DIMS.V), x.v.dtype)
     empty = empty_operands(rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, CPU)
     ops = GdnOperands(*(poisoned(tuple(t.shape), torch.float32) for t in vars(empty).values()))
     before = state.clone()
-    xs = x.map(torch.Tensor.contiguous)
+    xs = x.map(torch.Tensor.contiguous) if contiguous else x
     if form == "rows":
         gdn_rows_(xs, state, tables.gdn, o, ops)
     else:
@@ -70,6 +70,47 @@ def test_the_spine_scan_gives_every_row_the_row_scans_bits(shape: str, dtype: to
     assert _same_bits(o_rows, o_spine)
     for field in ("q", "k", "v", "g", "beta"):
         assert _same_bits(getattr(ops_rows, field)[:active], getattr(ops_spine, field)[:active]), field
+
+
+def _column_slices(x: GdnInputs) -> GdnInputs:
+    """x's q, k, v as column slices of one [R, 2HK + HV*V + 3] tensor and a, b of one [R, 2HV + 5]
+    (as the engine's conv and projection outputs hold them), NaN in the columns around them."""
+    rows = x.q.shape[0]
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(rows, -1)
+
+    def nan(n: int) -> torch.Tensor:
+        return torch.full((rows, n), float("nan"), dtype=x.q.dtype)
+
+    qkv = torch.cat([flat(x.q), flat(x.k), flat(x.v), nan(3)], dim=1)
+    ba = torch.cat([nan(2), flat(x.b), flat(x.a), nan(3)], dim=1)
+    hk, hvv, hv = flat(x.q).shape[1], flat(x.v).shape[1], x.a.shape[1]
+    return GdnInputs(
+        qkv[:, :hk].view(x.q.shape),
+        qkv[:, hk : 2 * hk].view(x.k.shape),
+        qkv[:, 2 * hk : 2 * hk + hvv].view(x.v.shape),
+        ba[:, 2 + hv : 2 + 2 * hv],
+        ba[:, 2 : 2 + hv],
+        x.A_log,
+        x.dt_bias,
+    )
+
+
+@pytest.mark.parametrize("form", ["rows", "spine"])
+def test_column_slices_of_one_output_are_read_in_place_with_the_same_bits(form: str) -> None:
+    tree = random_tree("paper", random.Random(11))
+    case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(11))
+    x, state = case.inputs(torch.bfloat16)
+    tables = DeviceTree(tree.rows, tree.max_depth, CPU).load_(tree)
+    sliced = _column_slices(x)
+    assert not sliced.q.is_contiguous() and not sliced.a.is_contiguous()
+    o, ops = _verify(form, x, state, tables)
+    o_sliced, ops_sliced = _verify(form, sliced, state, tables, contiguous=False)
+    assert not o_sliced[: tree.n_active].isnan().any(), "a read strayed into the NaN columns"
+    assert _same_bits(o, o_sliced)
+    for field in ("q", "k", "v", "g", "beta"):
+        assert _same_bits(getattr(ops, field)[: tree.n_active], getattr(ops_sliced, field)[: tree.n_active])
 
 
 def test_the_spine_scan_matches_the_reference() -> None:

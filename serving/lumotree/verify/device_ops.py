@@ -97,10 +97,11 @@ class GdnConfig:
 
 
 def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: DeviceTree) -> Tensor:
-    """x [R, C] pre-conv inputs, conv_state [C, W-1], weight [C, W] -> y [R, C] (x's dtype)."""
-    y = torch.empty_like(x)
+    """x [R, C] pre-conv inputs (rows may be strided), conv_state [C, W-1], weight [C, W] -> y [R, C]
+    (x's dtype, contiguous)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tree_conv_(
-        x.contiguous(),
+        x,
         conv_state.to(x.dtype).contiguous(),
         weight.contiguous(),
         None if bias is None else bias.contiguous(),
@@ -120,12 +121,12 @@ def gdn_verify(
     cfg = config or GdnConfig.for_device(x.q.device, rows, state.numel() * state.element_size())
     ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
     o = torch.empty_like(x.v)
-    if cfg.form == "rows":
-        gdn_rows_(x.map(Tensor.contiguous), state.contiguous(), tree.gdn, o, ops)
+    if cfg.form == "rows":  # the scans read column slices of the conv and projection outputs in place
+        gdn_rows_(x, state.contiguous(), tree.gdn, o, ops)
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     if cfg.form == "spine":
         cut = cut_buffer(tree.max_depth, hv, dv, dk, x.q.device)
-        gdn_spine_rows_(x.map(Tensor.contiguous), state.contiguous(), tree.gdn, tree.spine_nodes, cut, o, ops)
+        gdn_spine_rows_(x, state.contiguous(), tree.gdn, tree.spine_nodes, cut, o, ops)
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     gdn_tree_(
         x.map(Tensor.contiguous),

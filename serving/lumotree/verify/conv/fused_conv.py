@@ -21,6 +21,11 @@ from lumotree.verify.conv.reference import check_conv_shapes
 BLOCK_C = 256
 
 
+def dense_columns(x: Tensor) -> Tensor:
+    """x [R, C] as is when its columns are contiguous (a column slice of a wider output), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 @triton.jit
 def tree_conv_kernel(
     x_ptr,
@@ -30,6 +35,7 @@ def tree_conv_kernel(
     gather_ptr,
     y_ptr,
     C,
+    stride_x,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BC: tl.constexpr,
@@ -46,7 +52,7 @@ def tree_conv_kernel(
         in_state = (tl.zeros([BC], dtype=tl.int32) + idx) < W - 1
         row = tl.maximum(idx - (W - 1), 0).to(tl.int64)
         xs = tl.load(state_ptr + offs_c * (W - 1) + tl.minimum(idx, W - 2), mask=mc & in_state, other=0.0)
-        xt = tl.load(x_ptr + row * C + offs_c, mask=mc & ~in_state, other=0.0)
+        xt = tl.load(x_ptr + row * stride_x + offs_c, mask=mc & ~in_state, other=0.0)
         # Cast point: the window value is in x's dtype, then promoted to fp32 (as the reference).
         xv = tl.where(in_state, xs.to(x_ptr.dtype.element_ty), xt).to(tl.float32)
         wt = tl.load(w_ptr + offs_c * W + t, mask=mc, other=0.0).to(tl.float32)
@@ -62,6 +68,7 @@ def publish_conv_kernel(
     accepted_ptr,
     len_ptr,
     C,
+    stride_x,
     W: tl.constexpr,
     WP: tl.constexpr,
     BC: tl.constexpr,
@@ -78,9 +85,8 @@ def publish_conv_kernel(
         mask=valid & from_state[None, :],
         other=0.0,
     )
-    new = tl.load(
-        x_ptr + node.to(tl.int64)[None, :] * C + offs_c[:, None], mask=valid & ~from_state[None, :], other=0.0
-    )
+    rows = node.to(tl.int64)[None, :] * stride_x
+    new = tl.load(x_ptr + rows + offs_c[:, None], mask=valid & ~from_state[None, :], other=0.0)
     # Every value is loaded before any is stored: a program owns its channels, so in place is safe.
     val = tl.where(from_state[None, :], old, new.to(state_ptr.dtype.element_ty))
     tl.store(state_ptr + offs_c[:, None] * (W - 1) + j[None, :], val, mask=valid)
@@ -89,8 +95,10 @@ def publish_conv_kernel(
 def tree_conv_(
     x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, gather: Tensor, y: Tensor
 ) -> None:
-    """x [R, C], conv_state [C, W-1] (x's dtype), weight [C, W], bias [C] or None, gather [R, W]
-    int64 device (tree.conv_gather) -> y [R, C] in x's dtype (caller-owned). All contiguous."""
+    """x [R, C] (rows may be strided: a column slice of the projection), conv_state [C, W-1] (x's
+    dtype), weight [C, W], bias [C] or None, gather [R, W] int64 device (tree.conv_gather) -> y [R, C]
+    in x's dtype (caller-owned). All else contiguous."""
+    x = dense_columns(x)
     rows, channels = x.shape
     width = weight.shape[1]
     grid = (rows, triton.cdiv(channels, BLOCK_C))
@@ -102,6 +110,7 @@ def tree_conv_(
         gather,
         y,
         channels,
+        x.stride(0),
         W=width,
         HAS_BIAS=bias is not None,
         BC=BLOCK_C,
@@ -128,19 +137,22 @@ def tree_conv(
 
 def publish_conv_state_(conv_state: Tensor, x: Tensor, accepted: Tensor, path_len: Tensor | int) -> None:
     """The reference's signature: conv_state [C, W-1] (contiguous) <- last W-1 inputs along
-    accepted[0:path_len]; x [R, C]; accepted [D+1] int64 (-1 padded); path_len int or [1] tensor."""
+    accepted[0:path_len]; x [R, C] (rows may be strided); accepted [D+1] int64 (-1 padded); path_len
+    int or [1] tensor."""
     channels, keep = conv_state.shape
     if not conv_state.is_contiguous() or x.shape[1] != channels:
         raise ValueError(
             f"conv_state must be contiguous [C, W-1] with C = x.shape[1]; got {tuple(conv_state.shape)}"
         )
     length = torch.as_tensor(path_len, dtype=torch.int64, device=conv_state.device).reshape(1)
+    x = dense_columns(x)
     publish_conv_kernel[(triton.cdiv(channels, BLOCK_C),)](
         conv_state,
-        x.contiguous(),
+        x,
         accepted.to(conv_state.device),
         length,
         channels,
+        x.stride(0),
         W=keep + 1,
         WP=triton.next_power_of_2(keep),
         BC=BLOCK_C,

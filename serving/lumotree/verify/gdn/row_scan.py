@@ -26,30 +26,51 @@ from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
-from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
+from lumotree.verify.gdn.scan import _issue_strided_loads, _prepare, _record, _step
+
+
+def row_strided(x: GdnInputs) -> tuple[GdnInputs, tuple[int, int, int]]:
+    """x with every operand's features contiguous, q and k on one row stride and a and b on one
+    (column slices of one output are taken as they are; anything else is copied), and the row
+    strides (q and k, v, a and b) in elements."""
+
+    def dense_rows(t: Tensor) -> bool:  # [R, ...] whose trailing dims are contiguous
+        return t.is_contiguous() or t[:1].is_contiguous()
+
+    q, k, v, a, b = (t if dense_rows(t) else t.contiguous() for t in (x.q, x.k, x.v, x.a, x.b))
+    if q.stride(0) != k.stride(0):
+        q, k = q.contiguous(), k.contiguous()
+    if a.stride(0) != b.stride(0):
+        a, b = a.contiguous(), b.contiguous()
+    return GdnInputs(q, k, v, a, b, x.A_log.contiguous(), x.dt_bias.contiguous()), (
+        q.stride(0),
+        v.stride(0),
+        a.stride(0),
+    )
 
 
 @triton.jit
 def carry_down(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, neg_a, dt_bias,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    RP: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, S, on_path, offs_r, h, hv, offs_v,
+    offs_k, neg_a, dt_bias, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, RP: tl.constexpr,
 ):  # fmt: skip
     """Carry the tile S [BV, K] down the rows where `on_path` (root side first, at least one), one
     step each; each step issues the next row's loads before its own arithmetic, so their latency
     hides behind it. Returns the last step's read and the last row's prepared operands (its record's)."""
     steps = tl.sum(on_path.to(tl.int32), axis=0)
     node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
-    rq, rk, rv, ra, rb = _issue_loads(
-        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, H, HV, K, V
-    )
+    rq, rk, rv, ra, rb = _issue_strided_loads(
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v, stride_ab,
+        K, V,
+    )  # fmt: skip
     q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
     o = tl.zeros([BV], dtype=tl.float32)
     for _ in range(steps):
         node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-        rq, rk, rv, ra, rb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, H, HV, K, V
-        )
+        rq, rk, rv, ra, rb = _issue_strided_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, stride_qk, stride_v,
+            stride_ab, K, V,
+        )  # fmt: skip
         S, o = _step(S, q, k, v, g, beta)
         if node < RP:  # the row's own operands stay prepared after the last step, for its record
             q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
@@ -75,6 +96,9 @@ def gdn_rows_kernel(
     rg_ptr,
     rb_ptr,
     R,
+    stride_qk,
+    stride_v,
+    stride_ab,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -99,8 +123,8 @@ def gdn_rows_kernel(
         on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
         S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
         o, q, k, v, g, beta = carry_down(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, neg_a, dt_bias,
-            H, HV, K, V, BV, RP,
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, S, on_path, offs_r, h, hv,
+            offs_v, offs_k, neg_a, dt_bias, K, V, BV, RP,
         )  # fmt: skip
         _record(
             rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
@@ -112,13 +136,15 @@ def gdn_rows_kernel(
 
 
 def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands) -> None:
-    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (contiguous), state [HV, V, K] fp32
-    (read only), ancestry tables of R rows on the device; writes o [R, HV, V] and the records."""
+    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be strided, as column
+    slices of a wider output: `row_strided`), state [HV, V, K] fp32 (read only), ancestry tables of R
+    rows on the device; writes o [R, HV, V] and the records."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     bv = default_block_v(dv, state.device)
+    x, strides = row_strided(x)
     gdn_rows_kernel[(hv * (dv // bv), rows)](
         *x.tensors(), state, tables.ancestry, tables.n_active, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
-        rows, H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows),
+        rows, *strides, H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows),
         num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip

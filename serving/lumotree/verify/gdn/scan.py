@@ -50,15 +50,42 @@ def _issue_loads(
     K: tl.constexpr,
     V: tl.constexpr,
 ):
-    """Raw q, k [K], v slice [BV], a, b of `node` in their storage dtype (zeros if not ok)."""
+    """Raw q, k [K], v slice [BV], a, b of `node` in their storage dtype (zeros if not ok), from
+    contiguous operands."""
+    return _issue_strided_loads(
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, ok, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
+    )
+
+
+@triton.jit
+def _issue_strided_loads(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    node,
+    ok,
+    h,
+    hv,
+    offs_v,
+    offs_k,
+    stride_qk,
+    stride_v,
+    stride_ab,
+    K: tl.constexpr,
+    V: tl.constexpr,
+):
+    """`_issue_loads` with row strides (elements) of q and k, of v, and of a and b: column slices of
+    a wider projection or conv output are read in place (heads and features contiguous)."""
     n = tl.maximum(node, 0).to(tl.int64)
     # (scalar conditions enter masks through tl.where: `tensor & scalar` is wrong in the interpreter)
     mk = tl.where(ok, offs_k < K, False)
-    q = tl.load(q_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0)
-    k = tl.load(k_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0)
-    v = tl.load(v_ptr + (n * HV + hv) * V + offs_v, mask=tl.where(ok, offs_v < V, False), other=0.0)
-    a = tl.load(a_ptr + n * HV + hv, mask=ok, other=0.0)
-    b = tl.load(b_ptr + n * HV + hv, mask=ok, other=0.0)
+    q = tl.load(q_ptr + n * stride_qk + h * K + offs_k, mask=mk, other=0.0)
+    k = tl.load(k_ptr + n * stride_qk + h * K + offs_k, mask=mk, other=0.0)
+    v = tl.load(v_ptr + n * stride_v + hv * V + offs_v, mask=tl.where(ok, offs_v < V, False), other=0.0)
+    a = tl.load(a_ptr + n * stride_ab + hv, mask=ok, other=0.0)
+    b = tl.load(b_ptr + n * stride_ab + hv, mask=ok, other=0.0)
     return q, k, v, a, b
 
 

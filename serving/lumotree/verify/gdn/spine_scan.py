@@ -30,8 +30,8 @@ from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
-from lumotree.verify.gdn.row_scan import carry_down
-from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
+from lumotree.verify.gdn.row_scan import carry_down, row_strided
+from lumotree.verify.gdn.scan import _issue_strided_loads, _prepare, _record, _step
 
 
 @triton.jit
@@ -53,6 +53,9 @@ def gdn_spine_kernel(
     rv_ptr,
     rg_ptr,
     rb_ptr,
+    stride_qk,
+    stride_v,
+    stride_ab,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -78,15 +81,17 @@ def gdn_spine_kernel(
     tile = offs_v[:, None] * K + offs_k[None, :]
     S = tl.load(state_ptr + hv * V * K + tile)
     node = tl.sum(tl.where(offs_d == 0, spine, 0), axis=0)
-    rq, rk, rv, ra, rb = _issue_loads(
-        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, H, HV, K, V
-    )
+    rq, rk, rv, ra, rb = _issue_strided_loads(
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v, stride_ab,
+        K, V,
+    )  # fmt: skip
     for d in range(steps):
         nxt = tl.sum(tl.where(offs_d == d + 1, spine, 0), axis=0)
         q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
-        rq, rk, rv, ra, rb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, d + 1 < steps, h, hv, offs_v, offs_k, H, HV, K, V
-        )
+        rq, rk, rv, ra, rb = _issue_strided_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, d + 1 < steps, h, hv, offs_v, offs_k, stride_qk,
+            stride_v, stride_ab, K, V,
+        )  # fmt: skip
         S, o = _step(S, q, k, v, g, beta)
         _record(
             rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v, offs_k,
@@ -116,6 +121,9 @@ def gdn_branch_kernel(
     rg_ptr,
     rb_ptr,
     R,
+    stride_qk,
+    stride_v,
+    stride_ab,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -155,8 +163,8 @@ def gdn_branch_kernel(
         rest = (offs_r <= row) & (offs_r > base_node)
         on_path = tl.load(anc_ptr + row * R + offs_r, mask=rest, other=0) != 0
         o, q, k, v, g, beta = carry_down(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, neg_a, dt_bias,
-            H, HV, K, V, BV, RP,
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, S, on_path, offs_r, h, hv,
+            offs_v, offs_k, neg_a, dt_bias, K, V, BV, RP,
         )  # fmt: skip
         _record(
             rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
@@ -179,9 +187,10 @@ def gdn_spine_rows_(
     o: Tensor,
     ops: GdnOperands,
 ) -> None:
-    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (contiguous), state [HV, V, K] fp32
-    (read only), ancestry tables of R rows and spine_nodes [D + 1] int64 (-1 past the spine) on the
-    device, cut from `cut_buffer`; writes o [R, HV, V] and the records (as `row_scan.gdn_rows_`)."""
+    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be strided:
+    `row_scan.row_strided`), state [HV, V, K] fp32 (read only), ancestry tables of R rows and
+    spine_nodes [D + 1] int64 (-1 past the spine) on the device, cut from `cut_buffer`; writes
+    o [R, HV, V] and the records (as `row_scan.gdn_rows_`)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     depths = spine_nodes.shape[0]
@@ -193,11 +202,12 @@ def gdn_spine_rows_(
     common = dict(H=heads, HV=hv, K=dk, V=dv, BV=bv, DEPTHS=depths, DP=triton.next_power_of_2(depths))
     records = (o, ops.q, ops.k, ops.v, ops.g, ops.beta)
     programs = hv * (dv // bv)
+    x, strides = row_strided(x)
     gdn_spine_kernel[(programs,)](
-        *x.tensors(), state, spine_nodes, tables.n_active, cut, *records, **common,
+        *x.tensors(), state, spine_nodes, tables.n_active, cut, *records, *strides, **common,
         num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip
     gdn_branch_kernel[(programs, rows)](
-        *x.tensors(), tables.ancestry, spine_nodes, tables.n_active, cut, *records, rows,
+        *x.tensors(), tables.ancestry, spine_nodes, tables.n_active, cut, *records, rows, *strides,
         RP=triton.next_power_of_2(rows), **common, num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip
