@@ -1,9 +1,11 @@
-"""The native GDN core's entry points (forward.c's lt_gdn_chain, lt_gdn_tree, lt_gdn_publish) against
-the PyTorch references beside them, on fresh random weights, states and rows: a chain against the
-model's chain ops, a tree's rows against the reference tree conv + GDN verification, a published
-path against the reference replay and conv publication. Outputs start poisoned (NaN), so a row the
-core should write and does not, or one it should leave and writes, shows; float32 within float32
-rounding (other summation order), bfloat16 rows within bfloat16 rounding.
+"""The native entry points of the plugin's hot path (forward.c's lt_gdn_chain, lt_gdn_tree,
+lt_gdn_publish, lt_paged_tree_attention) against the PyTorch references beside them, on fresh random
+weights, states and rows: a chain against the model's chain ops, a tree's rows against the reference
+tree conv + GDN verification, a published path against the reference replay and conv publication,
+tree attention over vLLM's paged cache against the reference tree attention. Outputs start
+poisoned (NaN), so a row the core should write and does not, or one it should leave and writes,
+shows; float32 within float32 rounding (other summation order), bfloat16 rows within bfloat16
+rounding.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from lumotree.model.native.gdn_core import GdnShape, GdnWeights, NativeGdn, toke
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
 from lumotree.verify.gdn.reference import GdnInputs, gdn_verify, replay_accepted_
+from lumotree.verify.kernel_sets import REFERENCE
+from lumotree.vllm.native_core import NativeTreeAttention
+from lumotree.vllm.steps import RequestStep
 
+from .fake_vllm import attention_layer, plan
 from .trees import tree_from_paths
 
 SHAPES = [GdnShape(64 * 2 * 2 + 4 * 64, 4, 2, 4, 64, 64), GdnShape(32 * 2 * 3 + 3 * 48, 4, 3, 3, 32, 48)]
@@ -161,3 +167,35 @@ def test_publication_is_the_reference_replay_of_the_accepted_path_in_every_layer
         publish_conv_state_(conv, x[flat], accepted, len(path))
         torch.testing.assert_close(states[i], state, **TOL[torch.float32])
         assert torch.equal(convs[i], conv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_attention_over_the_paged_cache_is_the_reference_tree_attention(
+    dtype: torch.dtype, seed: int
+) -> None:
+    """The plugin's native tree rows (vLLM's flat rows, block table, "vec" cache with the step's
+    rows written at prefix + slot) against the reference tree attention of the same rows."""
+    gen, rnd = torch.Generator().manual_seed(seed), random.Random(seed)
+    heads, kv_heads, dim, block_size = 4, 2, 64, 16
+    prefix = rnd.randrange(0, 40)
+    tree = _random_tree(rnd, prefix_len=prefix)
+    n, start = tree.n_active, 2
+    req = RequestStep("r", 0, start, n, [0] * n, prefix, prefix, tree=tree)
+    req.rows = start + tree.slot_map
+    table = [5, 1, 4, 0, 2, 3]  # positions 0-15 in block 5, 16-31 in block 1, ...
+    step = plan([req], [[table]], [block_size])
+    attn = attention_layer(blocks=6, heads=kv_heads, block_size=block_size, dim=dim)
+    attn.kv_cache = attn.kv_cache.to(dtype)
+    keys = torch.randn(prefix + n, kv_heads, dim, generator=gen).to(dtype)  # prefix, then physical rows
+    values = torch.randn(prefix + n, kv_heads, dim, generator=gen).to(dtype)
+    attn.impl.do_kv_cache_update(
+        attn, keys, values, attn.kv_cache, step.kv_slots(req, 0, torch.arange(prefix + n))
+    )
+    query = torch.randn(start + n + 1, heads, dim, generator=gen).to(dtype)
+    output = torch.full_like(query, float("nan"))
+    NativeTreeAttention(capacity=256).rows(step, 0, query, attn.kv_cache, output)
+
+    want, _ = REFERENCE.tree_attention(query[req.rows].float(), keys.float(), values.float(), tree)
+    torch.testing.assert_close(output[req.rows].float(), want, **TOL[dtype])
+    assert output[:start].isnan().all() and output[start + n :].isnan().all()

@@ -1,7 +1,9 @@
-"""The plugin's GDN core on the native forward's kernels (`lumotree.model.native.gdn_core`), the CPU
-default: one C call per layer and request for a chunk or a tree, reading vLLM's flat token rows and
-writing its output rows in place (bf16 or float32), on the request's state slot; one call per request
-for the publication of every layer. A tree's records live on its step (`RequestStep.native`).
+"""The plugin's hot path on the native forward's kernels, the CPU default: the GDN core
+(`lumotree.model.native.gdn_core`: one C call per layer and request for a chunk or a tree, reading
+vLLM's flat token rows and writing its output rows in place, bf16 or float32, on the request's state
+slot; one call per request for the publication of every layer; a tree's tables and records live on
+its step, `RequestStep.native`) and the tree rows' attention over vLLM's paged KV
+(`lumotree.model.native.paged_attention`: one C call per layer and tree).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from lumotree.model.native.gdn_core import GdnShape, GdnWeights, NativeGdn, NativeTree, token_rows
+from lumotree.model.native.gdn_core import GdnShape, GdnWeights, NativeGdn, NativeTree, TreeRows, token_rows
+from lumotree.model.native.paged_attention import NativePagedAttention
 from lumotree.vllm.gdn_core import conv_state_view, conv_weight, start_sequence
 from lumotree.vllm.steps import RequestStep, StepPlan
 
@@ -84,3 +87,27 @@ class NativeGdnCore:
             raise ValueError("the native core publishes all its GDN layers at once, in model order")
         assert req.native is not None
         self.native.publish(req.native, states, convs, nodes)
+
+
+class NativeTreeAttention:
+    """The tree rows' attention (see `tree_attention.py`) on the native forward's kernels, over
+    vLLM's CPU paged KV in its "vec" layouts, for requests of up to `capacity` positions; its
+    buffers are sized at the first call (heads from the query, KV heads from the cache)."""
+
+    LAYOUTS = ("vec", "vec16")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.native: NativePagedAttention | None = None
+
+    def rows(self, plan: StepPlan, group: int, query: Tensor, kv_cache: Tensor, output: Tensor) -> None:
+        """Overwrite output [N, Hq, D] at every tree row of the plan; query [N, Hq, D] RoPE'd at
+        depth positions, kv_cache one layer's paged cache holding the step's rows already."""
+        if self.native is None:
+            heads, dim = query.shape[1], query.shape[2]
+            self.native = NativePagedAttention(heads, kv_cache.shape[1], dim, self.capacity)
+        for req in plan.trees:
+            assert req.tree is not None
+            rows = req.native.rows if req.native is not None else TreeRows(req.tree)
+            blocks = plan.block_rows[group][req.index]  # type: ignore[index]
+            self.native.tree(rows, kv_cache, blocks, query, output, req.start)

@@ -72,15 +72,19 @@ class LumoTreeProposer:
 
     def load_model(self, target: torch.nn.Module) -> None:
         """Load the checkpoint's MTP head with its embedding and lm_head (the project's model code,
-        not the decoder layers: vLLM holds the target) for drafting, on the target's device."""
+        not the decoder layers: vLLM holds the target) for drafting, on the target's device: in
+        float32 for the native forward on the CPU (which packs bfloat16 weights exactly), else in
+        vLLM's dtype."""
         model_config = self.vllm_config.model_config
         mtp = None
         if self.worker.settings.drafter != "ar":
             device = next(target.parameters()).device
-            mtp = load_checkpoint(model_config.model, model_config.dtype, device, without_layers=True)
+            native = self.worker.settings.kernels == "cpu-native" and device.type == "cpu"
+            dtype = torch.float32 if native else model_config.dtype
+            mtp = load_checkpoint(model_config.model, dtype, device, without_layers=True)
         if mtp is not None and mtp.mtp is None:
             raise SettingsError(f"lumotree.vllm: {model_config.model} has no MTP weights to draft with")
-        self.worker.enable_trees(mtp, self.max_rows)
+        self.worker.enable_trees(mtp, self.max_rows, model_config.max_model_len)
 
     def propose(self, sampled_token_ids: Any, *args: Any, **kwargs: Any) -> list[list[int]]:
         """Drafts per request of the input batch (physical tree order)."""

@@ -21,6 +21,7 @@ from lumotree.drafting.mtp import MTPDrafter
 from lumotree.engine.acceptance import history_counts
 from lumotree.sampling import SamplingParams
 from lumotree.tree import TreeDescriptor
+from lumotree.vllm.mtp_source import commit
 from lumotree.vllm.processing import TokenFilters
 
 _SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy
@@ -136,10 +137,11 @@ class RequestState:
         """A prefilled chunk's tokens and target rows [n, H]: MTP rows (h_t, x_{t+1}), the
         previous chunk's last row joined to this chunk's first token."""
         if self.mtp is not None:
+            hidden = hidden.to(self.mtp.model.dtype)
             if self.last_hidden is None:
-                self.mtp.commit(hidden[:-1], chunk[1:])
+                commit(self.mtp, hidden[:-1], chunk[1:])
             else:
-                self.mtp.commit(torch.cat([self.last_hidden, hidden[:-1]]), chunk)
+                commit(self.mtp, torch.cat([self.last_hidden, hidden[:-1]]), chunk)
         self.last_hidden = hidden[-1:]
 
     def sampled(self, hidden: Tensor, kept: Sequence[int], stopped: bool) -> None:
@@ -147,7 +149,7 @@ class RequestState:
         self.drafter.emitted(kept)
         self.stopped = stopped
         if not stopped and self.mtp is not None:
-            self._rows.append((hidden[: len(kept)], list(kept)))
+            self._rows.append((hidden[: len(kept)].to(self.mtp.model.dtype), list(kept)))
 
     def propose(self, root: int, prefix_len: int) -> TreeDescriptor:
         """The next tree below the pending `root` (its MTP passes take the rows kept since the last)."""

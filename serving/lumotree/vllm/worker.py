@@ -16,14 +16,16 @@ import torch
 from torch import Tensor
 
 from lumotree.drafting.drafter import Drafter
-from lumotree.drafting.mtp import MTPDrafter
 from lumotree.drafting.suffix import OutputCache, SuffixDrafter
 from lumotree.model.model import HybridLM
+from lumotree.model.native.build import NativeBuildError
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.kernel_sets import CPU_FAST, REFERENCE, TreeKernels
 from lumotree.vllm.align import move_running_states, running_column
 from lumotree.vllm.gdn_core import GdnCore, TorchGdnCore
 from lumotree.vllm.logprobs import TokenLogprobs
+from lumotree.vllm.mtp_source import MTPSourceFactory
+from lumotree.vllm.native_core import NativeGdnCore, NativeTreeAttention
 from lumotree.vllm.paged_kv import check_layout
 from lumotree.vllm.publish import LayerIndex
 from lumotree.vllm.requests import RequestState, UnsupportedRequest
@@ -40,6 +42,7 @@ class LumoTreeWorker:
         self.settings = settings
         self.kernels: TreeKernels = REFERENCE if settings.kernels == "reference" else CPU_FAST
         self.core: GdnCore | None = None  # chosen once the layers are known (`_index`)
+        self._native_attention: NativeTreeAttention | None = None
         self.requests: dict[str, RequestState] = {}
         self.outputs = OutputCache()  # earlier outputs, shared by every request's suffix drafter
         self.plan: StepPlan | None = None
@@ -47,7 +50,7 @@ class LumoTreeWorker:
         self.failed: dict[str, str] = {}
         self.trees = False  # True once a LumoTree proposer is loaded: vLLM schedules our drafts
         self.max_rows = 1
-        self.mtp_model: HybridLM | None = None
+        self.mtp: MTPSourceFactory | None = None
         self._groups: dict[str, int] | None = None
         self._layers: LayerIndex | None = None
         self._conv_dim_first = False
@@ -55,14 +58,18 @@ class LumoTreeWorker:
         self.runner: object | None = None  # vLLM's model runner (seen in the first hook)
 
     # ---- the proposer ------------------------------------------------------------------------
-    def enable_trees(self, mtp_model: HybridLM | None, max_rows: int) -> None:
-        """The proposer is in place: trees of at most max_rows rows, drafts from mtp_model's MTP."""
-        self.mtp_model, self.max_rows, self.trees = mtp_model, max_rows, True
+    def enable_trees(self, mtp_model: HybridLM | None, max_rows: int, max_model_len: int) -> None:
+        """The proposer is in place: trees of at most max_rows rows, drafts from mtp_model's MTP
+        (natively when the CPU core is native and the model float32)."""
+        self.max_rows, self.trees = max_rows, True
+        if mtp_model is not None:
+            native = self.settings.kernels == "cpu-native" and mtp_model.device.type == "cpu"
+            head_dtype = self.settings.engine_config(max_rows).draft_head_dtype
+            self.mtp = MTPSourceFactory(mtp_model, max_model_len + max_rows, native, head_dtype)
 
     def _new_request(self, runner: object, req_id: str) -> RequestState:
         req = runner.requests[req_id]  # type: ignore[attr-defined]
         config = self.settings.engine_config(self.max_rows)
-        capacity = runner.max_model_len + self.max_rows  # type: ignore[attr-defined]
         geometry = config.geometry()
         suffix = SuffixDrafter(
             config.suffix_min_match, cache_tokens=config.suffix_cache_tokens, cache=self.outputs
@@ -70,9 +77,8 @@ class LumoTreeWorker:
         drafter = Drafter(geometry, suffix)
         mtp = None
         if drafter.uses_mtp:
-            assert self.mtp_model is not None
-            depth, k = geometry.depth_mtp, 1 + geometry.siblings_per_depth
-            mtp = MTPDrafter.for_engine(self.mtp_model, depth, k, capacity, config.draft_head_dtype, None)
+            assert self.mtp is not None
+            mtp = self.mtp.new(geometry.depth_mtp, 1 + geometry.siblings_per_depth)
         vocab = runner.input_batch.vocab_size  # type: ignore[attr-defined]
         return RequestState(drafter, mtp, req.sampling_params, vocab, runner.max_model_len)  # type: ignore[attr-defined]
 
@@ -118,15 +124,14 @@ class LumoTreeWorker:
         if not on_cuda and self.trees:
             layer = next(iter(attention.values()))[0]
             check_layout(vllm_kv_writer(), layer.isa, layer.kv_cache.dtype)
+            if self.settings.kernels == "cpu-native" and layer.isa in NativeTreeAttention.LAYOUTS:
+                self._native_attention = NativeTreeAttention(runner.max_model_len + self.max_rows)  # type: ignore[attr-defined]
 
     def _gdn_core(self, layers: dict[str, torch.nn.Module], on_cuda: bool) -> GdnCore:
         """The native core on the CPU unless the settings name a PyTorch op set; SettingsError if
         the native forward cannot be built here."""
         if on_cuda or self.settings.kernels != "cpu-native" or not layers:
             return TorchGdnCore(self.kernels)
-        from lumotree.model.native.build import NativeBuildError
-        from lumotree.vllm.native_core import NativeGdnCore
-
         try:
             return NativeGdnCore(layers, self.max_rows)
         except (NativeBuildError, ValueError) as exc:
@@ -254,6 +259,9 @@ class LumoTreeWorker:
             return
         assert self._groups is not None
         group = self._groups[layer.layer_name]
+        if self._native_attention is not None:
+            self._native_attention.rows(self.plan, group, query, kv_cache, output)
+            return
         tree_attention_rows(
             self.plan, group, self.kernels, query, key, value, kv_cache, output, kv_layout(layer)
         )

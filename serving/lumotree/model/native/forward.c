@@ -313,6 +313,19 @@ typedef struct {
     int32_t bf16;
 } GdnIO;
 
+/* a request's paged KV cache of one attention layer, in the layout of vLLM's CPU attention ("vec":
+ * per block and KV head, 2 B D values: keys dimension-major [D][B], then values token-major [B][D]),
+ * float32 or bfloat16, and the step's query and output rows [.., HQ, D] (see lt_paged_tree_attention) */
+typedef struct {
+    const void* cache;     /* [blocks, HKV, B, 2 D] */
+    const int32_t* blocks; /* the request's block table: position t in block blocks[t / B] */
+    int32_t block_size;
+    const void* q;
+    void* o;
+    int64_t ldq, ldo; /* row strides in elements */
+    int32_t bf16;
+} PagedIO;
+
 static inline int64_t ancestor(const Rows* r, int i, int d) { return r->anc[(int64_t)i * r->anc_stride + d]; }
 static inline int64_t prefix_of(const Rows* r, int i) { return r->row_prefix ? r->row_prefix[i] : r->prefix; }
 
@@ -349,6 +362,9 @@ static const LtLayout LT_LAYOUT[] = {
     LT_SIZE(GdnIO), LT_AT(GdnIO, x), LT_AT(GdnIO, a), LT_AT(GdnIO, b), LT_AT(GdnIO, o), LT_AT(GdnIO, ldx),
     LT_AT(GdnIO, lda), LT_AT(GdnIO, ldb), LT_AT(GdnIO, ldo), LT_AT(GdnIO, bf16),
 
+    LT_SIZE(PagedIO), LT_AT(PagedIO, cache), LT_AT(PagedIO, blocks), LT_AT(PagedIO, block_size),
+    LT_AT(PagedIO, q), LT_AT(PagedIO, o), LT_AT(PagedIO, ldq), LT_AT(PagedIO, ldo), LT_AT(PagedIO, bf16),
+
     LT_SIZE(Rows), LT_AT(Rows, n), LT_AT(Rows, prefix), LT_AT(Rows, row_prefix), LT_AT(Rows, pos),
     LT_AT(Rows, depth), LT_AT(Rows, slot), LT_AT(Rows, anc), LT_AT(Rows, anc_stride),
     {NULL, 0},
@@ -356,11 +372,16 @@ static const LtLayout LT_LAYOUT[] = {
 
 const LtLayout* lt_layout(void) { return LT_LAYOUT; }
 
+/* floats of attention's work buffer over up to `keys` keys (attend_rows) */
+int64_t lt_attn_work_floats(int64_t keys) {
+    int64_t lds = keys + 16;
+    return 2 * (int64_t)QCHUNK * 256 + 2 * lds + (int64_t)QCHUNK * lds + 64;
+}
+
 /* floats of the work buffer for `rows` rows, widest projection `wide`, mixer width `mix`, `keys` keys */
 int64_t lt_work_floats(int32_t rows, int32_t hidden, int32_t wide, int32_t inter, int32_t mix, int64_t keys) {
     int64_t per_row = 2 * (int64_t)hidden + wide + mix + inter + mix;
-    int64_t lds = keys + 16;
-    return (int64_t)rows * per_row + 2 * (int64_t)QCHUNK * 256 + 2 * lds + (int64_t)QCHUNK * lds + 64;
+    return (int64_t)rows * per_row + lt_attn_work_floats(keys);
 }
 
 static void rms_norm(const float* x, const float* w1, int n, float eps, float* y) {
@@ -870,9 +891,26 @@ static void attend_chunk(const Model* m, const Layer* L, const Rows* r, int i0, 
     }
 }
 
+/* Every row of r attends over L's caches (the committed prefix, its ancestors' slots, itself): q
+ * [n][HQ][D] normed and rotated -> out [n][HQ][D]; attn_work: lt_attn_work_floats(lds - 16) floats */
+static void attend_rows(const Model* m, const Layer* L, const Rows* r, const float* q, float* out,
+                        float* attn_work, int64_t lds) {
+    int D = m->hd, HKV = m->hkv, group = m->hq / HKV;
+    float* qh = attn_work;
+    float* acc = qh + (int64_t)QCHUNK * D;
+    int64_t* key_rows = (int64_t*)(acc + (int64_t)QCHUNK * D);
+    float* s = (float*)(key_rows + lds);
+    int rows_per_chunk = QCHUNK / group;
+    for (int kh = 0; kh < HKV; kh++)
+        for (int i0 = 0; i0 < r->n; i0 += rows_per_chunk) {
+            int i1 = i0 + rows_per_chunk < r->n ? i0 + rows_per_chunk : r->n;
+            attend_chunk(m, L, r, i0, i1, kh, q, qh, acc, s, lds, key_rows, out);
+        }
+}
+
 static void attention_mixer(const Model* m, const Layer* L, const Rows* r, const float* xn, float* proj,
                             float* mix, float* q, float* attn_work, int64_t lds) {
-    int H = m->hidden, HQ = m->hq, HKV = m->hkv, D = m->hd, np = L->proj.n_pad, group = HQ / HKV;
+    int H = m->hidden, HQ = m->hq, HKV = m->hkv, D = m->hd, np = L->proj.n_pad;
     lt_gemm(xn, r->n, H, H, L->proj.w, np, proj, np);
     for (int i = 0; i < r->n; i++) {
         float* pr = proj + (int64_t)i * np;
@@ -893,16 +931,7 @@ static void attention_mixer(const Model* m, const Layer* L, const Rows* r, const
         }
     }
     /* every row's KV is in the cache before any row attends (a row reads its ancestors') */
-    float* qh = attn_work;
-    float* acc = qh + (int64_t)QCHUNK * D;
-    int64_t* key_rows = (int64_t*)(acc + (int64_t)QCHUNK * D);
-    float* s = (float*)(key_rows + lds);
-    int rows_per_chunk = QCHUNK / group;
-    for (int kh = 0; kh < HKV; kh++)
-        for (int i0 = 0; i0 < r->n; i0 += rows_per_chunk) {
-            int i1 = i0 + rows_per_chunk < r->n ? i0 + rows_per_chunk : r->n;
-            attend_chunk(m, L, r, i0, i1, kh, q, qh, acc, s, lds, key_rows, mix);
-        }
+    attend_rows(m, L, r, q, mix, attn_work, lds);
     for (int i = 0; i < r->n; i++) {
         float* pr = proj + (int64_t)i * np;
         float* mr = mix + (int64_t)i * HQ * D;
@@ -914,6 +943,36 @@ static void attention_mixer(const Model* m, const Layer* L, const Rows* r, const
             }
         }
     }
+}
+
+/* The rows of a tree (logical row i at io row start + r->slot[i], queries RoPE'd at their depth
+ * positions) attend over a request's paged KV, whose positions 0..r->prefix + r->n - 1 (the tree's
+ * own rows at prefix + slot, written by the model's attention) are first gathered to float32
+ * token-major L->k_cache, L->v_cache; then attend_rows, the native forward's attention. q, out:
+ * [r->n][HQ][D] float32 scratch; m->work: lt_attn_work_floats(m->kv_capacity) floats. */
+void lt_paged_tree_attention(const Model* m, const Layer* L, const Rows* r, const PagedIO* io, int64_t start,
+                             float* q, float* out) {
+    int HQ = m->hq, HKV = m->hkv, D = m->hd, B = io->block_size, bf16 = io->bf16;
+    int64_t tokens = r->prefix + r->n;
+    for (int64_t t0 = 0; t0 < tokens; t0 += B) {
+        int64_t blk = io->blocks[t0 / B], nt = tokens - t0 < B ? tokens - t0 : B;
+        for (int h = 0; h < HKV; h++) {
+            int64_t base = (blk * HKV + h) * 2 * B * D;
+            for (int j = 0; j < D; j++)
+                for (int64_t t = 0; t < nt; t++)
+                    L->k_cache[((t0 + t) * HKV + h) * D + j] = io_get(io->cache, base + j * B + t, bf16);
+            for (int64_t t = 0; t < nt; t++)
+                for (int j = 0; j < D; j++)
+                    L->v_cache[((t0 + t) * HKV + h) * D + j] = io_get(io->cache, base + B * D + t * D + j, bf16);
+        }
+    }
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < HQ * D; j++)
+            q[(int64_t)i * HQ * D + j] = io_get(io->q, (start + r->slot[i]) * io->ldq + j, bf16);
+    attend_rows(m, L, r, q, out, m->work, m->kv_capacity + 16);
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < HQ * D; j++)
+            io_put(io->o, (start + r->slot[i]) * io->ldo + j, out[(int64_t)i * HQ * D + j], bf16);
 }
 
 /* one decoder layer over the rows: h += mixer(norm(h)); h += mlp(norm(h)) */

@@ -60,8 +60,9 @@ class GdnRecords:
 
 
 class TreeRows:
-    """A tree's rows as the native core reads them (logical order, no padding); keeps the tables
-    its pointers lead to alive."""
+    """A tree's rows as the native GDN core and tree attention read them (logical order, no
+    padding, the committed prefix its KV positions start after); keeps the tables its pointers lead
+    to alive."""
 
     def __init__(self, tree: TreeDescriptor) -> None:
         n = tree.n_active
@@ -74,7 +75,12 @@ class TreeRows:
         ]
         depth, slot, anc = self._tables
         self.struct = _Rows(
-            n=n, depth=depth.data_ptr(), slot=slot.data_ptr(), anc=anc.data_ptr(), anc_stride=anc.shape[1]
+            n=n,
+            prefix=tree.prefix_len,
+            depth=depth.data_ptr(),
+            slot=slot.data_ptr(),
+            anc=anc.data_ptr(),
+            anc_stride=anc.shape[1],
         )
 
 

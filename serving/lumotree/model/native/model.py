@@ -122,6 +122,19 @@ class _GdnIO(ctypes.Structure):
     ]
 
 
+class _PagedIO(ctypes.Structure):
+    _fields_ = [
+        ("cache", c_void_p),
+        ("blocks", c_void_p),
+        ("block_size", c_int32),
+        ("q", c_void_p),
+        ("o", c_void_p),
+        ("ldq", c_int64),
+        ("ldo", c_int64),
+        ("bf16", c_int32),
+    ]
+
+
 class _LayoutEntry(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("value", c_int64)]
 
@@ -132,6 +145,7 @@ _MIRRORS: dict[str, type[ctypes.Structure]] = {
     "Model": _Model,
     "Rows": _Rows,
     "GdnIO": _GdnIO,
+    "PagedIO": _PagedIO,
 }
 
 
@@ -180,6 +194,8 @@ _SIGNATURES = {
     "lt_gdn_tree": [_P, _P, _P, _P, c_int64],
     "lt_gdn_chain": [_P, _P, _P, c_int32, _P, c_int64],
     "lt_gdn_publish": [_P, _P, c_int32, _P, c_int32],
+    "lt_attn_work_floats": [c_int64],
+    "lt_paged_tree_attention": [_P, _P, _P, _P, c_int64, _P, _P],
 }
 # limits of forward.c's fixed-size buffers
 _MAX_CONV = 4096  # conv channels
@@ -202,7 +218,11 @@ def _library() -> ctypes.CDLL:
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = args
-        fn.restype = {"lt_work_floats": c_int64, "lt_mtp_propose": c_int32}.get(name)
+        fn.restype = {
+            "lt_work_floats": c_int64,
+            "lt_attn_work_floats": c_int64,
+            "lt_mtp_propose": c_int32,
+        }.get(name)
     return lib
 
 
@@ -239,7 +259,9 @@ def unsupported_reason(model: HybridLM) -> str | None:
 class NativeModel:
     """The native forward of `model` over `state` (the runner's request state): trees of up to
     `tree_rows` rows, MTP passes of up to `max_rows` rows (a prefill chunk commits that many); MTP
-    proposals rank `draft_ids` (sorted token ids, a draft vocabulary) when given."""
+    proposals rank `draft_ids` (sorted token ids, a draft vocabulary) when given. `capacity`: the
+    KV rows a pass may attend over, when not the state's (a model loaded without its decoder
+    layers, drafting only, has none: its MTP caches' length)."""
 
     def __init__(
         self,
@@ -248,6 +270,7 @@ class NativeModel:
         tree_rows: int,
         max_rows: int,
         draft_ids: Tensor | None = None,
+        capacity: int | None = None,
     ) -> None:
         reason = unsupported_reason(model)
         if reason:
@@ -260,7 +283,7 @@ class NativeModel:
             raise ValueError(f"more than {_MAX_GROUP} query heads per KV head")
         self._keep: list[Tensor] = []  # every buffer a C pointer refers to
         self._scratch: list[Tensor] = []  # the per-call work buffers among them
-        self.capacity = state.capacity
+        self.capacity = state.capacity if capacity is None else capacity
         layers = [self._layer(layer, s) for layer, s in zip(model.model.layers, state.layers, strict=True)]
         self._layers = (_Layer * len(layers))(*layers)
         self._mtp_layer = None
@@ -302,8 +325,9 @@ class NativeModel:
             m.draft_head = self._linear(model.lm_head.weight.detach().index_select(0, ids))
             m.draft_ids, m.draft_n = self._ptr(ids), ids.numel()
         self.draft_size = m.draft_n  # 0: the whole vocabulary
-        proj = max(ly.proj.n_pad for ly in layers)
-        gate_up = max(ly.gate_up.n_pad for ly in layers)
+        sized = layers + ([self._mtp_layer[0]] if self._mtp_layer is not None else [])
+        proj = max(ly.proj.n_pad for ly in sized)
+        gate_up = max(ly.gate_up.n_pad for ly in sized)
         mix = max(cfg.value_dim, cfg.num_attention_heads * cfg.head_dim)
         floats = self.lib.lt_work_floats(
             self.max_rows,
