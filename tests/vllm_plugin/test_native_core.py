@@ -24,6 +24,7 @@ from lumotree.verify.conv.reference import publish_conv_state_, tree_conv
 from lumotree.verify.gdn.reference import GdnInputs, gdn_verify, replay_accepted_
 from lumotree.verify.kernel_sets import REFERENCE
 from lumotree.vllm.native_core import NativeTreeAttention
+from lumotree.vllm.paged_kv import gather_kv
 from lumotree.vllm.steps import RequestStep
 
 from .fake_vllm import attention_layer, plan
@@ -194,8 +195,37 @@ def test_tree_attention_over_the_paged_cache_is_the_reference_tree_attention(
     )
     query = torch.randn(start + n + 1, heads, dim, generator=gen).to(dtype)
     output = torch.full_like(query, float("nan"))
-    NativeTreeAttention(capacity=256).rows(step, 0, query, attn.kv_cache, output)
+    NativeTreeAttention(capacity=256).rows(step, 0, attn.layer_name, query, attn.kv_cache, output)
 
     want, _ = REFERENCE.tree_attention(query[req.rows].float(), keys.float(), values.float(), tree)
     torch.testing.assert_close(output[req.rows].float(), want, **TOL[dtype])
     assert output[:start].isnan().all() and output[start + n :].isnan().all()
+
+
+def test_tree_attention_regathers_positions_past_the_last_committed_prefix() -> None:
+    """A request's second tree step (its first step's rows overwritten by publication and the next
+    tree) sees the cache as it is now, through the mirror kept from the first step."""
+    gen, rnd = torch.Generator().manual_seed(7), random.Random(7)
+    heads, kv_heads, dim, block_size = 4, 2, 64, 16
+    attn = attention_layer(blocks=6, heads=kv_heads, block_size=block_size, dim=dim)
+    attention = NativeTreeAttention(capacity=256)
+    prefix = 21
+    for _ in range(2):
+        tree = _random_tree(rnd, prefix_len=prefix)
+        n = tree.n_active
+        req = RequestStep("r", 0, 0, n, [0] * n, prefix, prefix, tree=tree)
+        req.rows = tree.slot_map
+        step = plan([req], [[[5, 1, 4, 0, 2, 3]]], [block_size])
+        keys = torch.randn(prefix + n, kv_heads, dim, generator=gen)
+        values = torch.randn(prefix + n, kv_heads, dim, generator=gen)
+        written = torch.arange(prefix - 3 if prefix > 21 else 0, prefix + n)  # published rows and the tree's
+        attn.impl.do_kv_cache_update(
+            attn, keys[written], values[written], attn.kv_cache, step.kv_slots(req, 0, written)
+        )
+        query = torch.randn(n, heads, dim, generator=gen)
+        output = torch.full_like(query, float("nan"))
+        attention.rows(step, 0, attn.layer_name, query, attn.kv_cache, output)
+        cached_k, cached_v = gather_kv(attn.kv_cache, step.kv_slots(req, 0, torch.arange(prefix + n)))
+        want, _ = REFERENCE.tree_attention(query[req.rows], cached_k, cached_v, tree)
+        torch.testing.assert_close(output[req.rows], want, **TOL[torch.float32])
+        prefix += 3  # three accepted tokens published

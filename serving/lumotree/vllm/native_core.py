@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.native.gdn_core import GdnShape, GdnWeights, NativeGdn, NativeTree, TreeRows, token_rows
-from lumotree.model.native.paged_attention import NativePagedAttention
+from lumotree.model.native.paged_attention import KVMirror, NativePagedAttention
 from lumotree.vllm.gdn_core import conv_state_view, conv_weight, start_sequence
 from lumotree.vllm.steps import RequestStep, StepPlan
 
@@ -92,17 +92,27 @@ class NativeGdnCore:
 class NativeTreeAttention:
     """The tree rows' attention (see `tree_attention.py`) on the native forward's kernels, over
     vLLM's CPU paged KV in its "vec" layouts, for requests of up to `capacity` positions; its
-    buffers are sized at the first call (heads from the query, KV heads from the cache)."""
+    buffers are sized at the first call (heads from the query, KV heads from the cache). Each
+    request keeps a float32 mirror of its committed positions per layer, until `forget`."""
 
     LAYOUTS = ("vec", "vec16")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.native: NativePagedAttention | None = None
+        self._mirrors: dict[tuple[str, str], KVMirror] = {}
 
-    def rows(self, plan: StepPlan, group: int, query: Tensor, kv_cache: Tensor, output: Tensor) -> None:
+    def forget(self, req_id: str) -> None:
+        """Drop a request's mirrors: it finished, or its positions may be rewritten (a chunk step:
+        a prefill, a restart after preemption)."""
+        for key in [k for k in self._mirrors if k[0] == req_id]:
+            del self._mirrors[key]
+
+    def rows(
+        self, plan: StepPlan, group: int, layer: str, query: Tensor, kv_cache: Tensor, output: Tensor
+    ) -> None:
         """Overwrite output [N, Hq, D] at every tree row of the plan; query [N, Hq, D] RoPE'd at
-        depth positions, kv_cache one layer's paged cache holding the step's rows already."""
+        depth positions, kv_cache layer `layer`'s paged cache holding the step's rows already."""
         if self.native is None:
             heads, dim = query.shape[1], query.shape[2]
             self.native = NativePagedAttention(heads, kv_cache.shape[1], dim, self.capacity)
@@ -110,4 +120,7 @@ class NativeTreeAttention:
             assert req.tree is not None
             rows = req.native.rows if req.native is not None else TreeRows(req.tree)
             blocks = plan.block_rows[group][req.index]  # type: ignore[index]
-            self.native.tree(rows, kv_cache, blocks, query, output, req.start)
+            mirror = self._mirrors.get((req.req_id, layer))
+            if mirror is None:
+                mirror = self._mirrors[req.req_id, layer] = self.native.new_mirror()
+            self.native.tree(rows, kv_cache, blocks, query, output, req.start, mirror)

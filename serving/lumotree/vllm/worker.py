@@ -148,6 +148,8 @@ class LumoTreeWorker:
             if state is not None:
                 state.drafter.finish()
             self.failed.pop(req_id, None)
+            if self._native_attention is not None:
+                self._native_attention.forget(req_id)
         if self.trees:
             # vLLM's per-request generators are for its own sampler; with them, its bookkeeping
             # rewinds their offsets for split prefills, which CPU generators do not support.
@@ -177,6 +179,8 @@ class LumoTreeWorker:
                     self._place_tree(runner, step, tokens[0], drafts, state.pending)
                 else:
                     step.ends_sequence = prefix + count == req.num_tokens
+                    if self._native_attention is not None:  # its positions are (re)written
+                        self._native_attention.forget(req_id)
             step.logit_start = logit
             steps.append(step)
             start += count
@@ -260,7 +264,7 @@ class LumoTreeWorker:
         assert self._groups is not None
         group = self._groups[layer.layer_name]
         if self._native_attention is not None:
-            self._native_attention.rows(self.plan, group, query, kv_cache, output)
+            self._native_attention.rows(self.plan, group, layer.layer_name, query, kv_cache, output)
             return
         tree_attention_rows(
             self.plan, group, self.kernels, query, key, value, kv_cache, output, kv_layout(layer)

@@ -946,22 +946,24 @@ static void attention_mixer(const Model* m, const Layer* L, const Rows* r, const
 }
 
 /* The rows of a tree (logical row i at io row start + r->slot[i], queries RoPE'd at their depth
- * positions) attend over a request's paged KV, whose positions 0..r->prefix + r->n - 1 (the tree's
- * own rows at prefix + slot, written by the model's attention) are first gathered to float32
- * token-major L->k_cache, L->v_cache; then attend_rows, the native forward's attention. q, out:
- * [r->n][HQ][D] float32 scratch; m->work: lt_attn_work_floats(m->kv_capacity) floats. */
+ * positions) attend over a request's paged KV: its positions gathered..r->prefix + r->n - 1 (the
+ * tree's own rows at prefix + slot, written by the model's attention) are first copied to float32
+ * token-major L->k_cache, L->v_cache, which hold the earlier positions already (a caller's mirror of
+ * the committed prefix); then attend_rows, the native forward's attention. q, out: [r->n][HQ][D]
+ * float32 scratch; m->work: lt_attn_work_floats(m->kv_capacity) floats. */
 void lt_paged_tree_attention(const Model* m, const Layer* L, const Rows* r, const PagedIO* io, int64_t start,
-                             float* q, float* out) {
+                             int64_t gathered, float* q, float* out) {
     int HQ = m->hq, HKV = m->hkv, D = m->hd, B = io->block_size, bf16 = io->bf16;
     int64_t tokens = r->prefix + r->n;
-    for (int64_t t0 = 0; t0 < tokens; t0 += B) {
-        int64_t blk = io->blocks[t0 / B], nt = tokens - t0 < B ? tokens - t0 : B;
+    for (int64_t t0 = gathered / B * B; t0 < tokens; t0 += B) {
+        int64_t blk = io->blocks[t0 / B], t1 = gathered > t0 ? gathered - t0 : 0;
+        int64_t nt = tokens - t0 < B ? tokens - t0 : B;
         for (int h = 0; h < HKV; h++) {
             int64_t base = (blk * HKV + h) * 2 * B * D;
             for (int j = 0; j < D; j++)
-                for (int64_t t = 0; t < nt; t++)
+                for (int64_t t = t1; t < nt; t++)
                     L->k_cache[((t0 + t) * HKV + h) * D + j] = io_get(io->cache, base + j * B + t, bf16);
-            for (int64_t t = 0; t < nt; t++)
+            for (int64_t t = t1; t < nt; t++)
                 for (int j = 0; j < D; j++)
                     L->v_cache[((t0 + t) * HKV + h) * D + j] = io_get(io->cache, base + B * D + t * D + j, bf16);
         }

@@ -195,7 +195,7 @@ _SIGNATURES = {
     "lt_gdn_chain": [_P, _P, _P, c_int32, _P, c_int64],
     "lt_gdn_publish": [_P, _P, c_int32, _P, c_int32],
     "lt_attn_work_floats": [c_int64],
-    "lt_paged_tree_attention": [_P, _P, _P, _P, c_int64, _P, _P],
+    "lt_paged_tree_attention": [_P, _P, _P, _P, c_int64, c_int64, _P, _P],
 }
 # limits of forward.c's fixed-size buffers
 _MAX_CONV = 4096  # conv channels
