@@ -174,8 +174,8 @@ def test_chained_cycles_launched_ahead_survive_requests_that_end_early(checkpoin
     stop = output_tokens(run_requests(_engine(checkpoint, "reference", "ar"), [probe])["a"])[3]
     requests = [
         replace(probe, stop_token_ids=(stop,)),
-        GenerationRequest("b", PROMPT[::-1], SamplingParams(0.7, top_k=10), 6, seed=3, ignore_eos=True),
-        GenerationRequest("c", PROMPT[2:], greedy, 3, ignore_eos=True),
+        GenerationRequest("b", PROMPT[::-1], SamplingParams(0.7, top_k=10), 5, seed=3, ignore_eos=True),
+        GenerationRequest("c", PROMPT[2:], greedy, 2, ignore_eos=True),
     ]
     for drafter in ("ar", "mtp"):
         ref = run_requests(_engine(checkpoint, "reference", drafter), requests)
@@ -200,7 +200,7 @@ def test_chained_cycles_launched_ahead_survive_requests_that_end_early(checkpoin
 def test_forced_acceptance_on_the_device_equals_the_host_forced_cycle(checkpoint: Path) -> None:
     """A forced schedule accepts exactly its counts of spine drafts on both paths, with the same
     tokens (drafts, then the last accepted row's own choice)."""
-    request = _request(SamplingParams(temperature=0.0), max_tokens=12)
+    request = _request(SamplingParams(temperature=0.0), max_tokens=8)
     results = {}
     for kernels in ("reference", "triton"):
         engine = _engine(checkpoint, kernels, "tree", forced_acceptance="0,2,5")
@@ -219,7 +219,7 @@ def test_the_next_tree_is_started_before_the_results_are_emitted(checkpoint: Pat
     """The tree's next cycle starts before the step returns its event: drafted on the device it is
     launched with this cycle, before its results are read; drafted on the host, as soon as they are
     in (`follow`)."""
-    request = _request(SamplingParams(temperature=0.0), max_tokens=8)
+    request = _request(SamplingParams(temperature=0.0), max_tokens=5)
     engine = _engine(checkpoint, "triton", "tree", tree_drafting=drafting)
     engine.add_request(request)
     started = 0
@@ -237,8 +237,8 @@ def test_trees_drafted_on_the_device_are_the_host_drafters_trees(checkpoint: Pat
     of the first's output beforehand, so the lookups find continuations): the device tree
     drafter verifies the same trees as the host drafter, cycle by cycle, and the host drafts only
     each request's first tree."""
-    first = _request(SamplingParams(temperature=0.0), max_tokens=9)
-    second = replace(first, request_id="s", prompt_token_ids=[*PROMPT[3:], 3, 9], max_tokens=7)
+    first = _request(SamplingParams(temperature=0.0), max_tokens=6)
+    second = replace(first, request_id="s", prompt_token_ids=[*PROMPT[3:], 3, 9], max_tokens=5)
     ref = output_tokens(run_requests(_engine(checkpoint, "reference", "tree"), [first])["r"])
     trees: dict[str, list[TreeTopology]] = {}
     outputs = {}
