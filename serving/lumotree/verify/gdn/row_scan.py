@@ -26,7 +26,7 @@ from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
-from lumotree.verify.gdn.scan import _issue_strided_loads, _prepare, _record, _step
+from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
 
 
 def row_strided(x: GdnInputs) -> tuple[GdnInputs, tuple[int, int, int]]:
@@ -59,7 +59,7 @@ def carry_down(
     hides behind it. Returns the last step's read and the last row's prepared operands (its record's)."""
     steps = tl.sum(on_path.to(tl.int32), axis=0)
     node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
-    rq, rk, rv, ra, rb = _issue_strided_loads(
+    rq, rk, rv, ra, rb = _issue_loads(
         q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v, stride_ab,
         K, V,
     )  # fmt: skip
@@ -67,7 +67,7 @@ def carry_down(
     o = tl.zeros([BV], dtype=tl.float32)
     for _ in range(steps):
         node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-        rq, rk, rv, ra, rb = _issue_strided_loads(
+        rq, rk, rv, ra, rb = _issue_loads(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, stride_qk, stride_v,
             stride_ab, K, V,
         )  # fmt: skip

@@ -45,39 +45,15 @@ def _issue_loads(
     hv,
     offs_v,
     offs_k,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-):
-    """Raw q, k [K], v slice [BV], a, b of `node` in their storage dtype (zeros if not ok), from
-    contiguous operands."""
-    return _issue_strided_loads(
-        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, ok, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
-    )
-
-
-@triton.jit
-def _issue_strided_loads(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    a_ptr,
-    b_ptr,
-    node,
-    ok,
-    h,
-    hv,
-    offs_v,
-    offs_k,
     stride_qk,
     stride_v,
     stride_ab,
     K: tl.constexpr,
     V: tl.constexpr,
 ):
-    """`_issue_loads` with row strides (elements) of q and k, of v, and of a and b: column slices of
-    a wider projection or conv output are read in place (heads and features contiguous)."""
+    """Raw q, k [K], v slice [BV], a, b of `node` in their storage dtype (zeros if not ok), rows at
+    the given strides (elements) of q and k, of v, and of a and b: contiguous operands have H K,
+    HV V and HV; column slices of a wider projection or conv output are read in place."""
     n = tl.maximum(node, 0).to(tl.int64)
     # (scalar conditions enter masks through tl.where: `tensor & scalar` is wrong in the interpreter)
     mk = tl.where(ok, offs_k < K, False)
@@ -122,7 +98,7 @@ def _load_operands(
 ):
     """Prepared operands of `node` (loads and arithmetic back to back)."""
     q, k, v, a, b = _issue_loads(
-        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, ok, h, hv, offs_v, offs_k, H, HV, K, V
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, ok, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
     )
     return _prepare(q, k, v, a, b, neg_a, dt_bias, K)
 
@@ -326,7 +302,7 @@ def gdn_scan_kernel(
         has_next = step + 1 < n_steps
         nxt = tl.load(nodes_ptr + p * L + step + 1, mask=has_next, other=-1)
         rq2, rk2, rv2, ra2, rb2 = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, has_next, h, hv, offs_v, offs_k, H, HV, K, V
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, has_next, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
         )
         own = tl.load(owner_ptr + p * L + step) != 0
         # Likewise the first two leaf children of this node (the paper tree has at most two).
@@ -335,10 +311,25 @@ def gdn_scan_kernel(
         leaf0 = tl.load(leaves_ptr + lo, mask=lo < hi, other=-1)
         leaf1 = tl.load(leaves_ptr + lo + 1, mask=lo + 1 < hi, other=-1)
         pq0, pk0, pv0, pa0, pb0 = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf0, lo < hi, h, hv, offs_v, offs_k, H, HV, K, V
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf0, lo < hi, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
         )
         pq1, pk1, pv1, pa1, pb1 = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf1, lo + 1 < hi, h, hv, offs_v, offs_k, H, HV, K, V
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            a_ptr,
+            b_ptr,
+            leaf1,
+            lo + 1 < hi,
+            h,
+            hv,
+            offs_v,
+            offs_k,
+            H * K,
+            HV * V,
+            HV,
+            K,
+            V,
         )
 
         S, o = _step(S, q, k, v, g, beta)
@@ -377,7 +368,22 @@ def gdn_scan_kernel(
             leaf = tl.load(leaves_ptr + li)
             # Leaves past the second load here (their load is masked off otherwise).
             fq, fk, fv, fa, fb = _issue_loads(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf, j >= 2, h, hv, offs_v, offs_k, H, HV, K, V
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                a_ptr,
+                b_ptr,
+                leaf,
+                j >= 2,
+                h,
+                hv,
+                offs_v,
+                offs_k,
+                H * K,
+                HV * V,
+                HV,
+                K,
+                V,
             )
             lq, lk, lv, lg, lbeta = _prepare(
                 tl.where(j == 0, pq0, tl.where(j == 1, pq1, fq)),

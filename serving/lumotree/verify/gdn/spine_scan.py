@@ -31,7 +31,7 @@ from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
 from lumotree.verify.gdn.row_scan import carry_down, row_strided
-from lumotree.verify.gdn.scan import _issue_strided_loads, _prepare, _record, _step
+from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
 
 
 @triton.jit
@@ -81,14 +81,14 @@ def gdn_spine_kernel(
     tile = offs_v[:, None] * K + offs_k[None, :]
     S = tl.load(state_ptr + hv * V * K + tile)
     node = tl.sum(tl.where(offs_d == 0, spine, 0), axis=0)
-    rq, rk, rv, ra, rb = _issue_strided_loads(
+    rq, rk, rv, ra, rb = _issue_loads(
         q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v, stride_ab,
         K, V,
     )  # fmt: skip
     for d in range(steps):
         nxt = tl.sum(tl.where(offs_d == d + 1, spine, 0), axis=0)
         q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
-        rq, rk, rv, ra, rb = _issue_strided_loads(
+        rq, rk, rv, ra, rb = _issue_loads(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, d + 1 < steps, h, hv, offs_v, offs_k, stride_qk,
             stride_v, stride_ab, K, V,
         )  # fmt: skip
