@@ -1,9 +1,10 @@
 """The plugin's kernels on vLLM's CUDA path: LumoTree's Triton kernels behind the plugin's
-signatures, and the switch that keeps vLLM's GDN layers on the core the plugin replaces. UNTESTED on
-a GPU: this work had no GPU (the project's GPU budget is the lead's); everything it shares with the
-CPU path (plan, positions, walk, publication order, proposer) is tested there, the kernels are
-tested on the H200 by tests/kernels/test_gpu_parity.py, and what is GPU-only is the glue below and
-the CUDA patches (`patches.patch_cuda`, beside the other patches into vLLM).
+signatures, and the switch that keeps vLLM's GDN layers on the core the plugin replaces. What has
+run on a GPU (an H200, no vLLM there): this module's Triton set in the plugin's GDN core over vLLM's
+mamba cache layout and its publication, and in the plugin's tree attention over FlashAttention's
+paged KV layout, equal to the CPU op set (tests/vllm_plugin/test_gpu_path.py); the kernels
+themselves (tests/kernels/test_gpu_parity.py). What has not: vLLM's CUDA model runner around them,
+FlashAttention, and the CUDA patches (`patches.patch_cuda`).
 
 - GDN: vLLM's CUDA layers call `QwenGatedDeltaNetAttention._forward_core` from their core op; the
   patch replaces it with the plugin's core (chunks: the project's chain ops in torch; trees: the

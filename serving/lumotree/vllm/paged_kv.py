@@ -8,7 +8,7 @@ of token t, dimension j inside one (block, head) area of 2 * block_size * D elem
   "amx" (bf16 on AMX CPUs, VNNI pairs): key (t // 16) * 16 D + (j // 2) * 32 + (t % 16) * 2 + j % 2,
   value (j // 16) * 16 block_size + (t // 2) * 32 + (j % 16) * 2 + t % 2;
 - FlashAttention on CUDA ("flash", from its writer's view `kv_cache.transpose(1, 2).split(D, -1)`;
-  untested here: no GPU): key t * 2 D + j, value t * 2 D + D + j.
+  read on an H200 by tests/vllm_plugin/test_gpu_path.py): key t * 2 D + j, value t * 2 D + D + j.
 Writes always go through vLLM's writer, so only reading depends on these layouts.
 """
 
