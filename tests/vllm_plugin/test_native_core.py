@@ -229,3 +229,17 @@ def test_tree_attention_regathers_positions_past_the_last_committed_prefix() -> 
         want, _ = REFERENCE.tree_attention(query[req.rows], cached_k, cached_v, tree)
         torch.testing.assert_close(output[req.rows], want, **TOL[torch.float32])
         prefix += 3  # three accepted tokens published
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        GdnShape(conv_dim=8192, conv_width=4, key_heads=16, value_heads=32, key_dim=128, value_dim=128),
+        GdnShape(conv_dim=1536, conv_width=4, key_heads=1, value_heads=2, key_dim=512, value_dim=256),
+    ],
+    ids=["conv wider than the row buffers", "key heads wider than the head buffers"],
+)
+def test_layers_wider_than_the_native_buffers_are_refused(shape: GdnShape) -> None:
+    weights = GdnWeights(torch.zeros(shape.conv_dim, shape.conv_width), torch.zeros(32), torch.zeros(32))
+    with pytest.raises(ValueError, match="does not serve"):
+        NativeGdn(shape, [weights], max_rows=8)

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lumotree.model.native.model import _GdnIO, _Layer, _library, _Model, _Rows
+from lumotree.model.native.model import (
+    _MAX_CONV,
+    _MAX_CONV_WIDTH,
+    _MAX_HEAD,
+    _GdnIO,
+    _Layer,
+    _library,
+    _Model,
+    _Rows,
+)
 from lumotree.tree import TreeDescriptor
 
 _IO_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -133,7 +142,14 @@ class NativeGdn:
         if not 1 <= max_rows <= MAX_ROWS:
             raise ValueError(f"max_rows must be in 1..{MAX_ROWS}, got {max_rows}")
         s = shape
-        if s.value_heads % s.key_heads or s.key_dim % 16 or s.value_dim % 16 or s.conv_width > 16:
+        if (
+            s.value_heads % s.key_heads
+            or s.key_dim % 16
+            or s.value_dim % 16
+            or max(s.key_dim, s.value_dim) > _MAX_HEAD
+            or s.conv_dim > _MAX_CONV  # bounds HV V (and HV) too: C = 2 H K + HV V
+            or s.conv_width > _MAX_CONV_WIDTH
+        ):  # forward.c's fixed-size row buffers
             raise ValueError(f"the native GDN core does not serve {shape}")
         self.lib, self.shape, self.max_rows = _library(), shape, max_rows
         self._keep = [

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.native.gdn_core import MAX_ROWS, TreeRows
-from lumotree.model.native.model import _Layer, _library, _Model, _PagedIO
+from lumotree.model.native.model import _MAX_GROUP, _MAX_HEAD, _Layer, _library, _Model, _PagedIO
 
 _IO_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -39,7 +39,7 @@ class NativePagedAttention:
     up to `capacity` positions (prefix + tree rows)."""
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int, capacity: int) -> None:
-        if heads % kv_heads or head_dim % 16 or head_dim > 256 or heads // kv_heads > 8:
+        if heads % kv_heads or head_dim % 16 or head_dim > _MAX_HEAD or heads // kv_heads > _MAX_GROUP:
             raise ValueError(
                 f"the native tree attention does not serve {heads}/{kv_heads} heads of {head_dim}"
             )
