@@ -231,6 +231,8 @@ def gdn_scan_kernel(
 ):
     NVT: tl.constexpr = V // BV
     GROUP: tl.constexpr = HV // H
+    ROW_QK: tl.constexpr = H * K  # the operands' row strides (contiguous)
+    ROW_V: tl.constexpr = HV * V
     pid = tl.program_id(0)
     p = tl.program_id(1) + path_offset
     hv = pid // NVT
@@ -302,7 +304,7 @@ def gdn_scan_kernel(
         has_next = step + 1 < n_steps
         nxt = tl.load(nodes_ptr + p * L + step + 1, mask=has_next, other=-1)
         rq2, rk2, rv2, ra2, rb2 = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, has_next, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, nxt, has_next, h, hv, offs_v, offs_k, ROW_QK, ROW_V, HV, K, V
         )
         own = tl.load(owner_ptr + p * L + step) != 0
         # Likewise the first two leaf children of this node (the paper tree has at most two).
@@ -311,7 +313,7 @@ def gdn_scan_kernel(
         leaf0 = tl.load(leaves_ptr + lo, mask=lo < hi, other=-1)
         leaf1 = tl.load(leaves_ptr + lo + 1, mask=lo + 1 < hi, other=-1)
         pq0, pk0, pv0, pa0, pb0 = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf0, lo < hi, h, hv, offs_v, offs_k, H * K, HV * V, HV, K, V
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf0, lo < hi, h, hv, offs_v, offs_k, ROW_QK, ROW_V, HV, K, V
         )
         pq1, pk1, pv1, pa1, pb1 = _issue_loads(
             q_ptr,
@@ -325,8 +327,8 @@ def gdn_scan_kernel(
             hv,
             offs_v,
             offs_k,
-            H * K,
-            HV * V,
+            ROW_QK,
+            ROW_V,
             HV,
             K,
             V,
@@ -379,8 +381,8 @@ def gdn_scan_kernel(
                 hv,
                 offs_v,
                 offs_k,
-                H * K,
-                HV * V,
+                ROW_QK,
+                ROW_V,
                 HV,
                 K,
                 V,
