@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from lumobench.bench.arm_memory import arm_memory_command
+from lumobench.bench.attention import attention_command
 from lumobench.bench.client.command import client_command
 from lumobench.bench.cycle import cycle_command
 from lumobench.bench.cycle_profile import cycle_profile_command
@@ -35,6 +36,7 @@ bench_app.command("draft-vocab")(draft_vocab_command)
 bench_app.command("kernels")(kernels_command)
 bench_app.command("ablate-gdn")(ablate_gdn_command)
 bench_app.command("skinny-gemm")(skinny_gemm_command)
+bench_app.command("attention")(attention_command)
 bench_app.command("cycle")(cycle_command)
 bench_app.command("cycle-profile")(cycle_profile_command)
 bench_app.command("row-invariance")(row_invariance_command)

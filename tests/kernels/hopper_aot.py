@@ -128,7 +128,14 @@ KERNELS["tree attention partial"] = (
 )
 KERNELS["tree attention tail"] = (
     attention.tree_attention_tail_kernel,
-    dict(ATTENTION, BM=attention.AttentionConfig().tail_block_m, SPLIT=22),
+    dict(
+        {k: v for k, v in ATTENTION.items() if k != "BM"},
+        GP=16,
+        TP=16,
+        RP=attention.BITSET_SLOTS,
+        SPLIT=22,
+        PRECISION="tf32",
+    ),
     dict(num_warps=attention.AttentionConfig().tail_warps),
 )
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so

@@ -8,6 +8,8 @@
 #      unfused variants side by side, random-weight Qwen3.5-27B),
 #   3. the skinny-GEMM benchmark (`python3 -m lumobench.bench.skinny_gemm`),
 #   4. the engine's GPU tests (tests/engine/test_device_path_gpu.py, the tiny model end to end),
+#   5. the tree attention of the 16 layers in model order (`python3 -m lumobench.bench.attention`,
+#      with ATTN_SWEEP=1 its grid of tiles and split rules),
 # and print the tables. From the repository root:
 #   OUT=/path/to/out LUMOBENCH_COMMIT=$(git rev-parse HEAD) bash lumobench/bench/device/cycle_h200.sh
 # Settings (environment):
@@ -16,7 +18,9 @@
 #   CONTEXTS   committed contexts of the cycle benchmark                         default 4096,32768
 #   VARIANTS   cycle variants, the headline first                 default fused,fused-cublas,unfused
 #   ITERS      timed cycles per median                                           default 50
-#   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S   time limits in seconds (0 skips)   default 120, 300, 90, 110
+#   ATTN_SWEEP set: the attention benchmark sweeps its grid                      default unset
+#   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S, ATTN_S   time limits in seconds (0 skips)
+#                                                      default 120, 300, 90, 110, 0
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -40,8 +44,11 @@ step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
 step "${GEMM_S:-90}" cycle.log python3 -m lumobench.bench.skinny_gemm --out "$OUT"
 step "${ENGINE_S:-110}" engine-gpu-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/engine/test_device_path_gpu.py
+step "${ATTN_S:-0}" attention.log python3 -m lumobench.bench.attention --out "$OUT" \
+    --contexts "${CONTEXTS:-4096,32768}" ${ATTN_SWEEP:+--sweep}
 
 for log in dense-tests engine-gpu-tests; do [[ -f "$OUT/$log.log" ]] && echo "$log: $(tail -1 "$OUT/$log.log")"; done
 [[ -f "$OUT/cycle.md" ]] && grep -E "^\| [0-9]|^\| (fused|unfused)" "$OUT/cycle.md" || tail -20 "$OUT/cycle.log"
 [[ -f "$OUT/skinny_gemm.md" ]] && cat "$OUT/skinny_gemm.md" || tail -5 "$OUT/cycle.log"
+[[ -f "$OUT/attention.md" ]] && head -30 "$OUT/attention.md" || { [[ -f "$OUT/attention.log" ]] && tail -20 "$OUT/attention.log"; }
 exit 0

@@ -175,12 +175,21 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     return o, lse
 
 
-def attention_splits(device: torch.device, hq: int, hkv: int, capacity: int) -> int:
+def attention_splits(
+    device: torch.device,
+    hq: int,
+    hkv: int,
+    capacity: int,
+    block_m: int | None = None,
+    waves: int = ATTENTION_WAVES,
+    min_keys: int = MIN_KEYS_PER_SPLIT,
+) -> int:
     """Cache partitions that depend on the model and the cache alone, not on the rows verified:
     the split count of a one-row step (its query tile per KV head), so that a verified row sums its
-    keys in the same partitions as the autoregressive step at its position."""
-    programs = triton.cdiv(hq // hkv, AttentionConfig().block_m) * hkv
-    return min(default_splits(device, programs, ATTENTION_WAVES), triton.cdiv(capacity, MIN_KEYS_PER_SPLIT))
+    keys in the same partitions as the autoregressive step at its position. The keywords are the
+    rule's settings (the engine's by default; the attention benchmark sweeps them)."""
+    programs = triton.cdiv(hq // hkv, block_m or AttentionConfig().block_m) * hkv
+    return min(default_splits(device, programs, waves), triton.cdiv(capacity, min_keys))
 
 
 def replay(

@@ -6,19 +6,19 @@ of its ancestors and itself. Its keys below p - MAX_DEPTH (all committed) go thr
 rows x group heads) and runs an online softmax over its split, a fixed range of physical cache rows
 (`chunk` rows from split * chunk), each row masked at its own bound. Its last TAIL_KEYS keys, the
 committed ones above that bound and then its tree slots (bit j of `bits[r]` says row r sees tree
-slot j; physical order puts a parent's slot before its children's), are walked one at a time in
-logical order by the tail kernel, the last partition. A merge kernel combines the partitions by
-log-sum-exp, in order. The prefix length is read on the device, so one captured graph serves every
-cycle.
+slot j; physical order puts a parent's slot before its children's), are gathered in logical order
+by the tail kernel, one program per (tree row, KV head), and attended in one pass: the last
+partition. A merge kernel combines the partitions by log-sum-exp, in order. The prefix length is
+read on the device, so one captured graph serves every cycle.
 
 Row invariance: the AR step at position p and any tree row at p (on the spine or off it) split their
 keys at the same bound, tile the same committed keys at the same places of the same partitions, and
-walk the same keys in the same order with the same arithmetic (a dot over the head dim per key). So
-they get the same bits, whatever else the tree holds and wherever its slots lie (the order inside a
-tile's dot is the dot's own; on the GPU the query tile's height is fixed per model, `device_ops`;
-under the interpreter numpy's matmul sums in its BLAS kernel's order, which differs between CPUs, and
-the tests fix the dot's order). With splits that followed the row count, or tree slots tiled in
-physical order, bf16 trees parted from AR on long sampled answers (results/h200/row-invariance).
+gather the same tail keys into the same columns of the same tail tile. So they get the same bits,
+whatever else the tree holds and wherever its slots lie (the order inside a tile's dot is the dot's
+own; on the GPU the query tile's height is fixed per model, `device_ops`; under the interpreter
+numpy's matmul sums in its BLAS kernel's order, which differs between CPUs, and the tests fix the
+dot's order). With splits that followed the row count, or tree slots tiled in physical order, bf16
+trees parted from AR on long sampled answers (results/h200/row-invariance).
 
 `tree_attention` and `publish_kv_` have the reference's signatures; `tree_attention_` and
 `publish_kv_device_` take device metadata and caller-owned buffers (the forms graphs capture).
@@ -40,6 +40,8 @@ from lumotree.verify.attention.reference import _check_cache
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
 MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
+BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
+STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
 
 
 @triton.jit
@@ -131,50 +133,35 @@ def tree_attention_partial_kernel(
         v = tl.load(v_ptr + kv_off, mask=in_range[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    _store_partial(o_part_ptr, lse_part_ptr, (s * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D)
+    _store_partial(o_part_ptr, lse_part_ptr, (s * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D, m < MPAD)
 
 
 @triton.jit
-def _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D: tl.constexpr):
-    """A partition's normalised output and log2-sum-exp (-inf and 0 where it saw no key)."""
+def _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D: tl.constexpr, rows_mask):
+    """A partition's normalised output and log2-sum-exp (-inf and 0 where it saw no key), for the
+    rows in `rows_mask`."""
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], out)
-    tl.store(lse_part_ptr + base, lse2)
+    tl.store(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], out, mask=rows_mask[:, None])
+    tl.store(lse_part_ptr + base, lse2, mask=rows_mask)
 
 
 @triton.jit
-def _key_step(q, k_row, v_row, qk_scale, active, m_i, l_i, acc):
-    """One key of the tail walk for the rows where `active` (the others keep their state bit for bit)."""
-    score = tl.sum(q * k_row.to(tl.float32)[None, :], axis=1) * qk_scale
-    score = tl.where(active, score, float("-inf"))
-    m_new = tl.maximum(m_i, score)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(score - m_safe)
-    l_new = l_i * alpha + p
-    acc_new = acc * alpha[:, None] + p[:, None] * v_row.to(tl.float32)[None, :]
-    return tl.where(active, m_new, m_i), tl.where(active, l_new, l_i), tl.where(active[:, None], acc_new, acc)
-
-
-@triton.jit
-def _committed_key(k_ptr, v_ptr, key, h, stride_kt, stride_kh, offs_d, D: tl.constexpr):
-    """Committed key `key`'s K and V rows of KV head h (zeros for key < 0)."""
-    off = tl.maximum(key, 0).to(tl.int64) * stride_kt + h * stride_kh + offs_d
-    # (scalar conditions enter masks through tl.where: `tensor & scalar` fails in the interpreter)
-    mask = tl.where(key >= 0, offs_d < D, False)
-    return tl.load(k_ptr + off, mask=mask, other=0.0), tl.load(v_ptr + off, mask=mask, other=0.0)
-
-
-@triton.jit
-def _slot_key(k_ptr, v_ptr, bits, valid_m, prefix, slot, h, stride_kt, stride_kh, offs_d, D: tl.constexpr):
-    """Tree slot `slot`'s K and V rows of KV head h; zeros where no row of the block sees it (a slot
-    nobody sees may hold stale rows)."""
-    sees = valid_m & (((bits >> slot) & 1) != 0)
-    seen = tl.where(tl.max(sees.to(tl.int32), axis=0) > 0, offs_d < D, False)
-    off = (prefix + slot).to(tl.int64) * stride_kt + h * stride_kh + offs_d
-    return tl.load(k_ptr + off, mask=seen, other=0.0), tl.load(v_ptr + off, mask=seen, other=0.0)
+def _tail_rows(bits, prefix, position, TAIL: tl.constexpr, TP: tl.constexpr, RP: tl.constexpr):
+    """The cache rows of one tree row's last TAIL logical keys (position - TAIL + 1 .. position), in
+    logical order over TP columns, and which are live: a key below the prefix is committed at its own
+    row; one at prefix + a is the row's ancestor at depth a (itself at its own depth), whose tree
+    slot is the (a + 1)-th set bit of `bits` (physical order puts a parent before its children)."""
+    j = tl.arange(0, TP)
+    key = position - (TAIL - 1) + j
+    live = (j < TAIL) & (key >= 0)
+    slot = tl.arange(0, RP)
+    seen = ((bits >> slot) & 1).to(tl.int32)  # [RP]
+    rank = tl.cumsum(seen, axis=0)  # slots seen up to and including this one
+    hit = (seen[None, :] != 0) & (rank[None, :] == (key - prefix + 1)[:, None])  # [TP, RP]
+    ancestor = tl.sum(tl.where(hit, slot[None, :], 0), axis=1)
+    return tl.where(key < prefix, key, prefix + ancestor), live
 
 
 @triton.jit
@@ -186,52 +173,48 @@ def tree_attention_tail_kernel(
     prefix_ptr,
     o_part_ptr,
     lse_part_ptr,
-    R,
     qk_scale,
     stride_qr,
     stride_qh,
     stride_kt,
     stride_kh,
     G: tl.constexpr,
+    GP: tl.constexpr,
     D: tl.constexpr,
-    BM: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
     TAIL: tl.constexpr,
+    TP: tl.constexpr,
+    RP: tl.constexpr,
     SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """Program (query block, KV head): each row's last TAIL logical keys, one at a time in logical
-    order (the committed ones, then the tree slots it sees: a parent's slot precedes its children's),
-    as partition SPLIT (the last)."""
+    """Program (tree row, KV head): the row's last TAIL logical keys (the committed ones above its
+    split-K bound, then its ancestors' tree slots and its own), gathered in logical order and attended
+    in one pass by the G query heads of the group, as partition SPLIT (the last)."""
+    r = tl.program_id(0)
     h = tl.program_id(1)
-    m, valid_m, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
-    q = q.to(tl.float32)
+    g = tl.arange(0, GP)
+    offs_d = tl.arange(0, D)
+    head = g < G
+    q = tl.load(
+        q_ptr + r * stride_qr + (h * G + g)[:, None] * stride_qh + offs_d[None, :],
+        mask=head[:, None],
+        other=0.0,
+    )
+    bits = tl.load(bits_ptr + r)
     prefix = tl.load(prefix_ptr)
-    start = _tail_start(bits, prefix, TAIL)
-    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, D], dtype=tl.float32)
-    # each step issues the next key's loads before its own arithmetic (the walk is a chain of
-    # dependent steps; the loads are not), so their latency hides behind it
-    k_row, v_row = _committed_key(k_ptr, v_ptr, prefix - (TAIL - 1), h, stride_kt, stride_kh, offs_d, D)
-    for back in tl.static_range(TAIL - 1):
-        key = prefix - (TAIL - 1) + back  # the committed keys a row at depth 0 walks
-        k_next, v_next = _committed_key(k_ptr, v_ptr, key + 1, h, stride_kt, stride_kh, offs_d, D)
-        walks = tl.where(key >= 0, valid_m & (key >= start), False)
-        m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, walks, m_i, l_i, acc)
-        k_row, v_row = k_next, v_next
-    # slots past the block's highest visible one are skipped (its index from an fp32 log2, with one
-    # slot of margin for the rounding: slots no row sees are no-ops)
-    top = tl.max(tl.where(valid_m, tl.log2(bits.to(tl.float32)).to(tl.int32) + 2, 0), axis=0)
-    k_row, v_row = _slot_key(k_ptr, v_ptr, bits, valid_m, prefix, 0, h, stride_kt, stride_kh, offs_d, D)
-    for slot in range(0, tl.minimum(top, R)):
-        k_next, v_next = _slot_key(
-            k_ptr, v_ptr, bits, valid_m, prefix, slot + 1, h, stride_kt, stride_kh, offs_d, D
-        )
-        sees = valid_m & (((bits >> slot) & 1) != 0)
-        m_i, l_i, acc = _key_step(q, k_row, v_row, qk_scale, sees, m_i, l_i, acc)
-        k_row, v_row = k_next, v_next
-    _store_partial(o_part_ptr, lse_part_ptr, (SPLIT * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D)
+    rows, live = _tail_rows(bits, prefix, prefix + _popcount(bits) - 1, TAIL, TP, RP)
+    kv_off = rows.to(tl.int64)[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
+    k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TP], log2 domain
+    scores = tl.where(live[None, :], scores, float("-inf"))
+    m_i = tl.max(scores, axis=1)  # finite: a row's own position is always live
+    p = tl.exp2(scores - m_i[:, None])
+    acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    base = (SPLIT * HKV + h) * MPAD + r * G + g
+    _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, tl.sum(p, axis=1), acc, D, head)
 
 
 @triton.jit
@@ -318,16 +301,14 @@ def publish_kv_kernel(
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step; the tail
-    walk's own query tile (its steps are row-wise products, no MMA: a small tile runs more programs
-    and wastes less on a short block) and warps."""
+    """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step, and the
+    warps of the split-K and tail programs."""
 
     block_m: int = 64
     block_n: int = 32
     splits: int | None = None  # cache partitions; None: enough programs to fill the device
     num_warps: int = 8
     num_stages: int = 2
-    tail_block_m: int = 16
     tail_warps: int = 4
 
 
@@ -336,8 +317,8 @@ def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
 
     The tree-slot columns of `tree_attention_mask`, computed without its prefix columns (whose
     width grows with the context: this runs once per cycle)."""
-    if tree.rows > 63:
-        raise ValueError(f"the bitset holds 63 tree slots, the tree has {tree.rows} rows")
+    if tree.rows >= BITSET_SLOTS:
+        raise ValueError(f"the bitset holds {BITSET_SLOTS - 1} tree slots, the tree has {tree.rows} rows")
     sees = tree.ancestry & tree.active[None, :]
     sees[~tree.active, 0] = True  # padding rows see the root, as in the reference mask
     physical = torch.zeros_like(sees)
@@ -385,69 +366,42 @@ def tree_attention_(
     splits: int,
     scale: float,
     config: AttentionConfig = AttentionConfig(),
+    stages: frozenset[str] = STAGES,
 ) -> None:
     """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
     and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
     o_part/lse_part from `partial_buffers` with the same splits and block_m. Trees of depth
-    < TAIL_KEYS."""
+    < TAIL_KEYS. `stages`: which of the launches ("partial", "tail", "merge") to issue (all, but in
+    benchmarks that time them apart)."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
     bm = config.block_m
     mpad = triton.cdiv(rows * group, bm) * bm
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # fixed splits over the whole cache: chunk rows each, a whole number of key tiles
-    chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
-    tree_attention_partial_kernel[(mpad // bm, hkv, splits)](
-        q,
-        k_cache,
-        v_cache,
-        bits,
-        prefix_len,
-        o_part,
-        lse_part,
-        rows,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        chunk,
-        G=group,
-        D=dim,
-        BM=bm,
-        BN=config.block_n,
-        MPAD=mpad,
-        HKV=hkv,
-        TAIL=TAIL_KEYS,
-        PRECISION=precision,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    tail_bm = min(config.tail_block_m, bm)  # fixed as bm is: a row's walk has the same bits at any R
-    tree_attention_tail_kernel[(mpad // tail_bm, hkv)](
-        q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, scale * LOG2E, q.stride(0),
-        q.stride(1), k_cache.stride(0), k_cache.stride(1), G=group, D=dim, BM=tail_bm, MPAD=mpad,
-        HKV=hkv, TAIL=TAIL_KEYS, SPLIT=splits, num_warps=config.tail_warps,
-    )  # fmt: skip
-    merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
-    tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
-        o_part,
-        lse_part,
-        o,
-        lse,
-        rows,
-        o.stride(0),
-        o.stride(1),
-        G=group,
-        D=dim,
-        BD=merge_bd,
-        BM=merge_bm,
-        NSPLIT=splits + 1,
-        MPAD=mpad,
-        HKV=hkv,
-        num_warps=4,
-    )
+    qk_scale = scale * LOG2E
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1))
+    if "partial" in stages:
+        # fixed splits over the whole cache: chunk rows each, a whole number of key tiles
+        chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
+        tree_attention_partial_kernel[(mpad // bm, hkv, splits)](
+            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk,
+            G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
+            PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+    if "tail" in stages:
+        tree_attention_tail_kernel[(rows, hkv)](
+            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, qk_scale, *strides, G=group,
+            GP=max(16, triton.next_power_of_2(group)), D=dim, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
+            TP=max(16, triton.next_power_of_2(TAIL_KEYS)), RP=BITSET_SLOTS, SPLIT=splits,
+            PRECISION=precision, num_warps=config.tail_warps,
+        )  # fmt: skip
+    if "merge" in stages:
+        merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
+        tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
+            o_part, lse_part, o, lse, rows, o.stride(0), o.stride(1), G=group, D=dim, BD=merge_bd,
+            BM=merge_bm, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4,
+        )  # fmt: skip
 
 
 def tree_attention(

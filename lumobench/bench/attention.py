@@ -1,0 +1,276 @@
+"""Tree attention in model order on a CUDA GPU, against its KV-read floor.
+
+Every attention layer of Qwen3.5-27B (16, each over its own cache) runs in one captured graph, as a
+decode cycle runs them; the median graph time over the layers is a layer's time, and its ratio to
+the layer's KV-read floor (K and V of the committed context, read once at the copy bandwidth
+measured in the same process) is the figure issue 26 targets. Row sets: the one-row step (AR),
+MTP-5's 6-row chain and the paper tree (32 rows), each at every context.
+
+Default: the engine's tiles and split rule (`device_ops`), then its three launches timed apart
+(split-K partials, the tail, the merge). --sweep: a grid of tiles at the engine's split rule, then
+the fastest tiles under other split rules; each setting is also checked against the reference
+(max |error| of the tree's outputs at the first context). One setting serves every row count
+(row invariance: `attention/decode.py`), so the table ranks settings by the tree and shows AR's
+and the chain's times beside it.
+
+Usage: lumobench bench attention --out DIR [--contexts 4096,32768] [--sweep]
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from lumobench.bench.kernels.decode import AttentionShape
+from lumobench.bench.output import command_line
+from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.checks.random_trees import paper_tree
+from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
+from lumotree.verify import device_ops
+from lumotree.verify.attention import reference
+from lumotree.verify.attention.decode import STAGES, AttentionConfig, partial_buffers, tree_attention_
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.graphs import CapturedStage
+
+LAYERS = 16  # Qwen3.5-27B's attention layers
+ROW_SETS = ("ar", "chain", "tree")
+SWEEP_TILES = [
+    AttentionConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+    for bm, bn, w, s in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3))
+    if bm * bn <= 64 * 64 or w == 8  # the widest tiles only with 8 warps
+]
+SPLIT_RULES = [(2, 256), (1, 256), (4, 256), (2, 128), (2, 512), (4, 128)]  # (waves, min keys)
+SWEEP_FINALISTS = 3
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Tiles and the split rule (waves of one-row programs, fewest cache rows a split)."""
+
+    config: AttentionConfig
+    waves: int = device_ops.ATTENTION_WAVES
+    min_keys: int = device_ops.MIN_KEYS_PER_SPLIT
+
+    def label(self) -> str:
+        c = self.config
+        tiles = f"BM{c.block_m} BN{c.block_n} w{c.num_warps} s{c.num_stages}"
+        return f"{tiles} waves{self.waves} keys{self.min_keys}"
+
+
+class Workload:
+    """One row set at one context: LAYERS caches, queries and outputs, the tree's device tables."""
+
+    def __init__(self, tree: TreeDescriptor, shape: AttentionShape, device: torch.device, seed: int) -> None:
+        self.tree, self.shape, self.device = tree, shape, device
+        self.capacity = tree.prefix_len + tree.rows + MAX_DEPTH + 1
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def randn(*size: int) -> torch.Tensor:
+            return torch.randn(*size, generator=gen, device=device).to(torch.bfloat16)
+
+        cache = (self.capacity, shape.kv_heads, shape.dim)
+        self.k = [randn(*cache) for _ in range(LAYERS)]
+        self.v = [randn(*cache) for _ in range(LAYERS)]
+        self.q = [randn(tree.rows, shape.q_heads, shape.dim) for _ in range(LAYERS)]
+        self.o = [torch.empty_like(q) for q in self.q]
+        self.lse = [torch.empty(tree.rows, shape.q_heads, device=device) for _ in range(LAYERS)]
+        self.tables = DeviceTree(tree.rows, MAX_DEPTH, device).load_(tree)
+
+    def splits(self, setting: Setting) -> int:
+        s = self.shape
+        return device_ops.attention_splits(
+            self.device,
+            s.q_heads,
+            s.kv_heads,
+            self.capacity,
+            setting.config.block_m,
+            setting.waves,
+            setting.min_keys,
+        )
+
+    def run(self, setting: Setting, stages: frozenset[str] = STAGES) -> None:
+        """Every layer's attention, in order (one scratch shared, as the engine's graph pool does)."""
+        s, splits = self.shape, self.splits(setting)
+        o_part, lse_part = partial_buffers(
+            self.tree.rows, s.q_heads, s.kv_heads, s.dim, splits, setting.config.block_m, self.device
+        )
+        for layer in range(LAYERS):
+            tree_attention_(
+                self.q[layer], self.k[layer], self.v[layer], self.tables.bits, self.tables.prefix_len,
+                self.o[layer], self.lse[layer], o_part, lse_part, splits, 1 / math.sqrt(s.dim),
+                setting.config, stages,
+            )  # fmt: skip
+
+    def layer_ms(self, setting: Setting, timer: Timer, stages: frozenset[str] = STAGES) -> float:
+        """Median ms of one layer: the captured graph of all layers over LAYERS."""
+        self.run(setting, stages)  # compile outside the capture
+        torch.cuda.synchronize()
+        return timer(CapturedStage(lambda: self.run(setting, stages)).replay).median_ms / LAYERS
+
+    def max_error(self, setting: Setting) -> float:
+        """max |o - reference| over the first layer's rows (the reference in float32)."""
+        self.run(setting)
+        got = self.o[0].float()
+        expected, _ = reference.tree_attention(
+            self.q[0].float(), self.k[0].float(), self.v[0].float(), self.tree
+        )
+        return float((got - expected.float()).abs().max())
+
+    def floor_ms(self, bandwidth: float) -> float:
+        """One layer's committed K and V, read once."""
+        s = self.shape
+        return 2 * self.tree.prefix_len * s.kv_heads * s.dim * 2 / bandwidth * 1e3
+
+
+def row_set(kind: str, ctx: int) -> TreeDescriptor:
+    """The one-row step, MTP-5's chain or the paper tree, verified after `ctx` committed keys."""
+    if kind == "ar":
+        return chain_tree([0], prefix_len=ctx)
+    if kind == "chain":
+        return chain_tree(list(range(6)), prefix_len=ctx)
+    return paper_tree(random.Random(ctx), vocab=1000, prefix_len=ctx)
+
+
+def measure(
+    settings: list[Setting], workloads: dict[tuple[int, str], Workload], timer: Timer, bandwidth: float
+) -> list[dict]:
+    """One row per (setting, context, row set): ms a layer and its ratio to the floor."""
+    first = min(ctx for ctx, _ in workloads)
+    rows = []
+    for setting in settings:
+        error = None
+        for (ctx, kind), work in workloads.items():
+            rule = {"waves": setting.waves, "min_keys": setting.min_keys, "splits": work.splits(setting)}
+            row = {"setting": setting.label(), **asdict(setting.config), **rule, "context": ctx, "rows": kind}
+            try:
+                if error is None and ctx == first and kind == "tree":
+                    error = row["max_error"] = work.max_error(setting)
+                ms = work.layer_ms(setting, timer)
+                rows.append(row | {"layer_ms": ms, "over_floor": ms / work.floor_ms(bandwidth)})
+            except Exception as exc:  # one failing setting must not end the table
+                rows.append(row | {"error": repr(exc)[:300]})
+    return rows
+
+
+def stage_rows(setting: Setting, workloads: dict[tuple[int, str], Workload], timer: Timer) -> list[dict]:
+    """The setting's launches timed apart (each alone in its own graph over the layers)."""
+    return [
+        {
+            "context": ctx,
+            "rows": kind,
+            "stage": stage,
+            "layer_ms": work.layer_ms(setting, timer, frozenset({stage})),
+        }
+        for (ctx, kind), work in workloads.items()
+        for stage in ("partial", "tail", "merge")
+    ]
+
+
+def rank(rows: list[dict], contexts: list[int]) -> list[str]:
+    """Setting labels, fastest first by the tree's summed layer time over the contexts."""
+    totals: dict[str, list[float]] = {}
+    for r in rows:
+        if r["rows"] == "tree" and "layer_ms" in r and r["context"] in contexts:
+            totals.setdefault(r["setting"], []).append(r["layer_ms"])
+    complete = [s for s, times in totals.items() if len(times) == len(contexts)]
+    return sorted(complete, key=lambda s: sum(totals[s]))
+
+
+def render(rows: list[dict], stages: list[dict], order: list[str], contexts: list[int]) -> str:
+    """The settings (fastest first) by context and row set, then the engine's launches apart."""
+    by = {(r["setting"], r["context"], r["rows"]): r for r in rows}
+    head = " | ".join(f"{kind} {ctx} us (x floor)" for ctx in contexts for kind in ROW_SETS)
+    lines = [f"| setting | {head} | max error |", "|---" * (2 + len(contexts) * len(ROW_SETS)) + "|"]
+    for label in order:
+        cells = []
+        for ctx in contexts:
+            for kind in ROW_SETS:
+                r = by.get((label, ctx, kind), {})
+                ok = "layer_ms" in r
+                cells.append(f"{r['layer_ms'] * 1e3:.1f} ({r['over_floor']:.2f}x)" if ok else "error")
+        error = next(
+            (by[(label, c, "tree")].get("max_error") for c in contexts if (label, c, "tree") in by), None
+        )
+        lines.append(f"| {label} | {' | '.join(cells)} | {error if error is None else f'{error:.2e}'} |")
+    failed = sorted({r["setting"] for r in rows if "error" in r})
+    if failed:
+        lines += ["", "Settings that failed: " + "; ".join(failed)]
+    if stages:
+        lines += ["", "The engine's setting, its launches apart (us a layer):", "",
+                  "| context | rows | partial | tail | merge |", "|---|---|---:|---:|---:|"]  # fmt: skip
+        for ctx in contexts:
+            for kind in ROW_SETS:
+                us = {
+                    s["stage"]: s["layer_ms"] * 1e3
+                    for s in stages
+                    if s["context"] == ctx and s["rows"] == kind
+                }
+                lines.append(
+                    f"| {ctx} | {kind} | {us['partial']:.1f} | {us['tail']:.1f} | {us['merge']:.1f} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def attention_command(
+    out: Annotated[Path, typer.Option(help="directory for attention.json and attention.md")],
+    contexts: Annotated[str, typer.Option(help="committed contexts, comma-separated")] = "4096,32768",
+    sweep: Annotated[
+        bool, typer.Option(help="Time a grid of tiles and split rules, not only the engine's.")
+    ] = False,
+    iters: int = 30,
+    warmup: int = 5,
+) -> None:
+    """Time the tree attention of Qwen3.5-27B's 16 layers in model order against its KV-read floor."""
+    if not torch.cuda.is_available():
+        typer.echo("error: the attention benchmark needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    try:
+        ctxs = sorted({int(c) for c in contexts.split(",")})
+    except ValueError:
+        typer.echo(f"error: --contexts takes comma-separated integers, got {contexts!r}", err=True)
+        raise typer.Exit(2) from None
+    device = torch.device("cuda")
+    timer = Timer(device, iters, warmup)
+    bandwidth = copy_bandwidth(device)
+    shape = AttentionShape()
+    workloads = {
+        (ctx, kind): Workload(row_set(kind, ctx), shape, device, seed=ctx + i)
+        for ctx in ctxs
+        for i, kind in enumerate(ROW_SETS)
+    }
+    engine = Setting(AttentionConfig())
+    rows = measure([engine], workloads, timer, bandwidth)
+    if sweep:
+        tiles = [Setting(c) for c in SWEEP_TILES if c != engine.config]
+        rows += measure(tiles, workloads, timer, bandwidth)
+        finalists = [s for s in [engine, *tiles] if s.label() in rank(rows, ctxs)[:SWEEP_FINALISTS]]
+        rules = [
+            Setting(s.config, w, k)
+            for s in finalists
+            for w, k in SPLIT_RULES
+            if (w, k) != (s.waves, s.min_keys)
+        ]
+        rows += measure(rules, workloads, timer, bandwidth)
+    stages = stage_rows(engine, workloads, timer)
+    order = rank(rows, ctxs)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(), "command": command_line("attention"),
+            "copy_bandwidth_gbs": bandwidth / 1e9, "layers": LAYERS, "engine": engine.label()}  # fmt: skip
+    (out / "attention.json").write_text(json.dumps(meta | {"results": rows, "stages": stages}, indent=2))
+    table = f"Engine setting: {engine.label()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s\n\n" + render(
+        rows, stages, order, ctxs
+    )
+    (out / "attention.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    typer.run(attention_command)
