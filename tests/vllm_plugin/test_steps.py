@@ -20,8 +20,10 @@ from lumotree.vllm.requests import (
     unsupported_parameters,
 )
 from lumotree.vllm.sampler import PLACEHOLDER, StepSamples
+from lumotree.vllm.settings import PluginSettings
 from lumotree.vllm.steps import RequestStep, physical_prefix, physical_tokens, scheduled_tree
 from lumotree.vllm.tree_attention import tree_attention_rows
+from lumotree.vllm.worker import LumoTreeWorker
 
 from .fake_vllm import attention_layer, plan
 from .trees import tree_from_paths
@@ -162,3 +164,17 @@ def test_random_trees_cut_anywhere_stay_closed_under_parents() -> None:
         rows = rnd.randrange(1, tree.n_active + 1)
         cut = physical_prefix(tree, rows)
         assert physical_tokens(cut) == physical_tokens(tree)[:rows]
+
+
+def test_vllms_attention_is_skipped_only_in_a_step_of_trees_only() -> None:
+    worker = LumoTreeWorker(PluginSettings())
+    assert not worker.recomputes_every_row()  # no step
+    tree = _paper_tree(prefix=40)
+    trees = [RequestStep(f"r{i}", i, 28 * i, 28, physical_tokens(tree), 40, 30, tree=tree) for i in range(2)]
+    chunk = RequestStep("c", 2, 56, 5, [1, 2, 3, 4, 5], 0, 5)
+    worker.plan = plan(trees, [[[1], [2]]], [16])
+    assert worker.recomputes_every_row()
+    worker.plan = plan([*trees, chunk], [[[1], [2], [3]]], [16])
+    assert not worker.recomputes_every_row()  # the chunk's rows are vLLM's causal attention
+    worker.plan = plan([], [[]], [16])
+    assert not worker.recomputes_every_row()

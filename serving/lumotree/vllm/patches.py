@@ -2,7 +2,8 @@
 
 - vLLM's CPU GDN core op (`cpu_gdn_attention_core`) is replaced before vLLM registers it, so its
   Qwen3-Next layers call LumoTree's conv + recurrence (chunks and trees, any dtype);
-- `CPUAttentionBackendImpl.forward` runs as before, then the tree rows are recomputed;
+- `CPUAttentionBackendImpl.forward` runs as before, then the tree rows are recomputed (in a step
+  of trees only, the tree rows alone);
 - on CUDA instead: `QwenGatedDeltaNetAttention._forward_core` is the plugin's core, and
   `FlashAttentionImpl.forward` is followed by the tree rows' recomputation (kernels: `gpu.py`);
 - the model runner's `_update_states` and `_prepare_inputs` are followed by the plugin's hooks
@@ -55,13 +56,40 @@ def patch_gdn_op(worker: LumoTreeWorker) -> None:
 
 
 def patch_attention(worker: LumoTreeWorker) -> None:
+    """vLLM's CPU attention, then the tree rows recomputed; when every scheduled row is a tree row
+    (a step of trees only) the plugin's rows alone: vLLM's causal attention of them would be
+    overwritten. Its forward only attends (the KV rows are written before it, by
+    `do_kv_cache_update`), so skipping it for decoder attention leaves the cache as it was."""
+    from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
     original = CPUAttentionBackendImpl.forward
 
     @functools.wraps(original)
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):  # type: ignore[no-untyped-def]
-        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+    def forward(  # type: ignore[no-untyped-def]
+        self,
+        layer,
+        query,
+        key,
+        value,
+        kv_cache,
+        attn_metadata,
+        output,
+        output_scale=None,
+        output_block_scale=None,
+    ):
+        if (
+            attn_metadata is not None
+            and output_scale is None
+            and output_block_scale is None
+            and self.attn_type == AttentionType.DECODER
+            and worker.recomputes_every_row()
+        ):
+            worker.attention(layer, query, key, value, kv_cache, output)
+            return output
+        result = original(
+            self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+        )
         if attn_metadata is not None:
             worker.attention(layer, query, key, value, kv_cache, output)
         return result

@@ -1,10 +1,10 @@
 """Attention rows of a tree: each row sees the committed prefix, its ancestors and itself.
 
-vLLM's attention backend runs first for the whole batch (it writes every new KV row to its slot and
-computes causal attention, right for chunks); the rows of each tree are then recomputed with the
-ancestry mask of the op set's tree attention, over the prefix read from the paged cache and the
-tree's own keys and values (the step's inputs, in physical order: exactly the core's cache layout
-rows prefix_len + slot_map).
+vLLM writes every new KV row to its slot, and its attention backend computes causal attention for
+the batch (right for chunks; skipped on the CPU when every row is a tree row, `patches.py`); the
+rows of each tree are then recomputed with the ancestry mask of the op set's tree attention, over
+the prefix read from the paged cache and the tree's own keys and values (the step's inputs, in
+physical order: exactly the core's cache layout rows prefix_len + slot_map).
 """
 
 from __future__ import annotations

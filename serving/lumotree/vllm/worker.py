@@ -270,6 +270,12 @@ class LumoTreeWorker:
             self.plan, group, self.kernels, query, key, value, kv_cache, output, kv_layout(layer)
         )
 
+    def recomputes_every_row(self) -> bool:
+        """True when every scheduled row of the step is a tree row (the attention hook overwrites
+        each of them), so vLLM's own attention of the step need not run."""
+        plan = self.plan
+        return plan is not None and bool(plan.requests) and all(r.is_tree for r in plan.requests)
+
     def sample(self, runner: object, logits: Tensor) -> tuple[StepSamples, TokenLogprobs | None]:
         """The step's tokens in place of vLLM's samplers (publication included), and their
         logprobs when a request of the batch asked for them (vLLM's k: the batch's largest)."""
