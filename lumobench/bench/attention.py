@@ -68,9 +68,11 @@ class Setting:
 class Workload:
     """One row set at one context: LAYERS caches, queries and outputs, the tree's device tables."""
 
-    def __init__(self, tree: TreeDescriptor, shape: AttentionShape, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, tree: TreeDescriptor, shape: AttentionShape, device: torch.device, seed: int, capacity: int = 0
+    ) -> None:
         self.tree, self.shape, self.device = tree, shape, device
-        self.capacity = tree.prefix_len + tree.rows + MAX_DEPTH + 1
+        self.capacity = max(capacity, tree.prefix_len + tree.rows + MAX_DEPTH + 1)
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def randn(*size: int) -> torch.Tensor:
@@ -222,6 +224,12 @@ def render(rows: list[dict], stages: list[dict], order: list[str], contexts: lis
 def attention_command(
     out: Annotated[Path, typer.Option(help="directory for attention.json and attention.md")],
     contexts: Annotated[str, typer.Option(help="committed contexts, comma-separated")] = "4096,32768",
+    capacity: Annotated[
+        int,
+        typer.Option(
+            help="Cache rows a layer (0: the context and one tree; the engine's: max_model_len + tree)."
+        ),
+    ] = 0,
     sweep: Annotated[
         bool, typer.Option(help="Time a grid of tiles and split rules, not only the engine's.")
     ] = False,
@@ -242,7 +250,7 @@ def attention_command(
     bandwidth = copy_bandwidth(device)
     shape = AttentionShape()
     workloads = {
-        (ctx, kind): Workload(row_set(kind, ctx), shape, device, seed=ctx + i)
+        (ctx, kind): Workload(row_set(kind, ctx), shape, device, seed=ctx + i, capacity=capacity)
         for ctx in ctxs
         for i, kind in enumerate(ROW_SETS)
     }
@@ -262,12 +270,18 @@ def attention_command(
     stages = stage_rows(engine, workloads, timer)
     order = rank(rows, ctxs)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "command": command_line("attention"),
-            "copy_bandwidth_gbs": bandwidth / 1e9, "layers": LAYERS, "engine": engine.label()}  # fmt: skip
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "command": command_line("attention"),
+        "layers": LAYERS,
+        "copy_bandwidth_gbs": bandwidth / 1e9,
+        "capacity": capacity,
+        "setting": engine.label(),
+    }
     (out / "attention.json").write_text(json.dumps(meta | {"results": rows, "stages": stages}, indent=2))
-    table = f"Engine setting: {engine.label()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s\n\n" + render(
-        rows, stages, order, ctxs
-    )
+    cache = f"{capacity} cache rows a layer" if capacity else "caches of the context and one tree"
+    head = f"Engine setting: {engine.label()}; {cache}; copy bandwidth {bandwidth / 1e9:.0f} GB/s\n\n"
+    table = head + render(rows, stages, order, ctxs)
     (out / "attention.md").write_text(table)
     print(table)
 
