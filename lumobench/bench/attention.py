@@ -255,10 +255,24 @@ def attention_command(
         for i, kind in enumerate(ROW_SETS)
     }
     engine = Setting(AttentionConfig())
+    cache = f"{capacity} cache rows a layer" if capacity else "caches of the context and one tree"
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "command": command_line("attention"),
+        "layers": LAYERS,
+        "copy_bandwidth_gbs": bandwidth / 1e9,
+        "capacity": capacity,
+        "setting": engine.label(),
+        "head": f"Engine setting: {engine.label()}; {cache}; copy bandwidth {bandwidth / 1e9:.0f} GB/s",
+    }
+    out.mkdir(parents=True, exist_ok=True)
     rows = measure([engine], workloads, timer, bandwidth)
+    stages = stage_rows(engine, workloads, timer)
+    write(out, meta, rows, stages, ctxs)  # after each phase: a time limit keeps what was measured
     if sweep:
         tiles = [Setting(c) for c in SWEEP_TILES if c != engine.config]
         rows += measure(tiles, workloads, timer, bandwidth)
+        write(out, meta, rows, stages, ctxs)
         finalists = [s for s in [engine, *tiles] if s.label() in rank(rows, ctxs)[:SWEEP_FINALISTS]]
         rules = [
             Setting(s.config, w, k)
@@ -267,23 +281,16 @@ def attention_command(
             if (w, k) != (s.waves, s.min_keys)
         ]
         rows += measure(rules, workloads, timer, bandwidth)
-    stages = stage_rows(engine, workloads, timer)
-    order = rank(rows, ctxs)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "command": command_line("attention"),
-        "layers": LAYERS,
-        "copy_bandwidth_gbs": bandwidth / 1e9,
-        "capacity": capacity,
-        "setting": engine.label(),
-    }
+        write(out, meta, rows, stages, ctxs)
+    print((out / "attention.md").read_text())
+
+
+def write(out: Path, meta: dict, rows: list[dict], stages: list[dict], contexts: list[int]) -> None:
+    """attention.json (every number) and attention.md (the tables) under `out`."""
     (out / "attention.json").write_text(json.dumps(meta | {"results": rows, "stages": stages}, indent=2))
-    cache = f"{capacity} cache rows a layer" if capacity else "caches of the context and one tree"
-    head = f"Engine setting: {engine.label()}; {cache}; copy bandwidth {bandwidth / 1e9:.0f} GB/s\n\n"
-    table = head + render(rows, stages, order, ctxs)
-    (out / "attention.md").write_text(table)
-    print(table)
+    (out / "attention.md").write_text(
+        meta["head"] + "\n\n" + render(rows, stages, rank(rows, contexts), contexts)
+    )
 
 
 if __name__ == "__main__":
