@@ -21,6 +21,7 @@ from lumobench.bench.prefill import prefill_command
 from lumobench.bench.row_invariance import row_invariance_command
 from lumobench.bench.server_memory import server_memory_command
 from lumobench.bench.skinny_gemm import skinny_gemm_command
+from lumobench.bench.vllm_step import vllm_step_command
 
 bench_app = typer.Typer(
     help="Benchmarks: the client, the engine on CPU, prefill, the GPU kernels, cycle and loop, memory.",
@@ -47,3 +48,5 @@ bench_app.add_typer(loop_app, name="loop")
 bench_app.command("arm-memory")(arm_memory_command)
 bench_app.command("server-memory")(server_memory_command)
 bench_app.command("metrics-delta")(metrics_delta_command)
+# vLLM's CPU build in-process: where a decode step goes, with the LumoTree plugin or vLLM's MTP-5
+bench_app.command("vllm-step")(vllm_step_command)
