@@ -22,7 +22,7 @@ import itertools
 import json
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -47,22 +47,21 @@ SWEEP_TILES = [
     for bm, bn, w, s in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3))
     if bm * bn <= 64 * 64 or w == 8  # the widest tiles only with 8 warps
 ]
-SPLIT_RULES = [(2, 256), (1, 256), (4, 256), (2, 128), (2, 512), (4, 128)]  # (waves, min keys)
+SPLIT_RULES = [(2, 256), (1, 256), (4, 256), (2, 128), (2, 512), (2, 1024)]  # (program waves, keys a split)
 SWEEP_FINALISTS = 3
 
 
 @dataclass(frozen=True)
 class Setting:
-    """Tiles and the split rule (waves of one-row programs, fewest cache rows a split)."""
+    """Tiles, split-K program waves (in the config) and the cache rows a partition."""
 
     config: AttentionConfig
-    waves: int = device_ops.ATTENTION_WAVES
-    min_keys: int = device_ops.MIN_KEYS_PER_SPLIT
+    keys: int = device_ops.KEYS_PER_SPLIT
 
     def label(self) -> str:
         c = self.config
         tiles = f"BM{c.block_m} BN{c.block_n} w{c.num_warps} s{c.num_stages}"
-        return f"{tiles} waves{self.waves} keys{self.min_keys}"
+        return f"{tiles} waves{c.program_waves} keys{self.keys}"
 
 
 class Workload:
@@ -87,16 +86,7 @@ class Workload:
         self.tables = DeviceTree(tree.rows, MAX_DEPTH, device).load_(tree)
 
     def splits(self, setting: Setting) -> int:
-        s = self.shape
-        return device_ops.attention_splits(
-            self.device,
-            s.q_heads,
-            s.kv_heads,
-            self.capacity,
-            setting.config.block_m,
-            setting.waves,
-            setting.min_keys,
-        )
+        return device_ops.attention_splits(self.capacity, setting.keys)
 
     def run(self, setting: Setting, stages: frozenset[str] = STAGES) -> None:
         """Every layer's attention, in order (one scratch shared, as the engine's graph pool does)."""
@@ -150,7 +140,7 @@ def measure(
     for setting in settings:
         error = None
         for (ctx, kind), work in workloads.items():
-            rule = {"waves": setting.waves, "min_keys": setting.min_keys, "splits": work.splits(setting)}
+            rule = {"keys": setting.keys, "splits": work.splits(setting)}
             row = {"setting": setting.label(), **asdict(setting.config), **rule, "context": ctx, "rows": kind}
             try:
                 if error is None and ctx == first and kind == "tree":
@@ -275,10 +265,10 @@ def attention_command(
         write(out, meta, rows, stages, ctxs)
         finalists = [s for s in [engine, *tiles] if s.label() in rank(rows, ctxs)[:SWEEP_FINALISTS]]
         rules = [
-            Setting(s.config, w, k)
+            Setting(replace(s.config, program_waves=w), k)
             for s in finalists
             for w, k in SPLIT_RULES
-            if (w, k) != (s.waves, s.min_keys)
+            if (w, k) != (s.config.program_waves, s.keys)
         ]
         rows += measure(rules, workloads, timer, bandwidth)
         write(out, meta, rows, stages, ctxs)

@@ -117,7 +117,7 @@ def attention_once(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     config = AttentionConfig(
         block_m=min(AttentionConfig().block_m, max(16, triton.next_power_of_2(rows * hq // hkv)))
     )
-    splits = device_ops.attention_splits(q.device, hq, hkv, k_cache.shape[0])
+    splits = device_ops.attention_splits(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)

@@ -112,13 +112,22 @@ def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(prefix_len:
     q = torch.randn(chain.rows, HQ, DIM, generator=gen)
     o_chain, lse_chain, o_part_chain, lse_part_chain = _run_with_partials(chain, q, k_cache, v_cache, 3)
     group = HQ // HKV
+    chunk = math.ceil(math.ceil(k_cache.shape[0] / 3) / CONFIG.block_n) * CONFIG.block_n  # rows a split
+    used = math.ceil(
+        prefix_len / chunk
+    )  # the chain's partitions that hold committed keys (the others unwritten)
     for depth in range(chain.rows):
         step = chain_tree([depth], prefix_len=prefix_len + depth)
         o, lse, o_part, lse_part = _run_with_partials(step, q[depth : depth + 1], k_cache, v_cache, 3)
         assert torch.equal(o[0], o_chain[depth]) and torch.equal(lse[0], lse_chain[depth]), depth
         heads = slice(depth * group, (depth + 1) * group)  # the chain row's partial rows
-        assert torch.equal(lse_part[:, :, :group], lse_part_chain[:, :, heads]), depth
-        assert torch.equal(o_part[:, :, :group], o_part_chain[:, :, heads]), depth
+        for s in [*range(used), 3]:  # the shared partitions and the tail's
+            assert torch.equal(lse_part[s, :, :group], lse_part_chain[s, :, heads]), (depth, s)
+            assert torch.equal(o_part[s, :, :group], o_part_chain[s, :, heads]), (depth, s)
+        # the step's further partitions hold only keys past its split-K bound: it saw none there
+        assert torch.all(lse_part[used : -(-(prefix_len + depth) // chunk), :, :group] == float("-inf")), (
+            depth
+        )
 
 
 @pytest.mark.usefixtures("dot_in_k_order")

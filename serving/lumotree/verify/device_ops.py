@@ -36,7 +36,6 @@ from torch import Tensor
 
 from lumotree.verify.attention.decode import (
     AttentionConfig,
-    default_splits,
     partial_buffers,
     publish_kv_device_,
     tree_attention_,
@@ -50,13 +49,11 @@ from lumotree.verify.gdn.row_scan import gdn_rows_
 from lumotree.verify.gdn.spine_scan import cut_buffer, gdn_spine_rows_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
-# Tree attention's cache partitions (fixed rows, see attention/decode.py): enough for the one-row
-# step to make ATTENTION_WAVES waves of programs, but none shorter than MIN_KEYS_PER_SPLIT cache rows
-# (the merge reads every partition); a tree runs the same partitions (its extra query tiles make more
-# programs). At 2048 rows a split, a 1-row step at 4K context ran 16 programs and took
-# ~77 us a layer on the H200 (cycle.md).
-ATTENTION_WAVES = 2
-MIN_KEYS_PER_SPLIT = 256
+# Tree attention's cache partitions (fixed rows, see attention/decode.py): KEYS_PER_SPLIT cache rows
+# each, whatever the cache's size, so a short context in a large cache (the engine sizes it for
+# max_model_len) still spreads over many programs; the split-K programs loop over the partitions
+# that hold committed keys, and the merge reads only those.
+KEYS_PER_SPLIT = 256
 
 
 GDN_FORMS = ("rows", "spine", "wy")
@@ -154,7 +151,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     config = AttentionConfig()  # one query tile height for every row count (the MMA shape follows it)
-    splits = attention_splits(q.device, hq, hkv, k_cache.shape[0])
+    splits = attention_splits(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
@@ -175,21 +172,11 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     return o, lse
 
 
-def attention_splits(
-    device: torch.device,
-    hq: int,
-    hkv: int,
-    capacity: int,
-    block_m: int | None = None,
-    waves: int = ATTENTION_WAVES,
-    min_keys: int = MIN_KEYS_PER_SPLIT,
-) -> int:
-    """Cache partitions that depend on the model and the cache alone, not on the rows verified:
-    the split count of a one-row step (its query tile per KV head), so that a verified row sums its
-    keys in the same partitions as the autoregressive step at its position. The keywords are the
-    rule's settings (the engine's by default; the attention benchmark sweeps them)."""
-    programs = triton.cdiv(hq // hkv, block_m or AttentionConfig().block_m) * hkv
-    return min(default_splits(device, programs, waves), triton.cdiv(capacity, min_keys))
+def attention_splits(capacity: int, keys: int = KEYS_PER_SPLIT) -> int:
+    """Cache partitions that depend on the cache alone, not on the rows verified or the context, so
+    that a verified row sums its keys in the same partitions as the autoregressive step at its
+    position (`keys` rows each: the engine's setting by default; the attention benchmark sweeps it)."""
+    return triton.cdiv(capacity, keys)
 
 
 def replay(

@@ -106,34 +106,36 @@ def tree_attention_partial_kernel(
     TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """Program (query block, KV head, p): partitions p, p + P, ... (P programs) of those holding
+    committed keys, each a fixed range of `chunk` cache rows, by online softmax over BN-key tiles."""
     h = tl.program_id(1)
-    s = tl.program_id(2)
     m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
     prefix = tl.load(prefix_ptr)
     bound = _tail_start(bits, prefix, TAIL)  # [BM]
-    lo = s * chunk
-    hi = tl.minimum(lo + chunk, prefix)  # committed keys only: the tree's are in the tail walk
-
-    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, D], dtype=tl.float32)
     offs_n = tl.arange(0, BN)
-    for start in range(lo, hi, BN):
-        keys = start + offs_n
-        kv_off = keys.to(tl.int64)[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
-        in_range = keys < hi
-        k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
-        scores = tl.where(keys[None, :] < bound[:, None], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_off, mask=in_range[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    _store_partial(o_part_ptr, lse_part_ptr, (s * HKV + h) * MPAD + m, offs_d, m_i, l_i, acc, D, m < MPAD)
+    for s in range(tl.program_id(2), tl.cdiv(prefix, chunk), tl.num_programs(2)):
+        lo = s * chunk
+        hi = tl.minimum(lo + chunk, prefix)  # committed keys only: the tree's are in the tail
+        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BM], dtype=tl.float32)
+        acc = tl.zeros([BM, D], dtype=tl.float32)
+        for start in range(lo, hi, BN):
+            keys = start + offs_n
+            kv_off = keys.to(tl.int64)[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
+            in_range = keys < hi
+            k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
+            scores = tl.where(keys[None, :] < bound[:, None], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + kv_off, mask=in_range[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        base = (s * HKV + h) * MPAD + m
+        _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < MPAD)
 
 
 @triton.jit
@@ -223,7 +225,9 @@ def tree_attention_merge_kernel(
     lse_part_ptr,
     o_ptr,
     lse_ptr,
+    prefix_ptr,
     R,
+    chunk,
     stride_or,
     stride_oh,
     G: tl.constexpr,
@@ -243,13 +247,17 @@ def tree_attention_merge_kernel(
     row = m // G
     head = h * G + m % G
     valid_m = row < R
+    # the partitions that hold committed keys (a later one saw no key: weight 0), then the tail's
+    used = tl.minimum(tl.cdiv(tl.load(prefix_ptr), chunk), NSPLIT - 1)
     top = tl.full([BM], float("-inf"), dtype=tl.float32)
-    for s in range(NSPLIT):
+    for i in range(used + 1):
+        s = tl.where(i == used, NSPLIT - 1, i)
         top = tl.maximum(top, tl.load(lse_part_ptr + (s * HKV + h) * MPAD + m))
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     weight_sum = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for s in range(NSPLIT):
+    for i in range(used + 1):
+        s = tl.where(i == used, NSPLIT - 1, i)
         base = (s * HKV + h) * MPAD + m
         w = tl.exp2(tl.load(lse_part_ptr + base) - top_safe)
         part = tl.load(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :])
@@ -302,11 +310,15 @@ def publish_kv_kernel(
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step, and the
-    warps of the split-K and tail programs."""
+    warps of the split-K and tail programs; the cache partitions (`splits`, fixed per cache: they
+    set the bits) and the split-K programs over them per query block and KV head (`programs`, free:
+    each partition is one program's whole work whichever program runs it: `program_waves` waves of
+    them over the multiprocessors, at most one a partition)."""
 
     block_m: int = 64
     block_n: int = 32
     splits: int | None = None  # cache partitions; None: enough programs to fill the device
+    program_waves: int = 2
     num_warps: int = 8
     num_stages: int = 2
     tail_warps: int = 4
@@ -381,10 +393,11 @@ def tree_attention_(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1))
+    # fixed partitions of the whole cache: chunk rows each, a whole number of key tiles
+    chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
     if "partial" in stages:
-        # fixed splits over the whole cache: chunk rows each, a whole number of key tiles
-        chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
-        tree_attention_partial_kernel[(mpad // bm, hkv, splits)](
+        programs = default_splits(q.device, (mpad // bm) * hkv, config.program_waves)
+        tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
             q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk,
             G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
             PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages,
@@ -399,8 +412,8 @@ def tree_attention_(
     if "merge" in stages:
         merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
         tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
-            o_part, lse_part, o, lse, rows, o.stride(0), o.stride(1), G=group, D=dim, BD=merge_bd,
-            BM=merge_bm, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4,
+            o_part, lse_part, o, lse, prefix_len, rows, chunk, o.stride(0), o.stride(1), G=group, D=dim,
+            BD=merge_bd, BM=merge_bm, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4,
         )  # fmt: skip
 
 
