@@ -220,6 +220,10 @@ def attention_command(
             help="Cache rows a layer (0: the context and one tree; the engine's: max_model_len + tree)."
         ),
     ] = 0,
+    keys: Annotated[
+        int,
+        typer.Option(help="Cache rows a partition of the first setting (0: the engine's KEYS_PER_SPLIT)."),
+    ] = 0,
     sweep: Annotated[
         bool, typer.Option(help="Time a grid of tiles and split rules, not only the engine's.")
     ] = False,
@@ -244,7 +248,7 @@ def attention_command(
         for ctx in ctxs
         for i, kind in enumerate(ROW_SETS)
     }
-    engine = Setting(AttentionConfig())
+    engine = Setting(AttentionConfig(), keys or device_ops.KEYS_PER_SPLIT)
     cache = f"{capacity} cache rows a layer" if capacity else "caches of the context and one tree"
     meta = {
         "device": torch.cuda.get_device_name(),
