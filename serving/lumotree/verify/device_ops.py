@@ -53,7 +53,7 @@ from lumotree.verify.gdn.tree_scan import gdn_tree_
 # each, whatever the cache's size, so a short context in a large cache (the engine sizes it for
 # max_model_len) still spreads over many programs; the split-K programs loop over the partitions
 # that hold committed keys, and the merge reads only those.
-KEYS_PER_SPLIT = 256
+KEYS_PER_SPLIT = 512
 
 
 GDN_FORMS = ("rows", "spine", "wy")

@@ -40,6 +40,7 @@ from lumotree.verify.attention.reference import _check_cache
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
 MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
+MERGE_BLOCK_P = 8  # partitions a merge step loads at once (their loads in flight together)
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
 STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
 
@@ -135,7 +136,7 @@ def tree_attention_partial_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         base = (s * HKV + h) * MPAD + m
-        _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < MPAD)
+        _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < R * G)
 
 
 @triton.jit
@@ -234,11 +235,14 @@ def tree_attention_merge_kernel(
     D: tl.constexpr,
     BD: tl.constexpr,
     BM: tl.constexpr,
+    BP: tl.constexpr,
     NSPLIT: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
 ):
-    """Program (query block, KV head, head-dim block): the partials' BD columns, merged by lse."""
+    """Program (query block, KV head, head-dim block): the partials' BD columns, merged by lse: the
+    partitions that hold committed keys BP at a time (a partition past a row's bound, or past the
+    prefix, adds exact zeros), then the tail's."""
     mb = tl.program_id(0)
     h = tl.program_id(1)
     db = tl.program_id(2)
@@ -247,23 +251,35 @@ def tree_attention_merge_kernel(
     row = m // G
     head = h * G + m % G
     valid_m = row < R
-    # the partitions that hold committed keys (a later one saw no key: weight 0), then the tail's
     used = tl.minimum(tl.cdiv(tl.load(prefix_ptr), chunk), NSPLIT - 1)
-    top = tl.full([BM], float("-inf"), dtype=tl.float32)
-    for i in range(used + 1):
-        s = tl.where(i == used, NSPLIT - 1, i)
-        top = tl.maximum(top, tl.load(lse_part_ptr + (s * HKV + h) * MPAD + m))
+    tail = ((NSPLIT - 1) * HKV + h) * MPAD + m
+    tail_lse = tl.load(lse_part_ptr + tail, mask=valid_m, other=float("-inf"))
+    offs_p = tl.arange(0, BP)
+    top = tail_lse
+    for first in range(0, used, BP):
+        base = ((first + offs_p) * HKV + h)[:, None] * MPAD + m[None, :]  # [BP, BM]
+        live = (first + offs_p < used)[:, None] & valid_m[None, :]
+        lse_block = tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
+        top = tl.maximum(top, tl.max(lse_block, axis=0))
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     weight_sum = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for i in range(used + 1):
-        s = tl.where(i == used, NSPLIT - 1, i)
-        base = (s * HKV + h) * MPAD + m
-        w = tl.exp2(tl.load(lse_part_ptr + base) - top_safe)
-        part = tl.load(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :])
-        acc += w[:, None] * part
-        weight_sum += w
-    out = acc / tl.where(weight_sum == 0.0, 1.0, weight_sum)[:, None]  # (0: padding rows, not stored)
+    for first in range(0, used, BP):
+        base = ((first + offs_p) * HKV + h)[:, None] * MPAD + m[None, :]
+        live = (first + offs_p < used)[:, None] & valid_m[None, :]
+        w = tl.exp2(tl.load(lse_part_ptr + base, mask=live, other=float("-inf")) - top_safe[None, :])
+        part_off = base.to(tl.int64)[:, :, None] * D + offs_d[None, None, :]
+        part = tl.load(o_part_ptr + part_off, mask=live[:, :, None], other=0.0)  # [BP, BM, BD]
+        acc += tl.sum(w[:, :, None] * part, axis=0)
+        weight_sum += tl.sum(w, axis=0)
+    w = tl.exp2(tail_lse - top_safe)
+    tail_part = tl.load(
+        o_part_ptr + tail.to(tl.int64)[:, None] * D + offs_d[None, :], mask=valid_m[:, None], other=0.0
+    )
+    acc += w[:, None] * tail_part
+    weight_sum += w
+    weight_sum = tl.where(weight_sum == 0.0, 1.0, weight_sum)  # (0: padding rows, not stored)
+    out = acc / weight_sum[:, None]
     lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
     tl.store(
         o_ptr + row[:, None] * stride_or + head[:, None] * stride_oh + offs_d[None, :],
@@ -310,17 +326,18 @@ def publish_kv_kernel(
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step, and the
-    warps of the split-K and tail programs; the cache partitions (`splits`, fixed per cache: they
-    set the bits) and the split-K programs over them per query block and KV head (`programs`, free:
-    each partition is one program's whole work whichever program runs it: `program_waves` waves of
-    them over the multiprocessors, at most one a partition)."""
+    warps of the split-K and tail programs (the defaults: the fastest tiles of `lumobench bench
+    attention --sweep` at Qwen3.5-27B's shapes on the H200, results/h200/attention.md); the cache
+    partitions (`splits`, fixed per cache: they set the bits) and the split-K programs over them,
+    `program_waves` waves over the multiprocessors, at most one a partition (free: a partition is
+    one program's whole work whichever program runs it)."""
 
     block_m: int = 64
-    block_n: int = 32
+    block_n: int = 64
     splits: int | None = None  # cache partitions; None: enough programs to fill the device
     program_waves: int = 2
-    num_warps: int = 8
-    num_stages: int = 2
+    num_warps: int = 4
+    num_stages: int = 3
     tail_warps: int = 4
 
 
@@ -413,7 +430,7 @@ def tree_attention_(
         merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
         tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
             o_part, lse_part, o, lse, prefix_len, rows, chunk, o.stride(0), o.stride(1), G=group, D=dim,
-            BD=merge_bd, BM=merge_bm, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4,
+            BD=merge_bd, BM=merge_bm, BP=MERGE_BLOCK_P, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4,
         )  # fmt: skip
 
 
