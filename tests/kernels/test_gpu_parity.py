@@ -209,7 +209,7 @@ def test_tree_conv_and_publication_at_qwen_shapes(dtype: torch.dtype) -> None:
 
 
 ATTENTION_CONFIGS = {
-    "default": attn_kernel.AttentionConfig(),
+    "default": None,  # AttentionConfig.for_dtype
     "BN64 22 splits": attn_kernel.AttentionConfig(
         block_m=64, block_n=64, splits=22, num_warps=8, num_stages=2
     ),

@@ -150,7 +150,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse)."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
-    config = AttentionConfig()  # one query tile height for every row count (the MMA shape follows it)
+    config = AttentionConfig.for_dtype(q.dtype)  # one query tile for every row count (the MMA's shape)
     splits = attention_splits(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)

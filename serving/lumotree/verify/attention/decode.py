@@ -340,6 +340,12 @@ class AttentionConfig:
     num_stages: int = 3
     tail_warps: int = 4
 
+    @classmethod
+    def for_dtype(cls, dtype: torch.dtype) -> AttentionConfig:
+        """The defaults for 2-byte caches; 32-key tiles in 2 stages for float32 (BN64's 3 stages of
+        4-byte K and V tiles need 336 KiB of shared memory at head dim 256, past the H200's 227)."""
+        return cls() if dtype.itemsize <= 2 else cls(block_n=32, num_stages=2)
+
 
 def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
     """[R] int64: bit j of row r set when row r sees tree slot j (physical order). Needs R <= 63.
@@ -440,10 +446,11 @@ def tree_attention(
     v_cache: Tensor,
     tree: TreeDescriptor,
     scale: float | None = None,
-    config: AttentionConfig = AttentionConfig(),
+    config: AttentionConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The reference's signature: q [R, Hq, D] against prefix + tree KV -> o [R, Hq, D] (q's dtype),
-    lse [R, Hq] fp32. Head dim must be a power of two (>= 16 on the GPU); depth < TAIL_KEYS."""
+    lse [R, Hq] fp32. Head dim must be a power of two (>= 16 on the GPU); depth < TAIL_KEYS.
+    config: None for `AttentionConfig.for_dtype` of q's dtype."""
     _check_cache(k_cache, v_cache, tree)
     check_depth(int(tree.depth.max()))
     rows, hq, dim = q.shape
@@ -453,6 +460,7 @@ def tree_attention(
     if dim & (dim - 1):
         raise ValueError(f"head dim must be a power of two for the Triton kernel, got {dim}")
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    config = config or AttentionConfig.for_dtype(q.dtype)
     device = q.device
     bm = min(config.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
     config = replace(config, block_m=bm)
