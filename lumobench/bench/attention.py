@@ -257,7 +257,8 @@ def attention_command(
         "copy_bandwidth_gbs": bandwidth / 1e9,
         "capacity": capacity,
         "setting": engine.label(),
-        "head": f"Engine setting: {engine.label()}; {cache}; copy bandwidth {bandwidth / 1e9:.0f} GB/s",
+        "head": f"`{command_line('attention')}`: setting {engine.label()}; {cache}; "
+        f"copy bandwidth {bandwidth / 1e9:.0f} GB/s",
     }
     out.mkdir(parents=True, exist_ok=True)
     rows = measure([engine], workloads, timer, bandwidth)

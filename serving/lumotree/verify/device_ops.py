@@ -52,8 +52,10 @@ from lumotree.verify.gdn.tree_scan import gdn_tree_
 # Tree attention's cache partitions (fixed rows, see attention/decode.py): KEYS_PER_SPLIT cache rows
 # each, whatever the cache's size, so a short context in a large cache (the engine sizes it for
 # max_model_len) still spreads over many programs; the split-K programs loop over the partitions
-# that hold committed keys, and the merge reads only those.
-KEYS_PER_SPLIT = 512
+# that hold committed keys, and the merge reads only those. 1024 rows: measured on the H200 against
+# 256 and 512 (`lumobench bench attention --keys`, results/h200/attention.md), fewer partials to
+# write and merge at 32K outweigh the fewer programs at 4K.
+KEYS_PER_SPLIT = 1024
 
 
 GDN_FORMS = ("rows", "spine", "wy")

@@ -40,7 +40,6 @@ from lumotree.verify.attention.reference import _check_cache
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
 MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
-MERGE_BLOCK_P = 8  # partitions a merge step loads at once (their loads in flight together)
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
 STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
 
@@ -235,14 +234,13 @@ def tree_attention_merge_kernel(
     D: tl.constexpr,
     BD: tl.constexpr,
     BM: tl.constexpr,
-    BP: tl.constexpr,
     NSPLIT: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
 ):
-    """Program (query block, KV head, head-dim block): the partials' BD columns, merged by lse: the
-    partitions that hold committed keys BP at a time (a partition past a row's bound, or past the
-    prefix, adds exact zeros), then the tail's."""
+    """Program (query block, KV head, head-dim block): the partials' BD columns, merged by lse in
+    one pass with a running maximum: the partitions that hold committed keys in order (one past a
+    row's bound, or past the prefix, changes nothing), then the tail's."""
     mb = tl.program_id(0)
     h = tl.program_id(1)
     db = tl.program_id(2)
@@ -252,32 +250,23 @@ def tree_attention_merge_kernel(
     head = h * G + m % G
     valid_m = row < R
     used = tl.minimum(tl.cdiv(tl.load(prefix_ptr), chunk), NSPLIT - 1)
-    tail = ((NSPLIT - 1) * HKV + h) * MPAD + m
-    tail_lse = tl.load(lse_part_ptr + tail, mask=valid_m, other=float("-inf"))
-    offs_p = tl.arange(0, BP)
-    top = tail_lse
-    for first in range(0, used, BP):
-        base = ((first + offs_p) * HKV + h)[:, None] * MPAD + m[None, :]  # [BP, BM]
-        live = (first + offs_p < used)[:, None] & valid_m[None, :]
-        lse_block = tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
-        top = tl.maximum(top, tl.max(lse_block, axis=0))
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    top = tl.full([BM], float("-inf"), dtype=tl.float32)
     weight_sum = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for first in range(0, used, BP):
-        base = ((first + offs_p) * HKV + h)[:, None] * MPAD + m[None, :]
-        live = (first + offs_p < used)[:, None] & valid_m[None, :]
-        w = tl.exp2(tl.load(lse_part_ptr + base, mask=live, other=float("-inf")) - top_safe[None, :])
-        part_off = base.to(tl.int64)[:, :, None] * D + offs_d[None, None, :]
-        part = tl.load(o_part_ptr + part_off, mask=live[:, :, None], other=0.0)  # [BP, BM, BD]
-        acc += tl.sum(w[:, :, None] * part, axis=0)
-        weight_sum += tl.sum(w, axis=0)
-    w = tl.exp2(tail_lse - top_safe)
-    tail_part = tl.load(
-        o_part_ptr + tail.to(tl.int64)[:, None] * D + offs_d[None, :], mask=valid_m[:, None], other=0.0
-    )
-    acc += w[:, None] * tail_part
-    weight_sum += w
+    for i in range(used + 1):
+        base = (tl.where(i == used, NSPLIT - 1, i) * HKV + h) * MPAD + m
+        part_lse = tl.load(lse_part_ptr + base, mask=valid_m, other=float("-inf"))
+        part = tl.load(
+            o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=valid_m[:, None], other=0.0
+        )
+        new_top = tl.maximum(top, part_lse)
+        top_safe = tl.where(new_top == float("-inf"), 0.0, new_top)
+        alpha = tl.exp2(top - top_safe)
+        w = tl.exp2(part_lse - top_safe)
+        acc = acc * alpha[:, None] + w[:, None] * part
+        weight_sum = weight_sum * alpha + w
+        top = new_top
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
     weight_sum = tl.where(weight_sum == 0.0, 1.0, weight_sum)  # (0: padding rows, not stored)
     out = acc / weight_sum[:, None]
     lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
@@ -436,7 +425,7 @@ def tree_attention_(
         merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
         tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
             o_part, lse_part, o, lse, prefix_len, rows, chunk, o.stride(0), o.stride(1), G=group, D=dim,
-            BD=merge_bd, BM=merge_bm, BP=MERGE_BLOCK_P, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4,
+            BD=merge_bd, BM=merge_bm, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4, num_stages=3,
         )  # fmt: skip
 
 
