@@ -65,24 +65,32 @@ class Setting:
 
 
 class Workload:
-    """One row set at one context: LAYERS caches, queries and outputs, the tree's device tables."""
+    """One row set at one context: a cache, queries and outputs per layer, the tree's device tables
+    (capacity: cache rows a layer, at least the context and one tree)."""
 
     def __init__(
-        self, tree: TreeDescriptor, shape: AttentionShape, device: torch.device, seed: int, capacity: int = 0
+        self,
+        tree: TreeDescriptor,
+        shape: AttentionShape,
+        device: torch.device,
+        seed: int,
+        capacity: int = 0,
+        layers: int = LAYERS,
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         self.tree, self.shape, self.device = tree, shape, device
         self.capacity = max(capacity, tree.prefix_len + tree.rows + MAX_DEPTH + 1)
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def randn(*size: int) -> torch.Tensor:
-            return torch.randn(*size, generator=gen, device=device).to(torch.bfloat16)
+            return torch.randn(*size, generator=gen, device=device).to(dtype)
 
         cache = (self.capacity, shape.kv_heads, shape.dim)
-        self.k = [randn(*cache) for _ in range(LAYERS)]
-        self.v = [randn(*cache) for _ in range(LAYERS)]
-        self.q = [randn(tree.rows, shape.q_heads, shape.dim) for _ in range(LAYERS)]
+        self.k = [randn(*cache) for _ in range(layers)]
+        self.v = [randn(*cache) for _ in range(layers)]
+        self.q = [randn(tree.rows, shape.q_heads, shape.dim) for _ in range(layers)]
         self.o = [torch.empty_like(q) for q in self.q]
-        self.lse = [torch.empty(tree.rows, shape.q_heads, device=device) for _ in range(LAYERS)]
+        self.lse = [torch.empty(tree.rows, shape.q_heads, device=device) for _ in range(layers)]
         self.tables = DeviceTree(tree.rows, MAX_DEPTH, device).load_(tree)
 
     def splits(self, setting: Setting) -> int:
@@ -94,7 +102,7 @@ class Workload:
         o_part, lse_part = partial_buffers(
             self.tree.rows, s.q_heads, s.kv_heads, s.dim, splits, setting.config.block_m, self.device
         )
-        for layer in range(LAYERS):
+        for layer in range(len(self.q)):
             tree_attention_(
                 self.q[layer], self.k[layer], self.v[layer], self.tables.bits, self.tables.prefix_len,
                 self.o[layer], self.lse[layer], o_part, lse_part, splits, 1 / math.sqrt(s.dim),
@@ -102,10 +110,10 @@ class Workload:
             )  # fmt: skip
 
     def layer_ms(self, setting: Setting, timer: Timer, stages: frozenset[str] = STAGES) -> float:
-        """Median ms of one layer: the captured graph of all layers over LAYERS."""
+        """Median ms of one layer: the captured graph of all layers over their count."""
         self.run(setting, stages)  # compile outside the capture
         torch.cuda.synchronize()
-        return timer(CapturedStage(lambda: self.run(setting, stages)).replay).median_ms / LAYERS
+        return timer(CapturedStage(lambda: self.run(setting, stages)).replay).median_ms / len(self.q)
 
     def max_error(self, setting: Setting) -> float:
         """max |o - reference| over the first layer's rows (the reference in float32)."""

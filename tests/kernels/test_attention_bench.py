@@ -1,0 +1,55 @@
+"""`lumobench bench attention` off the GPU: its workloads on the CPU under TRITON_INTERPRET=1 (float32,
+small shapes; the timing itself needs CUDA graphs) and its ranking of settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumobench.bench.attention import ROW_SETS, Setting, Workload, rank, render, row_set
+from lumobench.bench.kernels.decode import AttentionShape
+from lumotree.verify.attention.decode import AttentionConfig
+
+SHAPE = AttentionShape(q_heads=4, kv_heads=2, dim=16)
+SETTING = Setting(AttentionConfig(block_m=16, block_n=16, num_warps=1), keys=16)
+
+
+@pytest.mark.parametrize("kind", ROW_SETS)
+def test_each_row_set_runs_every_layer_and_matches_the_reference(kind: str) -> None:
+    work = Workload(
+        row_set(kind, 40), SHAPE, torch.device("cpu"), 1, capacity=100, layers=2, dtype=torch.float32
+    )
+    assert work.splits(SETTING) == 7  # 100 cache rows in partitions of 16, whatever the context
+    assert work.max_error(SETTING) < 1e-5
+    work.run(SETTING)
+    assert all(torch.isfinite(o).all() for o in work.o)  # the last layer written too
+    work.tables.prefix_len.fill_(39)  # tables that disagree with the tree: the check must see it
+    assert work.max_error(SETTING) > 1e-3
+
+
+def _row(setting: str, ctx: int, kind: str, ms: float | None) -> dict:
+    measured = {} if ms is None else {"layer_ms": ms, "over_floor": ms / 0.01}
+    return {
+        "setting": setting,
+        "context": ctx,
+        "rows": kind,
+        **measured,
+        **({} if measured else {"error": "x"}),
+    }
+
+
+def test_settings_rank_by_the_trees_summed_time_and_incomplete_ones_drop_out() -> None:
+    rows = [
+        _row("slow", 4096, "tree", 0.03),
+        _row("slow", 32768, "tree", 0.10),
+        _row("fast", 4096, "tree", 0.04),
+        _row("fast", 32768, "tree", 0.05),
+        _row("fast", 4096, "ar", 0.50),  # AR's time does not rank
+        _row("broken", 4096, "tree", 0.01),
+        _row("broken", 32768, "tree", None),
+    ]
+    order = rank(rows, [4096, 32768])
+    assert order == ["fast", "slow"]
+    table = render(rows, [], order, [4096, 32768])
+    assert table.index("| fast |") < table.index("| slow |")
+    assert "| broken |" not in table and "Settings that failed: broken" in table
