@@ -2,7 +2,7 @@
 # One device-machine run of the 27B decode-cycle work (issue 12; H200, no network there): install
 # the carried wheels, record the card's state, then, each step inside its own time limit and
 # writing to $OUT,
-#   1. the dense-path and tree-attention GPU tests (tests/kernels/test_gpu_dense.py,
+#   1. the dense-path and tree-attention GPU tests (tests/kernel_tests/test_gpu_dense.py,
 #      test_gpu_skinny_gemm.py, the attention tests of test_gpu_parity.py),
 #   2. the decode-cycle benchmark (`python3 -m lumobench.bench.cycle`: fused, fused-cublas and
 #      unfused variants side by side, random-weight Qwen3.5-27B),
@@ -36,7 +36,7 @@ step() {  # step LIMIT LOG command...: run a step inside its limit, its output a
     (( limit > 0 )) && timeout "$limit" "$@" >> "$OUT/$log" 2>&1
 }
 step "${DENSE_S:-120}" dense-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/kernels/test_gpu_dense.py tests/kernels/test_gpu_skinny_gemm.py tests/kernels/test_gpu_parity.py \
+    tests/kernel_tests/test_gpu_dense.py tests/kernel_tests/test_gpu_skinny_gemm.py tests/kernel_tests/test_gpu_parity.py \
     -k "dense or skinny or fused or attention"
 step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
     --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-cublas,unfused}" \

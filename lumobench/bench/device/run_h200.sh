@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine run of the LumoTree kernels (H200; no network there): install the carried
 # wheels, record the card's state, then, each step inside its own time limit and writing to $OUT,
-#   1. the GPU parity tests (tests/kernels/test_gpu_parity.py),
+#   1. the GPU parity tests (tests/kernel_tests/test_gpu_parity.py),
 #   2. optionally a GDN ablation table (lumobench/bench/kernels/ablate_gdn.py),
 #   3. the kernel benchmark (`lumobench bench kernels`, checkpointed after every method),
 # and print the parity summary and the benchmark's method rows. From the repository root:
@@ -36,7 +36,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 
 if (( ${PARITY_S:-240} > 0 )); then
     timeout "${PARITY_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -k "${PARITY_K:-}" \
-        tests/kernels/test_gpu_parity.py 2>&1 | tee "$OUT/gpu_parity-v$RUN.log"
+        tests/kernel_tests/test_gpu_parity.py 2>&1 | tee "$OUT/gpu_parity-v$RUN.log"
 fi
 if [[ -n "${ABLATE_SET:-}" ]]; then
     timeout "${ABLATE_S:-100}" python3 -m lumobench.bench.kernels.ablate_gdn --set "$ABLATE_SET" \

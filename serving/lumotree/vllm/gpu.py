@@ -3,7 +3,7 @@ signatures, and the switch that keeps vLLM's GDN layers on the core the plugin r
 run on a GPU (an H200, no vLLM there): this module's Triton set in the plugin's GDN core over vLLM's
 mamba cache layout and its publication, and in the plugin's tree attention over FlashAttention's
 paged KV layout, equal to the CPU op set (tests/vllm_plugin/test_gpu_path.py); the kernels
-themselves (tests/kernels/test_gpu_parity.py). What has not: vLLM's CUDA model runner around them,
+themselves (tests/kernel_tests/test_gpu_parity.py). What has not: vLLM's CUDA model runner around them,
 FlashAttention, and the CUDA patches (`patches.patch_cuda`).
 
 - GDN: vLLM's CUDA layers call `QwenGatedDeltaNetAttention._forward_core` from their core op; the

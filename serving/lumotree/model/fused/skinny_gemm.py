@@ -14,7 +14,7 @@ So the result of a row depends on M only through its position inside its 16-row 
 are zeros). Under the interpreter the tests check it bit for bit with tl.dot summing in a fixed order
 (numpy's matmul sums in its BLAS kernel's order, which may follow the column and the CPU). On the
 GPU it holds if the MMA instruction computes each output element the same way in every column of
-its tile, which NVIDIA does not document (tests/kernels/test_gpu_skinny_gemm.py checks it). Not
+its tile, which NVIDIA does not document (tests/kernel_tests/test_gpu_skinny_gemm.py checks it). Not
 guaranteed: the same result across configs, or against F.linear for M > 32.
 """
 

@@ -1,6 +1,6 @@
 """Skinny GEMM at Qwen3.5-27B projection shapes on a CUDA GPU (bf16, compiled kernel, float64 reference).
 
-Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_skinny_gemm.py
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_skinny_gemm.py
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with others (6 and 32 rows) has the bits of the one-row step for its token at its position, in the
 engine's forms (`lumobench.bench.row_invariance`, bfloat16, the shipped model's and the 27B's shapes).
 
-Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_row_invariance.py
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_row_invariance.py
 """
 
 from __future__ import annotations

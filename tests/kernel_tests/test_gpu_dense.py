@@ -2,7 +2,7 @@
 kernel against its PyTorch reference on upcast inputs, outputs poisoned; and a 4-layer model of
 that shape computing the same hidden rows with the fused path as without it.
 
-Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_dense.py
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_dense.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real-shape parity on a CUDA GPU (fp32 and bf16), compiled kernels, references on the CPU.
 
-Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_parity.py
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_parity.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ahead-of-time compiles for Hopper (sm_90) on this CPU machine (tests/kernels/hopper_aot.py).
+"""Ahead-of-time compiles for Hopper (sm_90) on this CPU machine (tests/kernel_tests/hopper_aot.py).
 
 The interpreter runs the kernels' arithmetic but not the compiler, so code that only the compiler
 rejects (a loop-carried variable changing type, a layout it cannot lower) would otherwise first fail

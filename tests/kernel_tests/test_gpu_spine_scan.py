@@ -2,7 +2,7 @@
 bit the row scan's, at the shipped model's and Qwen3.5-27B's GDN shapes, in bf16 (compiled kernels:
 the interpreter's test cannot vouch for the GPU's layouts).
 
-Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernels/test_gpu_spine_scan.py
+Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_spine_scan.py
 """
 
 from __future__ import annotations
