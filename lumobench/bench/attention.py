@@ -185,7 +185,8 @@ def rank(rows: list[dict], contexts: list[int]) -> list[str]:
 
 
 def render(rows: list[dict], stages: list[dict], order: list[str], contexts: list[int]) -> str:
-    """The settings (fastest first) by context and row set, then the engine's launches apart."""
+    """The settings (fastest first) by context and row set, then the first setting's launches apart
+    (the engine's unless --keys)."""
     by = {(r["setting"], r["context"], r["rows"]): r for r in rows}
     head = " | ".join(f"{kind} {ctx} us (x floor)" for ctx in contexts for kind in ROW_SETS)
     lines = [f"| setting | {head} | max error |", "|---" * (2 + len(contexts) * len(ROW_SETS)) + "|"]
@@ -204,7 +205,7 @@ def render(rows: list[dict], stages: list[dict], order: list[str], contexts: lis
     if failed:
         lines += ["", "Settings that failed: " + "; ".join(failed)]
     if stages:
-        lines += ["", "The engine's setting, its launches apart (us a layer):", "",
+        lines += ["", "The first setting's launches apart (us a layer):", "",
                   "| context | rows | partial | tail | merge |", "|---|---|---:|---:|---:|"]  # fmt: skip
         for ctx in contexts:
             for kind in ROW_SETS:
