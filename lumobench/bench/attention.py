@@ -6,7 +6,7 @@ the layer's KV-read floor (K and V of the committed context, read once at the co
 measured in the same process) is the figure issue 26 targets. Row sets: the one-row step (AR),
 MTP-5's 6-row chain and the paper tree (32 rows), each at every context.
 
-Default: the engine's tiles and split rule (`device_ops`), then its three launches timed apart
+Default: the engine's tiles and split rule (`attention/decode.py`), then its three launches timed apart
 (split-K partials, the tail, the merge). --sweep: a grid of tiles at the engine's split rule, then
 the fastest tiles under other split rules; each setting is also checked against the reference
 (max |error| of the tree's outputs at the first context). One setting serves every row count
@@ -34,9 +34,15 @@ from lumobench.bench.output import command_line
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumobench.checks.random_trees import paper_tree
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
-from lumotree.verify import device_ops
 from lumotree.verify.attention import reference
-from lumotree.verify.attention.decode import STAGES, AttentionConfig, partial_buffers, tree_attention_
+from lumotree.verify.attention.decode import (
+    KEYS_PER_SPLIT,
+    STAGES,
+    AttentionConfig,
+    cache_partitions,
+    partial_buffers,
+    tree_attention_,
+)
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.graphs import CapturedStage
 
@@ -56,7 +62,7 @@ class Setting:
     """Tiles, split-K program waves (in the config) and the cache rows a partition."""
 
     config: AttentionConfig
-    keys: int = device_ops.KEYS_PER_SPLIT
+    keys: int = KEYS_PER_SPLIT
 
     def label(self) -> str:
         c = self.config
@@ -94,7 +100,7 @@ class Workload:
         self.tables = DeviceTree(tree.rows, MAX_DEPTH, device).load_(tree)
 
     def splits(self, setting: Setting) -> int:
-        return device_ops.attention_splits(self.capacity, setting.keys)
+        return cache_partitions(self.capacity, setting.keys)
 
     def run(self, setting: Setting, stages: frozenset[str] = STAGES) -> None:
         """Every layer's attention, in order (one scratch shared, as the engine's graph pool does)."""
@@ -257,7 +263,7 @@ def attention_command(
         for ctx in ctxs
         for i, kind in enumerate(ROW_SETS)
     }
-    engine = Setting(AttentionConfig(), keys or device_ops.KEYS_PER_SPLIT)
+    engine = Setting(AttentionConfig(), keys or KEYS_PER_SPLIT)
     cache = f"{capacity} cache rows a layer" if capacity else "caches of the context and one tree"
     meta = {
         "device": torch.cuda.get_device_name(),

@@ -37,7 +37,12 @@ from lumotree.model.fused.skinny_gemm import skinny_linear
 from lumotree.tree import MAX_DEPTH as TREE_MAX_DEPTH
 from lumotree.tree import chain_tree
 from lumotree.verify import device_ops
-from lumotree.verify.attention.decode import AttentionConfig, partial_buffers, tree_attention_
+from lumotree.verify.attention.decode import (
+    AttentionConfig,
+    cache_partitions,
+    partial_buffers,
+    tree_attention_,
+)
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn import scan
 from lumotree.verify.gdn.reference import GdnInputs
@@ -117,7 +122,7 @@ def attention_once(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     config = AttentionConfig(
         block_m=min(AttentionConfig().block_m, max(16, triton.next_power_of_2(rows * hq // hkv)))
     )
-    splits = device_ops.attention_splits(k_cache.shape[0])
+    splits = cache_partitions(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)

@@ -184,13 +184,13 @@ def run_suites(
                     )
                 elif suite == "attention":
                     configs = (
-                        [(AttentionConfig(16, 16, None, 1, 1), 2)]
+                        [(AttentionConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 2)]
                         if tiny
                         else [
-                            (AttentionConfig(64, 64, None, 8, 2), 22),
-                            (AttentionConfig(64, 32, None, 8, 2), 11),
-                            (AttentionConfig(64, 64, None, 8, 2), 11),
-                            (AttentionConfig(64, 32, None, 8, 3), 22),
+                            (AttentionConfig(block_m=64, block_n=64, num_warps=8, num_stages=2), 22),
+                            (AttentionConfig(block_m=64, block_n=32, num_warps=8, num_stages=2), 11),
+                            (AttentionConfig(block_m=64, block_n=64, num_warps=8, num_stages=2), 11),
+                            (AttentionConfig(block_m=64, block_n=32, num_warps=8, num_stages=3), 22),
                         ]
                     )
                     result["attention"] = decode.attention_rows(

@@ -31,11 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import triton
 from torch import Tensor
 
 from lumotree.verify.attention.decode import (
     AttentionConfig,
+    cache_partitions,
     partial_buffers,
     publish_kv_device_,
     tree_attention_,
@@ -48,15 +48,6 @@ from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
 from lumotree.verify.gdn.row_scan import gdn_rows_
 from lumotree.verify.gdn.spine_scan import cut_buffer, gdn_spine_rows_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
-
-# Tree attention's cache partitions (fixed rows, see attention/decode.py): KEYS_PER_SPLIT cache rows
-# each, whatever the cache's size, so a short context in a large cache (the engine sizes it for
-# max_model_len) still spreads over many programs; the split-K programs loop over the partitions
-# that hold committed keys, and the merge reads only those. 1024 rows: measured on the H200 against
-# 256 and 512 (`lumobench bench attention --keys`, results/h200/attention.md), fewer partials to
-# write and merge at 32K outweigh the fewer programs at 4K.
-KEYS_PER_SPLIT = 1024
-
 
 GDN_FORMS = ("rows", "spine", "wy")
 # The spine scan beats the row scan where the state work outweighs its second launch: measured on the
@@ -153,7 +144,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     config = AttentionConfig.for_dtype(q.dtype)  # one query tile for every row count (the MMA's shape)
-    splits = attention_splits(k_cache.shape[0])
+    splits = cache_partitions(k_cache.shape[0])  # fixed by the cache: a row's bits follow them
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
@@ -172,13 +163,6 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
         config,
     )
     return o, lse
-
-
-def attention_splits(capacity: int, keys: int = KEYS_PER_SPLIT) -> int:
-    """Cache partitions that depend on the cache alone, not on the rows verified or the context, so
-    that a verified row sums its keys in the same partitions as the autoregressive step at its
-    position (`keys` rows each: the engine's setting by default; the attention benchmark sweeps it)."""
-    return triton.cdiv(capacity, keys)
 
 
 def replay(

@@ -42,6 +42,13 @@ TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the M
 MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
 STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
+# Cache partitions of KEYS_PER_SPLIT rows each, whatever the cache's size, so a short context in a
+# large cache (the engine sizes it for max_model_len) still spreads over many programs; the split-K
+# programs loop over the partitions that hold committed keys, and the merge reads only those. 1024
+# rows: measured on the H200 against 256 and 512 (`lumobench bench attention --keys`,
+# results/h200/attention.md), fewer partials to write and merge at 32K outweigh the fewer programs
+# at 4K.
+KEYS_PER_SPLIT = 1024
 
 
 @triton.jit
@@ -312,7 +319,7 @@ def publish_kv_kernel(
     tl.store(v_ptr + dst_off, v_rows, mask=mask)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionConfig:
     """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step, and the
     warps of the split-K and tail programs (the defaults: the fastest tiles of `lumobench bench
@@ -323,11 +330,11 @@ class AttentionConfig:
 
     block_m: int = 64
     block_n: int = 64
-    splits: int | None = None  # cache partitions; None: enough programs to fill the device
-    program_waves: int = 2
+    splits: int | None = None  # cache partitions; None: `cache_partitions` of the cache
     num_warps: int = 4
     num_stages: int = 3
     tail_warps: int = 4
+    program_waves: int = 2
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype) -> AttentionConfig:
@@ -356,8 +363,15 @@ def check_depth(max_depth: int) -> None:
         raise ValueError(f"tree attention takes trees of depth < {TAIL_KEYS}, got depth {max_depth}")
 
 
-def default_splits(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
-    """Cache partitions so that all splits together fill every multiprocessor `waves` times."""
+def cache_partitions(capacity: int, keys: int = KEYS_PER_SPLIT) -> int:
+    """Cache partitions that depend on the cache alone, not on the rows verified or the context, so
+    that a verified row sums its keys in the same partitions as the autoregressive step at its
+    position (`keys` rows each: the engine's setting by default; the attention benchmark sweeps it)."""
+    return triton.cdiv(capacity, keys)
+
+
+def device_programs(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
+    """Split-K programs per (query block, KV head) that fill every multiprocessor `waves` times."""
     if device.type != "cuda":
         return 2
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -408,7 +422,7 @@ def tree_attention_(
     # fixed partitions of the whole cache: chunk rows each, a whole number of key tiles
     chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
     if "partial" in stages:
-        programs = default_splits(q.device, (mpad // bm) * hkv, config.program_waves)
+        programs = device_programs(q.device, (mpad // bm) * hkv, config.program_waves)
         tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
             q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk,
             G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
@@ -453,8 +467,7 @@ def tree_attention(
     device = q.device
     bm = min(config.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
     config = replace(config, block_m=bm)
-    mblocks = triton.cdiv(rows * (hq // hkv), bm)
-    splits = config.splits or default_splits(device, mblocks * hkv)
+    splits = config.splits or cache_partitions(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, bm, device)
