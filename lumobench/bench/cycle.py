@@ -23,9 +23,7 @@ rows), tree attention at each context against its KV-read floor, and memory.
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
 to 32 rows: row-invariant), "fused-skinny" the skinny GEMM only where it beat cuBLAS, up to 16 rows
-(the fastest mix, not row-invariant), "fused-ordinary" the product's path with every skinny GEMM
-launched the ordinary way (not as a programmatic dependent of the norm before it, so no weight
-prefetch: `skinny_gemm.py`), "fused-cublas" cuBLAS for every projection, "unfused" the
+(the fastest mix, not row-invariant), "fused-cublas" cuBLAS for every projection, "unfused" the
 engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
 named is timed at every context, the others at the first; each variant's AR cycle is also
 profiled once eagerly (kernel count, GEMM time against the rest).
@@ -42,8 +40,6 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -60,7 +56,6 @@ from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.engine.runner import CycleResult
 from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
-from lumotree.model.fused.skinny_gemm import dependent_launch
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
@@ -72,12 +67,11 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
-VARIANTS: dict[str, tuple[KernelMode, GemmBackend, bool]] = {  # mode, GEMM, dependent launches
-    "fused": ("auto", "exact", True),
-    "fused-ordinary": ("auto", "exact", False),
-    "fused-skinny": ("auto", "skinny", True),
-    "fused-cublas": ("auto", "cublas", True),
-    "unfused": ("off", "cublas", True),
+VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
+    "fused": ("auto", "exact"),
+    "fused-skinny": ("auto", "skinny"),
+    "fused-cublas": ("auto", "cublas"),
+    "unfused": ("off", "cublas"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
@@ -378,14 +372,6 @@ def fill_state_(runner: DeviceRunner, ctx: int) -> None:
         runner.device_mtp.reset(ctx - 1)
 
 
-@contextmanager
-def variant_mode(variant: str) -> Iterator[None]:
-    """The kernel mode, projection GEMM and dependent-launch setting of a VARIANTS entry."""
-    mode, gemm, dependent = VARIANTS[variant]
-    with kernel_mode(mode, gemm), dependent_launch(dependent):
-        yield
-
-
 def bench(
     contexts: list[int],
     iters: int,
@@ -421,7 +407,7 @@ def bench(
         "profile": {},
     }
     for variant in variants:
-        with variant_mode(variant):
+        with kernel_mode(*VARIANTS[variant]):
             runner = build_runner(model, 4096, arms[0], graphs=False)
             fill_state_(runner, 4096)
             hidden = torch.zeros(1, model.config.hidden_size, device=device, dtype=model.dtype)
@@ -433,12 +419,11 @@ def bench(
         row: dict = {}
         for variant in variants if ctx == contexts[0] else variants[:1]:
             for arm in arms if variant == variants[0] else arms[:3]:
-                name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"
-                with variant_mode(variant):  # (a sampler the graphs lack would be captured in run_arm)
+                with kernel_mode(*VARIANTS[variant]):
                     runner = build_runner(model, ctx, arm, graphs=True, cycles=iters + warmup)
-                    fill_state_(runner, ctx)
-                    timed = run_arm(runner, arm, ctx, iters, warmup)
-                row[name] = timed | {
+                fill_state_(runner, ctx)
+                name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"
+                row[name] = run_arm(runner, arm, ctx, iters, warmup) | {
                     "graph_mib": runner.graph_bytes / 2**20,
                     "capture_s": runner.capture_seconds,
                     "variant": variant,

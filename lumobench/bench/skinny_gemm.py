@@ -8,9 +8,6 @@ weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed i
 Usage: lumobench bench skinny-gemm --out DIR         (or python -m lumobench.bench.skinny_gemm)
        lumobench bench skinny-gemm --out DIR --sweep (a grid of configs at 1 row on the shapes below
        90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
-       lumobench bench skinny-gemm --out DIR --dependent (a norm then the GEMM, as in the decode
-       step: ordinary launches against dependent ones with each L2 prefetch budget, into
-       skinny_dependent.{json,md})
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ import typer
 
 from lumobench.bench.output import command_line
 from lumobench.bench.timing import Timer, copy_bandwidth
-from lumotree.model.fused.elementwise import rms_norm
-from lumotree.model.fused.skinny_gemm import SkinnyConfig, dependent_launch, skinny_linear
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 from lumotree.verify.graphs import CapturedStage
 
 SHAPES = [(16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 6144), (5120, 17408)]
@@ -171,78 +167,6 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
     return results
 
 
-PREFETCH_BUDGETS_MIB = (0, 8, 16, 32)
-
-
-def bench_dependent_launch(
-    rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10
-) -> list[dict]:
-    """Per shape and row count, the decode step's pattern over every weight copy: an RMSNorm of the
-    rows, then the for_shape skinny GEMM of the normed rows, launched the ordinary way and as a
-    programmatic dependent with each L2 prefetch budget (PREFETCH_BUDGETS_MIB); the norm alone
-    first. One dict per (shape, rows, method): median ms per norm + GEMM, the fraction of the copy
-    bandwidth the weights stream at over that time, and the time saved against ordinary launches."""
-    device = torch.device("cuda")
-    timer = Timer(device, iters, warmup)
-    bandwidth = copy_bandwidth(device)
-    results = []
-    for n, k in SHAPES:
-        weights = _weight_copies(n, k, device)
-        norm_weight = torch.zeros(k, device=device, dtype=torch.bfloat16)
-        chosen = SkinnyConfig.for_shape(n, k, device)
-        for m in rows:
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-            methods = [("norm alone", False, None), ("norm + GEMM, ordinary launch", False, chosen)]
-            methods += [
-                (
-                    f"norm + GEMM, dependent, prefetch {mib} MiB",
-                    True,
-                    replace(chosen, prefetch_bytes=mib << 20),
-                )
-                for mib in PREFETCH_BUDGETS_MIB
-            ]
-            ordinary_ms = None
-            for name, dependent, cfg in methods:
-
-                def step(x, w, c=cfg, o=out, g=norm_weight):
-                    normed = rms_norm(x, g, 1e-6)
-                    return normed if c is None else skinny_linear(normed, w, o, c)
-
-                with dependent_launch(dependent):
-                    ms = _ms_per_gemm(timer, step, x, weights)
-                ordinary_ms = ms if cfg is not None and ordinary_ms is None else ordinary_ms
-                results.append(
-                    dict(
-                        n=n, k=k, rows=m, method=name, config=cfg.label() if cfg else "", median_ms=ms,
-                        fraction_of_copy_bw=n * k * 2 / (ms * 1e-3) / bandwidth if cfg else None,
-                        saved_us=(ordinary_ms - ms) * 1e3 if cfg else None,
-                    )
-                )  # fmt: skip
-            print(
-                f"{n}x{k} {m} rows: "
-                + "; ".join(f"{r['method']} {r['median_ms'] * 1e3:.1f}us" for r in results[-len(methods) :]),
-                flush=True,
-            )
-        del weights
-        torch.cuda.empty_cache()
-    return results
-
-
-def render_dependent_table(results: list[dict]) -> str:
-    """Markdown of bench_dependent_launch's rows."""
-    lines = [
-        "| N | K | rows | method | us | weights at, of copy BW | saved vs ordinary, us |",
-        "|---|---|---|---|---:|---:|---:|",
-    ]
-    for r in results:
-        fraction = "" if r["fraction_of_copy_bw"] is None else f"{r['fraction_of_copy_bw']:.1%}"
-        saved = "" if r["saved_us"] is None else f"{r['saved_us']:.1f}"
-        shape = f"| {r['n']} | {r['k']} | {r['rows']} | {r['method']}"
-        lines.append(f"{shape} | {r['median_ms'] * 1e3:.1f} | {fraction} | {saved} |")
-    return "\n".join(lines) + "\n"
-
-
 def render_table(results: list[dict]) -> str:
     lines = [
         "| N | K | rows | method | ms | weight GB/s | of copy BW | vs cuBLAS |",
@@ -261,23 +185,11 @@ def skinny_gemm_command(
     iters: int = 50,
     warmup: int = 10,
     sweep: Annotated[bool, typer.Option(help="Time a grid of configs at 1 row instead.")] = False,
-    dependent: Annotated[
-        bool, typer.Option(help="Time a norm + GEMM with ordinary against dependent launches instead.")
-    ] = False,
 ) -> None:
     """Time the skinny GEMM against cuBLAS at the Qwen3.5-27B projection shapes."""
     if not torch.cuda.is_available():
         typer.echo("error: the skinny GEMM benchmark needs a CUDA GPU", err=True)
         raise typer.Exit(2)
-    if dependent:
-        timed = bench_dependent_launch(iters=iters, warmup=warmup)
-        out.mkdir(parents=True, exist_ok=True)
-        meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
-        (out / "skinny_dependent.json").write_text(json.dumps(dict(meta, results=timed), indent=2))
-        table = render_dependent_table(timed)
-        (out / "skinny_dependent.md").write_text(table)
-        print(table)
-        return
     if sweep:
         found = sweep_skinny_gemm()
         out.mkdir(parents=True, exist_ok=True)

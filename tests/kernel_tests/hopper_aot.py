@@ -20,7 +20,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
-from lumotree.model.fused import elementwise, skinny_gemm
+from lumotree.model.fused import skinny_gemm
 from lumotree.verify.attention import decode as attention
 from lumotree.verify.gdn import row_scan, spine_scan, tree_scan, tree_value_major
 
@@ -146,42 +146,13 @@ KERNELS["skinny n32 k128 t1 split m1"] = (
     tuple(a for a in SKINNY_DIVISIBLE if a != "M"),
 )
 
-# Programmatic dependent launch: the skinny GEMM prefetching its weight rows and waiting, and a
-# projection's producer (the SwiGLU gate) letting it launch
-for block_n, block_k, tiles, splits in ((64, 128, 1, 1), (32, 128, 2, 4)):
-    KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if splits > 1 else ''} dependent"] = (
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLITS=splits,
-            DEPENDENT=True, PREFETCH_K=2 * block_k,
-        ),
-        dict(num_warps=4, num_stages=3),
-        SKINNY_DIVISIBLE,
-    )  # fmt: skip
-TYPES |= {"gu_ptr": "*bf16", "s_row": "i64"}
-KERNELS["silu mul trigger"] = (
-    elementwise._silu_mul_kernel,
-    dict(BLOCK=2048, TRIGGER=True),
-    dict(num_warps=4),
-)
-PTX_MARKS = {
-    "wgmma": "wgmma.mma_async",
-    "waits": "griddepcontrol.wait",
-    "triggers": "griddepcontrol.launch_dependents",
-    "prefetches": "cp.async.bulk.prefetch.L2",
-}
-
 
 def compile_for_hopper(
     kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
 ) -> dict:
-    """{"ok", "error", "registers", "spill_bytes"} and, per PTX_MARKS name, whether its instruction
-    is in the PTX, for one kernel at the given constexprs and compile options, the `divisible`
-    arguments marked as multiples of 16."""
-    parameters = inspect.signature(kernel.fn).parameters
-    defaults = {p: v.default for p, v in parameters.items() if v.default is not inspect.Parameter.empty}
-    constexprs = defaults | constexprs  # constexpr parameters left at their defaults
-    params = list(parameters)
+    """{"ok", "error", "wgmma", "registers", "spill_bytes"} for one kernel at the given constexprs and
+    compile options, the `divisible` arguments marked as multiples of 16."""
+    params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "*fp32") for p in params}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}
     constants = {(params.index(k),): v for k, v in constexprs.items()}
@@ -189,11 +160,9 @@ def compile_for_hopper(
     try:
         compiled = triton.compile(source, target=HOPPER, options=options)
     except Exception as exc:  # the test reports the compiler's message
-        marks = dict.fromkeys(PTX_MARKS, False)
-        return {"ok": False, "error": str(exc)[-2000:], **marks, "registers": -1, "spill_bytes": -1}
+        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1}
     ptx = compiled.asm["ptx"]
-    marks = {name: instruction in ptx for name, instruction in PTX_MARKS.items()}
-    return {"ok": True, "error": "", **marks, **resource_usage(ptx)}
+    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in ptx, **resource_usage(ptx)}
 
 
 def resource_usage(ptx: str) -> dict:

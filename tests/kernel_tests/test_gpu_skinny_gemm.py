@@ -10,14 +10,7 @@ import functools
 import pytest
 import torch
 
-from lumotree.model.fused.elementwise import rms_norm
-from lumotree.model.fused.skinny_gemm import (
-    SkinnyConfig,
-    dependent_launch,
-    launches_dependent,
-    skinny_linear,
-    split_counts,
-)
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear, split_counts
 from lumotree.verify.graphs import CapturedStage
 
 from .helpers import GPU_ONLY, assert_written, poisoned
@@ -106,26 +99,3 @@ def test_split_k_in_one_launch_gives_the_same_result_every_time(n: int, k: int) 
     cfg = SkinnyConfig.for_shape(n, k, CUDA)
     assert cfg.splits > 1
     assert int(split_counts(CUDA, -(-n // cfg.block_n)).abs().sum()) == 0
-
-
-@pytest.mark.parametrize(("n", "k"), SHAPES)
-@pytest.mark.parametrize("m", [1, 32])
-def test_a_dependent_launch_reads_the_norm_it_waits_for(n: int, k: int, m: int) -> None:
-    """The decode step's pattern in one CUDA graph: an RMSNorm that lets its dependent launch, then
-    the skinny GEMM of its output launched as that dependent (weights prefetched into L2 before
-    its wait). Every replay, with new rows, gives the ordinary launch's result bit for bit: a GEMM
-    that read the norm's buffer before the norm wrote it would see the last replay's rows."""
-    assert launches_dependent(_rows(1, 8))  # Hopper or later: the path under test is the product's
-    w, norm_weight = _weights(n, k), torch.zeros(k, device=CUDA, dtype=torch.bfloat16)
-    x = torch.empty(m, k, device=CUDA, dtype=torch.bfloat16)
-    y = torch.empty(m, n, device=CUDA, dtype=torch.bfloat16)
-    with dependent_launch(True):
-        graph = CapturedStage(lambda: skinny_linear(rms_norm(x, norm_weight, 1e-6), w, out=y))
-    for seed in range(6):
-        x.copy_(_rows(m + seed, k)[:m] * (1 + seed))
-        y.fill_(float("nan"))
-        graph.replay()
-        with dependent_launch(False):
-            expected = skinny_linear(rms_norm(x, norm_weight, 1e-6), w)
-        assert_written(y)
-        assert torch.equal(y, expected), f"replay {seed}"

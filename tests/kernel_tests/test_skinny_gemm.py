@@ -3,20 +3,13 @@ checks (interpreter, fp32)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
 import torch
 from torch import Tensor
 
-from lumotree.model.fused.skinny_gemm import (
-    SkinnyConfig,
-    beats_cublas,
-    launches_dependent,
-    skinny_linear,
-    split_counts,
-)
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, beats_cublas, skinny_linear, split_counts
 from lumotree.model.fused.skinny_gemm_reference import skinny_linear_reference
 
 from .helpers import assert_written, poisoned
@@ -154,26 +147,3 @@ def test_the_skinny_kernel_is_chosen_only_where_it_beat_cublas() -> None:
     for n, k in ((16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 17408)):
         assert beats_cublas(n, k, cpu, torch.bfloat16), (n, k)
     assert not beats_cublas(5120, 6144, cpu, torch.bfloat16)
-
-
-@pytest.mark.parametrize(("n", "k"), [(5120, 6144), (5120, 17408), (16480, 5120), (248320, 5120)])
-def test_the_prefetch_is_whole_tiles_of_each_programs_share_inside_its_k_range(n: int, k: int) -> None:
-    cfg = SkinnyConfig.for_shape(n, k, "cpu")
-    columns = cfg.prefetch_columns(n, k, 2)
-    k_range = math.ceil(math.ceil(k / cfg.splits) / cfg.block_k) * cfg.block_k
-    programs = math.ceil(n / cfg.block_n) * cfg.splits
-    assert columns % cfg.block_k == 0 and 0 <= columns <= k_range
-    assert programs * cfg.block_n * columns * 2 <= cfg.prefetch_bytes  # the budget holds for the launch
-    if columns < k_range:  # one more tile a row would break it
-        assert programs * cfg.block_n * (columns + cfg.block_k) * 2 > cfg.prefetch_bytes
-    assert replace(cfg, prefetch_bytes=0).prefetch_columns(n, k, 2) == 0
-
-
-def test_no_prefetch_where_rows_are_not_16_byte_multiples() -> None:
-    cfg = SkinnyConfig(block_n=32, block_k=64)
-    assert cfg.prefetch_columns(256, 1000, 2) > 0  # 2000-byte rows
-    assert cfg.prefetch_columns(256, 1001, 2) == 0
-
-
-def test_the_interpreter_and_the_cpu_launch_the_ordinary_way() -> None:
-    assert not launches_dependent(torch.ones(1))

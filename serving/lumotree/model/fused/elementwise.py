@@ -6,11 +6,6 @@ forward normalise a row identically (batch invariance). Every kernel keeps the r
 points (fp32 arithmetic, a rounding to the activation dtype wherever the reference rounds), and
 reads its inputs through their strides, so the column slices of a fused projection need no copy.
 Outputs are new contiguous tensors.
-
-The kernels that feed a projection (the norms and the two gates) let the next kernel launch as
-soon as they start (griddepcontrol.launch_dependents, on Hopper and later): the skinny GEMM after
-them launches as a programmatic dependent, prefetches its weights and waits for their memory
-(`skinny_gemm.py`). A kernel launched the ordinary way after them waits for them as always.
 """
 
 from __future__ import annotations
@@ -20,20 +15,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.model.fused.skinny_gemm import launches_dependent
-
 ELEMENTS_PER_PROGRAM = 2048  # silu_mul's column block
 
 
 def _warps(block: int) -> int:
     return max(1, min(16, block // 512))
-
-
-@triton.jit
-def _let_dependents_launch(TRIGGER: tl.constexpr):
-    """Let a programmatic dependent launch now (it waits for this kernel's memory itself)."""
-    if TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -57,9 +43,7 @@ def _rms_norm_kernel(
     eps,
     ADD: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):
-    _let_dependents_launch(TRIGGER)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     out = (r * tl.num_programs(1) + h) * D
@@ -88,9 +72,7 @@ def _gated_rms_norm_kernel(
     eps,
     ROUND_WEIGHTED: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):
-    _let_dependents_launch(TRIGGER)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     row = (r * tl.num_programs(1) + h) * D
@@ -148,8 +130,7 @@ def _norm_rope_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
-    _let_dependents_launch(TRIGGER)
+def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -161,8 +142,7 @@ def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr, TRIGGER: tl.c
 
 
 @triton.jit
-def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr, TRIGGER: tl.constexpr):
-    _let_dependents_launch(TRIGGER)
+def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     row = (r * tl.num_programs(1) + h) * D
@@ -197,9 +177,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     d = x.shape[-1]
     block = _block(d)
     _rms_norm_kernel[(xs.shape[0], 1)](
-        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps,
-        ADD=False, BLOCK_D=block, TRIGGER=launches_dependent(x), num_warps=_warps(block),
-    )  # fmt: skip
+        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps, ADD=False, BLOCK_D=block, num_warps=_warps(block)
+    )
     return y
 
 
@@ -213,7 +192,7 @@ def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     block = _block(d)
     _rms_norm_kernel[(hs.shape[0], 1)](
         hs, hs.stride(0), 0, ds, ds.stride(0), 0, total, weight, y, d, eps,
-        ADD=True, BLOCK_D=block, TRIGGER=launches_dependent(h), num_warps=_warps(block),
+        ADD=True, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return total, y
 
@@ -227,7 +206,7 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     block = _block(d)
     _gated_rms_norm_kernel[(xs.shape[0], xs.shape[1])](
         xs, zs, zs.stride(0), zs.stride(1), weight, y, d, eps,
-        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, TRIGGER=launches_dependent(x), num_warps=_warps(block),
+        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y
 
@@ -253,9 +232,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     gu = _rows_heads(gate_up[..., None, :])
     y = _empty((*gate_up.shape[:-1], n), gate_up)
     block = min(ELEMENTS_PER_PROGRAM, _block(n))
-    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](
-        gu, gu.stride(0), y, n, BLOCK=block, TRIGGER=launches_dependent(gate_up), num_warps=4
-    )
+    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](gu, gu.stride(0), y, n, BLOCK=block, num_warps=4)
     return y
 
 
@@ -266,7 +243,6 @@ def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
     d = x.shape[-1]
     block = _block(d)
     _sigmoid_mul_kernel[(xs.shape[0], xs.shape[1])](
-        xs, gs, gs.stride(0), gs.stride(1), y, d,
-        BLOCK_D=block, TRIGGER=launches_dependent(x), num_warps=_warps(block),
-    )  # fmt: skip
+        xs, gs, gs.stride(0), gs.stride(1), y, d, BLOCK_D=block, num_warps=_warps(block)
+    )
     return y

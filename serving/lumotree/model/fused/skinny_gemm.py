@@ -7,13 +7,6 @@ atomics on values), loading [BLOCK_N, BLOCK_K] weight tiles along w's
 contiguous rows and multiplying them with tl.dot against the rows of x, padded to 16-row tiles by
 masks (1..16 rows: one tile, 17..32: two). Accumulation is fp32; the output is in x's dtype.
 
-Dependent launch (Hopper and later GPUs): the kernel is launched as a programmatic dependent of the
-kernel before it, which (the dense elementwise kernels of `elementwise.py`) lets it start at once.
-Its programs then prefetch the first `PREFETCH_K` columns of their weight rows into L2 (weights
-never depend on earlier kernels) and wait (griddepcontrol.wait) for the earlier kernel's memory
-before they read x or write anything, so the weight stream starts while the norm that produces x
-still runs, instead of after it and the launch gap. The arithmetic is unchanged.
-
 Batch invariance: a row's arithmetic is one fixed-shape dot per K step, [BLOCK_N, BLOCK_K] x
 [BLOCK_K, 16], in the same K order (and the same splits, summed in order) for every M, and a row
 tile's dot never reads another tile's rows.
@@ -28,8 +21,6 @@ guaranteed: the same result across configs, or against F.linear for M > 32.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +40,6 @@ SPLIT_WAVES = 4  # programs per SM a split narrow output reaches
 MIN_SPLIT_STEPS = 8  # weight tiles per split, at least
 WINNING_SPLIT_STEPS = 32  # weight tiles per split from which the split kernel beat cuBLAS
 DTYPES = (torch.bfloat16, torch.float32)
-PREFETCH_BYTES = 16 * 2**20  # weight bytes a launch's programs prefetch into L2 before they wait, in all
 
 
 @dataclass(frozen=True)
@@ -61,22 +51,9 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 3
     splits: int = 1  # K ranges per output block (fp32 partials, summed in order by the last range)
-    prefetch_bytes: int = PREFETCH_BYTES  # 0: no L2 prefetch before the dependent launch's wait
 
     def label(self) -> str:
-        tail = "" if self.prefetch_bytes == PREFETCH_BYTES else f" pf{self.prefetch_bytes >> 20}M"
-        return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages} x{self.splits}{tail}"
-
-    def prefetch_columns(self, n: int, k: int, itemsize: int) -> int:
-        """Weight columns per row each program prefetches: its share of `prefetch_bytes` in whole
-        BLOCK_K tiles, at most its K range; 0 when nothing is prefetched or rows are not 16-byte
-        multiples (the bulk prefetch's alignment)."""
-        if self.prefetch_bytes <= 0 or (k * itemsize) % 16:
-            return 0
-        k_range = triton.cdiv(triton.cdiv(k, self.splits), self.block_k) * self.block_k
-        programs = triton.cdiv(n, self.block_n) * self.splits
-        per_row = self.prefetch_bytes // (programs * self.block_n * itemsize)
-        return min(k_range, per_row // self.block_k * self.block_k)
+        return f"n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages} x{self.splits}"
 
     @staticmethod
     def for_shape(
@@ -119,25 +96,6 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return HOPPER_SMS
-
-
-@triton.jit
-def _prefetch_rows(row_ptrs, k_lo, K, COLUMNS: tl.constexpr):
-    """Bulk-prefetch w[row, k_lo : k_lo + COLUMNS] (clipped at K) of every row into L2 (sm_90's
-    cp.async.bulk.prefetch; no registers, no wait). An empty K range prefetches its row's last
-    16 bytes, so every size stays a positive multiple of 16."""
-    item: tl.constexpr = row_ptrs.dtype.element_ty.primitive_bitwidth // 8
-    start = tl.minimum(k_lo, K - 16 // item)
-    size = tl.maximum(tl.minimum(COLUMNS, K - start), 16 // item) * item
-    sizes = tl.full(row_ptrs.shape, 0, tl.int32) + size
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2; // $0 unused",
-        "=r,l,r",
-        [row_ptrs + start, sizes],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @triton.jit
@@ -190,27 +148,18 @@ def skinny_gemm_kernel(
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
-    DEPENDENT: tl.constexpr = False,
-    PREFETCH_K: tl.constexpr = 0,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)). With SPLITS > 1
     each K range stores its fp32 partial sums [M, N] at part_ptr + split * M * N and counts itself
     in count_ptr[block]; the range that counts last sums all partials in split order into y and
-    resets the count to 0 (one launch, no atomics on the values, the same sums every time).
-    DEPENDENT (a programmatic dependent launch): prefetch PREFETCH_K columns of the weight rows,
-    then wait for the earlier kernel's memory before reading x or writing anything."""
+    resets the count to 0 (one launch, no atomics on the values, the same sums every time)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     rows = tl.arange(0, 16)
     mask_n = offs_n < N
-    row_ptrs = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * K
-    w_rows = row_ptrs[:, None]
-    if DEPENDENT:
-        if PREFETCH_K > 0:
-            _prefetch_rows(row_ptrs, k_lo, K, PREFETCH_K)
-        tl.extra.cuda.gdc_wait()
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     acc0 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -242,30 +191,6 @@ def skinny_gemm_kernel(
 
 
 _COUNTS: dict[tuple[torch.device, int], Tensor] = {}
-_dependent_launch = True
-
-
-@contextmanager
-def dependent_launch(enabled: bool) -> Iterator[None]:
-    """Launch the skinny GEMM as a programmatic dependent (where the GPU has it) or not, inside the
-    block: the side-by-side benchmarks time both; the default is on."""
-    global _dependent_launch
-    previous, _dependent_launch = _dependent_launch, enabled
-    try:
-        yield
-    finally:
-        _dependent_launch = previous
-
-
-@functools.cache
-def _has_dependent_launch(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def launches_dependent(x: Tensor) -> bool:
-    """Whether a skinny GEMM on x launches as a programmatic dependent of the kernel before it:
-    CUDA tensors on Hopper or later, unless `dependent_launch(False)` is in force."""
-    return _dependent_launch and _has_dependent_launch(x.device)
 
 
 def split_counts(device: torch.device, blocks: int) -> Tensor:
@@ -346,8 +271,6 @@ def skinny_linear(
     blocks = triton.cdiv(n, cfg.block_n)
     part = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
     counts = split_counts(x.device, blocks) if split else y
-    dependent = launches_dependent(x)
-    prefetch = cfg.prefetch_columns(n, k, x.element_size()) if dependent and w.data_ptr() % 16 == 0 else 0
     skinny_gemm_kernel[(blocks, cfg.splits)](
         x,
         w,
@@ -366,10 +289,7 @@ def skinny_linear(
         EVEN_K=k % cfg.block_k == 0,
         PRECISION=dot_precision(x),
         SPLITS=cfg.splits,
-        DEPENDENT=dependent,
-        PREFETCH_K=prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=dependent,
     )
     return y
