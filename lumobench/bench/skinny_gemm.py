@@ -8,6 +8,8 @@ weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed i
 Usage: lumobench bench skinny-gemm --out DIR         (or python -m lumobench.bench.skinny_gemm)
        lumobench bench skinny-gemm --out DIR --sweep (a grid of configs at 1 row on the shapes below
        90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
+       lumobench bench skinny-gemm --out DIR --narrow (the 5120-wide outputs' grid of NARROW_GRID at
+       1, 6 and 32 rows, into skinny_narrow.json: a config must serve every row count)
 """
 
 from __future__ import annotations
@@ -76,6 +78,61 @@ def sweep_configs(n: int, k: int) -> list[SkinnyConfig]:
             for stages in (3, 4)
         ]
     return [c for c in grid if c.block_n * c.block_k * 2 <= 32 * 1024 and k // (c.block_k * c.splits) >= 4]
+
+
+NARROW_SHAPES = [(5120, 17408), (5120, 6144)]
+NARROW_ROWS = (1, 6, 32)
+
+
+def narrow_grid(k: int) -> list[SkinnyConfig]:
+    """The narrow outputs' split configs: 32- or 64-wide blocks, 64- or 128-deep tiles, 2 to 4
+    stages, 2, 3, 4 or 6 K ranges, at least 8 tiles a range. At 32 rows the x tiles of two row
+    tiles take pipeline stages' shared memory too, so the for_shape config's 640 programs no longer
+    fit on the SMs at once: this grid looks for one that runs 1, 6 and 32 rows alike."""
+    grid = [
+        SkinnyConfig(block_n, block_k, 4, stages, splits)
+        for block_n in (32, 64)
+        for block_k in (64, 128)
+        for stages in (2, 3, 4)
+        for splits in (2, 3, 4, 6)
+    ]
+    return [c for c in grid if k // (c.block_k * c.splits) >= 8]
+
+
+def sweep_narrow(iters: int = 30, warmup: int = 5) -> list[dict]:
+    """Every narrow_grid config at NARROW_ROWS rows on NARROW_SHAPES, cuBLAS first: median ms and
+    the fraction of the copy bandwidth; each shape's best configs by their slowest row count."""
+    device = torch.device("cuda")
+    timer = Timer(device, iters, warmup)
+    bandwidth = copy_bandwidth(device)
+    results = []
+    for n, k in NARROW_SHAPES:
+        weights = _weight_copies(n, k, device)
+        configs = narrow_grid(k)
+        for m in NARROW_ROWS:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+            methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
+            methods += [(c.label(), lambda x, w, c=c, o=out: skinny_linear(x, w, o, c)) for c in configs]
+            for name, gemm in methods:
+                ms = _ms_per_gemm(timer, gemm, x, weights)
+                results.append(dict(n=n, k=k, rows=m, method=name, median_ms=ms,
+                                    fraction_of_copy_bw=n * k * 2 / (ms * 1e-3) / bandwidth))  # fmt: skip
+        shape = [r for r in results if r["n"] == n and r["k"] == k]
+        worst = {
+            name: max(r["median_ms"] for r in shape if r["method"] == name)
+            for name in {r["method"] for r in shape}
+        }
+        for name in sorted(worst, key=worst.get)[:6]:
+            per_rows = ", ".join(
+                f"{r['rows']}: {r['median_ms'] * 1e3:.1f}us {r['fraction_of_copy_bw']:.0%}"
+                for r in shape
+                if r["method"] == name
+            )
+            print(f"{n}x{k} {name}: {per_rows}", flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    return results
 
 
 def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
@@ -185,11 +242,20 @@ def skinny_gemm_command(
     iters: int = 50,
     warmup: int = 10,
     sweep: Annotated[bool, typer.Option(help="Time a grid of configs at 1 row instead.")] = False,
+    narrow: Annotated[
+        bool, typer.Option(help="Time the narrow outputs' grid at 1, 6 and 32 rows instead.")
+    ] = False,
 ) -> None:
     """Time the skinny GEMM against cuBLAS at the Qwen3.5-27B projection shapes."""
     if not torch.cuda.is_available():
         typer.echo("error: the skinny GEMM benchmark needs a CUDA GPU", err=True)
         raise typer.Exit(2)
+    if narrow:
+        found = sweep_narrow()
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
+        (out / "skinny_narrow.json").write_text(json.dumps(dict(meta, results=found), indent=2))
+        return
     if sweep:
         found = sweep_skinny_gemm()
         out.mkdir(parents=True, exist_ok=True)
