@@ -8,8 +8,8 @@ weight-read floor of lumobench.bench.cycle uses; a pure read stream can exceed i
 Usage: lumobench bench skinny-gemm --out DIR         (or python -m lumobench.bench.skinny_gemm)
        lumobench bench skinny-gemm --out DIR --sweep (a grid of configs at 1 row on the shapes below
        90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
-       lumobench bench skinny-gemm --out DIR --narrow (the 5120-wide outputs' grid of NARROW_GRID at
-       1, 6 and 32 rows, into skinny_narrow.json: a config must serve every row count)
+       lumobench bench skinny-gemm --out DIR --narrow (the 5120-wide outputs' grid of narrow_grid at
+       1, 6 and 32 rows, into skinny_narrow.{json,md}: a config must serve every row count)
 """
 
 from __future__ import annotations
@@ -118,21 +118,39 @@ def sweep_narrow(iters: int = 30, warmup: int = 5) -> list[dict]:
                 ms = _ms_per_gemm(timer, gemm, x, weights)
                 results.append(dict(n=n, k=k, rows=m, method=name, median_ms=ms,
                                     fraction_of_copy_bw=n * k * 2 / (ms * 1e-3) / bandwidth))  # fmt: skip
-        shape = [r for r in results if r["n"] == n and r["k"] == k]
-        worst = {
-            name: max(r["median_ms"] for r in shape if r["method"] == name)
-            for name in {r["method"] for r in shape}
-        }
-        for name in sorted(worst, key=worst.get)[:6]:
-            per_rows = ", ".join(
-                f"{r['rows']}: {r['median_ms'] * 1e3:.1f}us {r['fraction_of_copy_bw']:.0%}"
-                for r in shape
-                if r["method"] == name
-            )
-            print(f"{n}x{k} {name}: {per_rows}", flush=True)
+        print(render_narrow_table([r for r in results if (r["n"], r["k"]) == (n, k)], best=6), flush=True)
         del weights
         torch.cuda.empty_cache()
     return results
+
+
+def render_narrow_table(results: list[dict], best: int = 10) -> str:
+    """Markdown of sweep_narrow's rows: per shape, cuBLAS, the `best` configs by their slowest row
+    count, and the for_shape config, each as us (fraction of the copy bandwidth) per row count."""
+    counts = sorted({r["rows"] for r in results})
+    lines = [
+        "| N | K | method | " + " | ".join(f"{m} rows" for m in counts) + " | slowest us |",
+        "|---|---|---|" + "---:|" * (len(counts) + 1),
+    ]
+    for n, k in dict.fromkeys((r["n"], r["k"]) for r in results):
+        timed: dict[str, dict[int, dict]] = {}
+        for r in results:
+            if (r["n"], r["k"]) == (n, k):
+                timed.setdefault(r["method"], {})[r["rows"]] = r
+        slowest = {name: max(r["median_ms"] for r in rows.values()) for name, rows in timed.items()}
+        chosen = SkinnyConfig.for_shape(n, k, "cpu").label()
+        ranked = [name for name in sorted(slowest, key=slowest.get) if name != "cuBLAS F.linear"][:best]
+        for name in dict.fromkeys(["cuBLAS F.linear", *ranked, chosen]):
+            if name not in timed:
+                continue
+            cells = " | ".join(
+                f"{timed[name][m]['median_ms'] * 1e3:.1f} ({timed[name][m]['fraction_of_copy_bw']:.0%})"
+                if m in timed[name] else ""
+                for m in counts
+            )  # fmt: skip
+            label = f"{name} (for_shape)" if name == chosen else name
+            lines.append(f"| {n} | {k} | {label} | {cells} | {slowest[name] * 1e3:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
@@ -255,6 +273,7 @@ def skinny_gemm_command(
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
         (out / "skinny_narrow.json").write_text(json.dumps(dict(meta, results=found), indent=2))
+        (out / "skinny_narrow.md").write_text(render_narrow_table(found))
         return
     if sweep:
         found = sweep_skinny_gemm()

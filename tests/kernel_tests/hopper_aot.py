@@ -65,8 +65,8 @@ for block_n, block_k, tiles, splits in (
     (128, 64, 2, 1),
     (64, 128, 1, 1),
     (64, 128, 2, 1),
-    (32, 128, 1, 4),
-    (32, 128, 2, 4),
+    (64, 128, 1, 3),
+    (64, 128, 2, 3),
 ):
     KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if splits > 1 else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
@@ -139,9 +139,9 @@ KERNELS["tree attention tail"] = (
     dict(num_warps=attention.AttentionConfig().tail_warps),
 )
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
-KERNELS["skinny n32 k128 t1 split m1"] = (
+KERNELS["skinny n64 k128 t1 split m1"] = (
     skinny_gemm.skinny_gemm_kernel,
-    dict(M=1, TILES=1, BLOCK_N=32, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=4),
+    dict(M=1, TILES=1, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3),
     dict(num_warps=4, num_stages=3),
     tuple(a for a in SKINNY_DIVISIBLE if a != "M"),
 )

@@ -111,6 +111,9 @@ def test_for_shape_fills_the_sms_with_wide_blocks_or_k_splits() -> None:
         assert programs >= 1.6 * sms, (n, k, cfg)
         assert cfg.block_n * cfg.block_k * 2 <= 16 * 1024, (n, k, cfg)
         assert (cfg.splits > 1) == (n == 5120), (n, k, cfg)
+        if cfg.splits > 1:  # every program of a split launch on the SMs at once (3 an SM fit at 32 rows)
+            assert programs <= 3 * sms, (n, k, cfg)
+            assert k // (cfg.block_k * cfg.splits) >= 8, (n, k, cfg)
 
 
 SPLIT = SkinnyConfig(block_n=64, block_k=32, num_warps=4, num_stages=2, splits=3)  # K ranges 64, 64, 32

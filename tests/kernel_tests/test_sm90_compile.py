@@ -54,9 +54,9 @@ SKINNY = [
     "skinny n128 k64 t2",
     "skinny n64 k128 t1",
     "skinny n64 k128 t2",
-    "skinny n32 k128 t1 split",
-    "skinny n32 k128 t2 split",
-    "skinny n32 k128 t1 split m1",
+    "skinny n64 k128 t1 split",
+    "skinny n64 k128 t2 split",
+    "skinny n64 k128 t1 split m1",
 ]
 
 

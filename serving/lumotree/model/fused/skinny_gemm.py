@@ -36,7 +36,7 @@ TILE_BYTES = 16 * 1024  # bytes of weights per loaded tile
 MAX_BLOCK_K = 256  # larger: the pipelined x tiles ([BLOCK_K, 16] per row tile, stage) crowd shared memory
 BLOCK_N_CHOICES = (128, 64, 32, 16)
 WIDE_WAVES = 1.6  # programs per SM a wide output's blocks must reach
-SPLIT_WAVES = 4  # programs per SM a split narrow output reaches
+SPLIT_PROGRAMS_PER_SM = 2  # programs per SM a split narrow output aims at (all on the SMs at once)
 MIN_SPLIT_STEPS = 8  # weight tiles per split, at least
 WINNING_SPLIT_STEPS = 32  # weight tiles per split from which the split kernel beat cuBLAS
 DTYPES = (torch.bfloat16, torch.float32)
@@ -60,10 +60,14 @@ class SkinnyConfig:
         n: int, k: int, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
     ) -> SkinnyConfig:
         """128-wide blocks where they make 2 to 8 waves of programs over the SMs, else 64-wide ones
-        where those fill WIDE_WAVES waves, with the BLOCK_K that makes a weight tile TILE_BYTES;
-        narrower outputs (the 5120-wide output projections) take 32-wide blocks and split K until
-        the programs fill SPLIT_WAVES waves, at least MIN_SPLIT_STEPS tiles per split. Chosen from
-        the H200 sweep of results/h200/skinny_gemm.md (each choice the fastest measured there)."""
+        where those fill WIDE_WAVES waves, with the BLOCK_K that makes a weight tile TILE_BYTES.
+        Narrower outputs (the 5120-wide output projections) take 64-wide blocks too and split K
+        into the number of ranges that makes about SPLIT_PROGRAMS_PER_SM programs per SM, at least
+        MIN_SPLIT_STEPS tiles a range: few enough that every program is on the SMs at once at 32
+        rows too, where the x tiles of two row tiles take shared memory (32-wide blocks in 4
+        ranges, the earlier rule, made 640 programs, 4 an SM fit at 32 rows: 61.8 against 55.6 us
+        at one row for 5120 x 17408; 3 ranges of 64-wide blocks run 55.4 / 55.2 / 56.8 us at 1 / 6
+        / 32 rows, the H200 sweep of results/h200/skinny_narrow.md)."""
         sms = _sm_count(torch.device(device))
         item = torch.finfo(dtype).bits // 8
         waves_128 = triton.cdiv(n, 128) / sms
@@ -71,23 +75,19 @@ class SkinnyConfig:
             if (block_n == 128 and 2 <= waves_128 < 8) or (block_n == 64 and waves_128 * 2 >= WIDE_WAVES):
                 block_k = max(16, min(TILE_BYTES // (block_n * item), MAX_BLOCK_K, triton.next_power_of_2(k)))
                 return SkinnyConfig(block_n=block_n, block_k=block_k)
-        block_n = 32
+        block_n = 64
         block_k = max(16, min(TILE_BYTES // (block_n * item), 128, triton.next_power_of_2(k)))
-        splits = 1
-        while (
-            triton.cdiv(n, block_n) * splits < SPLIT_WAVES * sms
-            and triton.cdiv(k, block_k * splits * 2) >= MIN_SPLIT_STEPS
-        ):
-            splits *= 2
+        wanted = max(1, round(SPLIT_PROGRAMS_PER_SM * sms / triton.cdiv(n, block_n)))
+        splits = max(1, min(wanted, k // (block_k * MIN_SPLIT_STEPS)))
         return SkinnyConfig(block_n=block_n, block_k=block_k, splits=splits)
 
 
 @functools.cache
 def beats_cublas(n: int, k: int, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the for_shape kernel was measured faster than cuBLAS at 1-16 rows for a shape like
-    this (results/h200/skinny_gemm.md): every unsplit shape was, and split shapes whose splits keep
-    at least WINNING_SPLIT_STEPS weight tiles (5120 x 17408: 34 tiles, 1.08x); 5120 x 6144 (12
-    tiles a split) ran 0.94x."""
+    this (results/h200/skinny_gemm.md, skinny_narrow.md): every unsplit shape was, and split shapes
+    whose splits keep at least WINNING_SPLIT_STEPS weight tiles (5120 x 17408: 45 tiles a split,
+    1.10x at one row); 5120 x 6144 (16 tiles a split) ran level with cuBLAS."""
     cfg = SkinnyConfig.for_shape(n, k, device, dtype)
     return cfg.splits == 1 or k // (cfg.block_k * cfg.splits) >= WINNING_SPLIT_STEPS
 
