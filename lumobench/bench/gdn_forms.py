@@ -1,7 +1,8 @@
 """The GDN verification forms side by side at a random-weight preset's shapes (CUDA only): every GDN
 layer in model order in one graph per form (the row scan, the spine scan, the tree WY form) for the
-paper tree, and whether the spine scan gives the row scan's bits (outputs and records) on random
-trees of every shape.
+paper tree and for MTP-5's chain (6 rows: the row scan and the spine scan, the two with AR's bits),
+and whether the spine scan gives the row scan's bits (outputs and records) on random trees of every
+shape.
 
     lumobench bench gdn-forms --out results/h200/gdn-forms      (or python -m lumobench.bench.gdn_forms)
 """
@@ -23,10 +24,12 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.model import default_model_path, load_checkpoint
 from lumotree.model.config import HybridConfig
 from lumotree.model.random_weights import preset_config, random_model
-from lumotree.tree import MAX_DEPTH
+from lumotree.tree import MAX_DEPTH, chain_tree
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.reference import GdnInputs
+
+CHAIN_ROWS = 6  # MTP-5: the root and five drafts
 
 
 def spine_matches_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
@@ -76,6 +79,9 @@ def markdown(doc: dict) -> str:
     ]
     bits = {"rows": "the one-row step's", "spine": "the row scan's", "wy": "its own (not row-invariant)"}
     lines += [f"| {form} | {ms:.3f} | {bits[form]} |" for form, ms in doc["model_order_ms"].items()]
+    lines += ["", f"MTP-5's chain ({doc['chain_rows']} rows), the same layers and replays:", ""]
+    lines += ["| form | ms |", "| --- | ---: |"]
+    lines += [f"| {form} | {ms:.3f} |" for form, ms in doc["chain_model_order_ms"].items()]
     lines += ["", "The spine scan against the row scan, one layer, random trees:", ""]
     lines += ["| tree shape | active rows | depth | bitwise equal |", "| --- | ---: | ---: | --- |"]
     lines += [f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['equal']} |" for c in doc["spine_vs_rows"]]
@@ -113,6 +119,11 @@ def gdn_forms_command(
             form: gdn_model_order(model, tree, timer, device_ops.GdnConfig(form=form))
             for form in device_ops.GDN_FORMS
         }
+        chain = chain_tree(list(range(1, CHAIN_ROWS + 1)), prefix_len=4096, max_depth=MAX_DEPTH)
+        chain_timed = {
+            form: gdn_model_order(model, chain, timer, device_ops.GdnConfig(form=form))
+            for form in ("rows", "spine")
+        }
     doc = {
         "preset": preset,
         "device": torch.cuda.get_device_name(),
@@ -121,6 +132,8 @@ def gdn_forms_command(
         "tree_depth": int(tree.depth.max()),
         "iters": iters,
         "model_order_ms": timed,
+        "chain_rows": CHAIN_ROWS,
+        "chain_model_order_ms": chain_timed,
         "spine_vs_rows": spine,
         "command": command_line("gdn-forms"),
         "commit": current_commit(),

@@ -14,7 +14,8 @@ Outputs are allocated per call (inside a captured graph they come from the graph
 - GDN verification in model order, per layer: `row_scan.gdn_rows_` (every row carried down its
   ancestry with the replay's arithmetic, the AR step's bits, one launch) or
   `spine_scan.gdn_spine_rows_` (the same bits, each spine node's state computed once, two
-  launches: the engine's choice for wide trees over large states, `GdnConfig.for_device`), or
+  launches: the engine's choice for trees and chains of 6 rows or more over large states,
+  `GdnConfig.for_device`), or
   `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
 - tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
@@ -51,11 +52,12 @@ from lumotree.verify.gdn.tree_scan import gdn_tree_
 
 GDN_FORMS = ("rows", "spine", "wy")
 # The spine scan beats the row scan where the state work outweighs its second launch: measured on the
-# H200 for the paper tree (results/h200/gdn-forms*.md), 48 layers of Qwen3.5-27B (3 MiB states) 1.96 ms
-# against 3.53, 6 layers of the shipped model (64 KiB states) 0.099 against 0.058. Chains (MTP-5's
-# 6 rows) and one-row steps were not measured apart and keep the row scan.
+# H200 (results/h200/gdn-forms*.md) for the paper tree, 48 layers of Qwen3.5-27B (3 MiB states) 1.96 ms
+# against 3.53, 6 layers of the shipped model (64 KiB states) 0.099 against 0.058; for MTP-5's 6-row
+# chain at 27B (the whole chain is the spine: each node's state once instead of once per row below
+# it) CHAIN_MEASURED. One-row steps keep the row scan.
 SPINE_MIN_STATE_BYTES = 2**20
-SPINE_MIN_ROWS = 16
+SPINE_MIN_ROWS = 6
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class GdnConfig:
     @classmethod
     def for_device(cls, device: torch.device, rows: int = 1, state_bytes: int = 0) -> GdnConfig:
         """The engine's choice for `rows` verified rows over a layer state of `state_bytes`: on CUDA
-        the spine scan for wide trees over large states, else the row scan (the same bits either
-        way), the WY settings tf32x3; on a CPU (the interpreter) the row scan and exact fp32."""
+        the spine scan for SPINE_MIN_ROWS rows or more (MTP-5's chain and the trees) over large
+        states, else the row scan (the same bits either way), the WY settings tf32x3; on a CPU (the
+        interpreter) the row scan and exact fp32."""
         if device.type == "cuda":
             wide = rows >= SPINE_MIN_ROWS and state_bytes >= SPINE_MIN_STATE_BYTES
             return cls(form="spine" if wide else "rows")
