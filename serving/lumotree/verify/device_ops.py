@@ -55,8 +55,8 @@ GDN_FORMS = ("rows", "spine", "wy")
 # H200 (results/h200/gdn-forms*.md) for the paper tree, 48 layers of Qwen3.5-27B (3 MiB states) 1.96 ms
 # against 3.53, 6 layers of the shipped model (64 KiB states) 0.099 against 0.058; for MTP-5's 6-row
 # chain at 27B (the whole chain is the spine: each node's state once instead of once per row below
-# it) 0.645 against 0.810 ms (the cycle did not show it: results/h200/NOTES.md, session 12). One-row
-# steps keep the row scan.
+# it) 0.645 against 0.810 ms, and 0.726 against 0.921 ms of GDN kernels in the MTP-5 cycle's profile
+# (results/h200/cycle-27b.md). One-row steps keep the row scan.
 SPINE_MIN_STATE_BYTES = 2**20
 SPINE_MIN_ROWS = 6
 
