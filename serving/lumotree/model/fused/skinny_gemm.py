@@ -34,7 +34,6 @@ ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
 HOPPER_SMS = 132
 TILE_BYTES = 16 * 1024  # bytes of weights per loaded tile
 MAX_BLOCK_K = 256  # larger: the pipelined x tiles ([BLOCK_K, 16] per row tile, stage) crowd shared memory
-BLOCK_N_CHOICES = (128, 64, 32, 16)
 WIDE_WAVES = 1.6  # programs per SM a wide output's blocks must reach
 SPLIT_PROGRAMS_PER_SM = 2  # programs per SM a split narrow output aims at (all on the SMs at once)
 MIN_SPLIT_STEPS = 8  # weight tiles per split, at least
