@@ -18,7 +18,9 @@ the device-timed cycle and its phases (CUDA events inside the graph: tables + ve
 publish, drafting), and the wall time per cycle of the loop in this process (`loop_ms`: what the
 host adds when nothing but the runner runs). The projected decode rate is (accepted + 1) / cycle.
 Also: GDN verification of the 48 GDN layers in model order (one launch per layer, captured, 32
-rows), tree attention at each context against its KV-read floor, and memory.
+rows), tree attention at each context against its KV-read floor, memory, and (`--gemv`, the
+default) the skinny GEMM alone at the 27B projection shapes, 1 / 6 / 32 rows, as a fraction of the
+copy bandwidth (`gemv_fraction_of_copy_bw`; `lumobench bench skinny-gemm` has the full table).
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
@@ -48,6 +50,7 @@ import torch
 import typer
 
 from lumobench.bench.output import command_line, current_commit
+from lumobench.bench.skinny_gemm import bench_skinny_gemm, for_shape_fractions
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.drafter import Drafter
@@ -380,6 +383,7 @@ def bench(
     mtp_accepted: float,
     variants: list[str],
     draft_vocab: int,
+    gemv: bool = True,
 ) -> dict:
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)
@@ -406,6 +410,10 @@ def bench(
         "contexts": {},
         "profile": {},
     }
+    if gemv:  # the skinny GEMM alone at the 27B projection shapes, in this process
+        result["gemv_fraction_of_copy_bw"] = for_shape_fractions(
+            bench_skinny_gemm(iters=iters, warmup=warmup, neighbours=False)
+        )
     for variant in variants:
         with kernel_mode(*VARIANTS[variant]):
             runner = build_runner(model, 4096, arms[0], graphs=False)
@@ -466,6 +474,8 @@ def summary(result: dict, command: str) -> dict:
         "projected_tree_over_ar": rates["tree"] / rates["ar"],
         "projected_tree_over_mtp5": rates["tree"] / rates["mtp5"],
         **_draft_vocab_summary(result, row, rates),
+        "draft_ms": {name: row[name]["draft_ms"] for name in rates},
+        "gemv_fraction_of_copy_bw": result.get("gemv_fraction_of_copy_bw", {}),
         "context": int(ctx),
         "command": command,
         "commit": current_commit(),
@@ -535,7 +545,22 @@ def markdown(result: dict, head: dict) -> str:
             f"| {variant} | {prof['kernels']} | {prof['gemm_kernels']} | {prof['gemm_ms']:.2f} "
             f"| {prof['other_ms']:.2f} | {top} |"
         )
-    return "\n".join(lines + buffer_table(result)) + "\n"
+    return "\n".join(lines + gemv_lines(result) + buffer_table(result)) + "\n"
+
+
+def gemv_lines(result: dict) -> list[str]:
+    """The skinny GEMM's fraction of the copy bandwidth per projection shape, at 1 / 6 / 32 rows."""
+    fractions = result.get("gemv_fraction_of_copy_bw")
+    if not fractions:
+        return []
+    lines = ["", "The skinny GEMM alone (its for_shape config), fraction of the copy bandwidth by rows:", ""]
+    counts = sorted({int(m) for per_rows in fractions.values() for m in per_rows})
+    lines.append("| N x K | " + " | ".join(f"{m} rows" for m in counts) + " |")
+    lines.append("| --- |" + " ---: |" * len(counts))
+    for shape, per_rows in fractions.items():
+        cells = " | ".join(f"{per_rows[str(m)]:.1%}" if str(m) in per_rows else "" for m in counts)
+        lines.append(f"| {shape.replace('x', ' x ')} | {cells} |")
+    return lines
 
 
 def buffer_table(result: dict) -> list[str]:
@@ -582,6 +607,13 @@ def cycle_command(
             "first variant, same forced acceptance); 0: none.",
         ),
     ] = 32768,
+    gemv: Annotated[
+        bool,
+        typer.Option(
+            help="Also time the skinny GEMM alone at the 27B projection shapes (1, 6 and 32 rows) for "
+            "gemv_fraction_of_copy_bw."
+        ),
+    ] = True,
 ) -> None:
     """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
     if not torch.cuda.is_available():
@@ -593,7 +625,14 @@ def cycle_command(
         raise typer.Exit(2)
     command = command_line("cycle")
     result = bench(
-        [int(c) for c in contexts.split(",")], iters, warmup, tree_accepted, mtp_accepted, chosen, draft_vocab
+        [int(c) for c in contexts.split(",")],
+        iters,
+        warmup,
+        tree_accepted,
+        mtp_accepted,
+        chosen,
+        draft_vocab,
+        gemv,
     )
     head = summary(result, command)
     out.mkdir(parents=True, exist_ok=True)

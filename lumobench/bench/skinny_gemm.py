@@ -201,9 +201,12 @@ def _ms_per_gemm(timer: Timer, gemm: Callable[[torch.Tensor, torch.Tensor], obje
     return timer(graph).median_ms / len(weights)
 
 
-def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10) -> list[dict]:
+def bench_skinny_gemm(
+    rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10, neighbours: bool = True
+) -> list[dict]:
     """One dict per (shape, rows, method): median ms per GEMM, weight GB/s, fraction of copy bandwidth
-    and the ratio to cuBLAS."""
+    and the ratio to cuBLAS (cuBLAS first, then the for_shape config and, with `neighbours`, the
+    configs next to it)."""
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)
     bandwidth = copy_bandwidth(device)  # bytes read plus written per second: the floor's bandwidth
@@ -215,7 +218,7 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
             methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
-            for label, cfg in candidate_configs(n, k, device):
+            for label, cfg in candidate_configs(n, k, device)[: None if neighbours else 1]:
                 methods.append(
                     (f"skinny {label} {cfg.label()}", lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c))
                 )
@@ -240,6 +243,17 @@ def bench_skinny_gemm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmu
         del weights
         torch.cuda.empty_cache()
     return results
+
+
+def for_shape_fractions(results: list[dict]) -> dict[str, dict[str, float]]:
+    """{"NxK": {"rows": fraction of the copy bandwidth}} of the for_shape config in
+    bench_skinny_gemm's rows: the cycle benchmark's gemv_fraction_of_copy_bw."""
+    fractions: dict[str, dict[str, float]] = {}
+    for r in results:
+        if r["method"].startswith("skinny for_shape "):
+            shape = fractions.setdefault(f"{r['n']}x{r['k']}", {})
+            shape[str(r["rows"])] = round(r["fraction_of_copy_bw"], 4)
+    return fractions
 
 
 def render_table(results: list[dict]) -> str:

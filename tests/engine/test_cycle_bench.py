@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumobench.bench.cycle import ARMS, MAX_DEPTH, Arm, build_runner, fill_state_, run_arm
+from lumobench.bench.cycle import ARMS, MAX_DEPTH, Arm, build_runner, fill_state_, markdown, run_arm, summary
 from lumobench.bench.cycle_profile import SAMPLINGS
 from lumotree.drafting.geometry import GeometryConfig
 from tests.model.conftest import perturbed_model, tiny_config
@@ -45,3 +45,22 @@ def test_each_arm_runs_the_engine_cycle_with_its_forced_acceptance(
     assert result["verify_ms"] > 0 and result["accept_publish_ms"] > 0
     assert runner.length == 0 and runner._ahead is None  # type: ignore[attr-defined]
     assert torch.isfinite(torch.tensor(list(result.values()))).all()
+
+
+def test_the_headline_carries_each_arms_drafting_and_the_gemv_fractions() -> None:
+    arm = dict(cycle_ms=20.0, verify_ms=15.0, accept_publish_ms=0.3, draft_ms=4.3, loop_ms=20.0, accepted=3.0)
+    row = {
+        "ar": arm | dict(cycle_ms=14.0, draft_ms=0.01, accepted=0.0),
+        "mtp5": arm,
+        "tree": arm | dict(cycle_ms=22.0, draft_ms=4.4, accepted=4.0),
+        "gdn_verify_model_order_ms": 2.0,
+        "attention_over_floor": 4.0,
+    }
+    row["projected_tokens_per_s"] = {n: (row[n]["accepted"] + 1) * 1e3 / row[n]["cycle_ms"] for n in ARMS}
+    fractions = {"5120x6144": {"1": 0.6856, "32": 0.6365}}
+    result = dict(floor_ms=12.0, weight_gb=51.25, copy_bandwidth_tbps=4.25, contexts={"4096": row})
+    result["gemv_fraction_of_copy_bw"] = fractions
+    head = summary(result, "lumobench bench cycle")
+    assert head["draft_ms"] == {"ar": 0.01, "mtp5": 4.3, "tree": 4.4}
+    assert head["gemv_fraction_of_copy_bw"] == fractions
+    assert "| 5120 x 6144 | 68.6% | 63.6% |" in markdown(result, head)

@@ -3,7 +3,7 @@ the sweep itself needs a GPU, its ranking and table do not."""
 
 from __future__ import annotations
 
-from lumobench.bench.skinny_gemm import narrow_grid, render_narrow_table
+from lumobench.bench.skinny_gemm import for_shape_fractions, narrow_grid, render_narrow_table
 from lumotree.model.fused.skinny_gemm import SkinnyConfig
 
 
@@ -33,3 +33,16 @@ def test_the_narrow_grid_keeps_eight_tiles_a_range() -> None:
         grid = narrow_grid(k)
         assert grid and all(k // (c.block_k * c.splits) >= 8 for c in grid)
     assert any(c.splits == 3 and c.block_n == 64 for c in narrow_grid(17408))
+
+
+def test_for_shape_fractions_keep_the_for_shape_config_by_shape_and_rows() -> None:
+    timed = [
+        dict(n=5120, k=6144, rows=m, method=method, fraction_of_copy_bw=f)
+        for m, method, f in (
+            (1, "cuBLAS F.linear", 0.1),
+            (1, "skinny for_shape n64 k128 w4 s3 x3", 0.68564),
+            (32, "skinny for_shape n64 k128 w4 s3 x3", 0.6365),
+            (1, "skinny 4 stages n64 k128 w4 s4 x3", 0.9),
+        )
+    ]
+    assert for_shape_fractions(timed) == {"5120x6144": {"1": 0.6856, "32": 0.6365}}
