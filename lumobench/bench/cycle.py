@@ -412,7 +412,7 @@ def bench(
     }
     if gemv:  # the skinny GEMM alone at the 27B projection shapes, in this process
         result["gemv_fraction_of_copy_bw"] = for_shape_fractions(
-            bench_skinny_gemm(iters=iters, warmup=warmup, neighbours=False)
+            bench_skinny_gemm(iters=iters, warmup=warmup, neighbours=False, bandwidth=bandwidth)
         )
     for variant in variants:
         with kernel_mode(*VARIANTS[variant]):

@@ -87,8 +87,9 @@ NARROW_ROWS = (1, 6, 32)
 def narrow_grid(k: int) -> list[SkinnyConfig]:
     """The narrow outputs' split configs: 32- or 64-wide blocks, 64- or 128-deep tiles, 2 to 4
     stages, 2, 3, 4 or 6 K ranges, at least 8 tiles a range. At 32 rows the x tiles of two row
-    tiles take pipeline stages' shared memory too, so the for_shape config's 640 programs no longer
-    fit on the SMs at once: this grid looks for one that runs 1, 6 and 32 rows alike."""
+    tiles take pipeline stages' shared memory too (the earlier rule's 640 programs, 32-wide blocks
+    in 4 ranges, no longer fit on the SMs at once): the grid looks for a config that runs 1, 6 and
+    32 rows alike."""
     grid = [
         SkinnyConfig(block_n, block_k, 4, stages, splits)
         for block_n in (32, 64)
@@ -108,16 +109,8 @@ def sweep_narrow(iters: int = 30, warmup: int = 5) -> list[dict]:
     results = []
     for n, k in NARROW_SHAPES:
         weights = _weight_copies(n, k, device)
-        configs = narrow_grid(k)
         for m in NARROW_ROWS:
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-            methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
-            methods += [(c.label(), lambda x, w, c=c, o=out: skinny_linear(x, w, o, c)) for c in configs]
-            for name, gemm in methods:
-                ms = _ms_per_gemm(timer, gemm, x, weights)
-                results.append(dict(n=n, k=k, rows=m, method=name, median_ms=ms,
-                                    fraction_of_copy_bw=n * k * 2 / (ms * 1e-3) / bandwidth))  # fmt: skip
+            results += _time_configs(n, k, m, narrow_grid(k), weights, timer, bandwidth)
         print(render_narrow_table([r for r in results if (r["n"], r["k"]) == (n, k)], best=6), flush=True)
         del weights
         torch.cuda.empty_cache()
@@ -161,23 +154,8 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
     bandwidth = copy_bandwidth(device)
     results = []
     for n, k in SWEEP_SHAPES:
-        nbytes = n * k * 2
         weights = _weight_copies(n, k, device)
-        x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-        out = torch.empty(1, n, device=device, dtype=torch.bfloat16)
-        methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
-        methods += [
-            (cfg.label(), lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c)) for cfg in sweep_configs(n, k)
-        ]
-        rows = []
-        for name, gemm in methods:
-            try:
-                ms = _ms_per_gemm(timer, gemm, x, weights)
-            except Exception as exc:  # a config the compiler refuses is skipped, and named
-                print(f"{n}x{k} {name}: skipped ({type(exc).__name__})")
-                continue
-            rows.append(dict(n=n, k=k, rows=1, method=name, median_ms=ms,
-                             fraction_of_copy_bw=nbytes / (ms * 1e-3) / bandwidth))  # fmt: skip
+        rows = _time_configs(n, k, 1, sweep_configs(n, k), weights, timer, bandwidth)
         ranked = rows[:1] + sorted(rows[1:], key=lambda r: r["median_ms"])
         best = "; ".join(
             f"{r['method']} {r['median_ms'] * 1e3:.1f}us {r['fraction_of_copy_bw']:.0%}" for r in ranked[:8]
@@ -187,6 +165,34 @@ def sweep_skinny_gemm(iters: int = 30, warmup: int = 5) -> list[dict]:
         del weights
         torch.cuda.empty_cache()
     return results
+
+
+def _time_configs(
+    n: int,
+    k: int,
+    m: int,
+    configs: list[SkinnyConfig],
+    weights: list[torch.Tensor],
+    timer: Timer,
+    bandwidth: float,
+) -> list[dict]:
+    """cuBLAS, then the skinny GEMM in each config, at m rows over `weights`: one dict each (method
+    cuBLAS's name or the config's label, median ms, fraction of the copy bandwidth); a config the
+    compiler refuses is skipped, and named."""
+    x = torch.randn(m, k, device=weights[0].device, dtype=torch.bfloat16)
+    out = torch.empty(m, n, device=weights[0].device, dtype=torch.bfloat16)
+    methods = [("cuBLAS F.linear", lambda x, w: F.linear(x, w))]
+    methods += [(c.label(), lambda x, w, c=c, o=out: skinny_linear(x, w, o, c)) for c in configs]
+    rows = []
+    for name, gemm in methods:
+        try:
+            ms = _ms_per_gemm(timer, gemm, x, weights)
+        except Exception as exc:  # a config the compiler refuses is skipped, and named
+            print(f"{n}x{k} {name}: skipped ({type(exc).__name__})")
+            continue
+        rows.append(dict(n=n, k=k, rows=m, method=name, median_ms=ms,
+                         fraction_of_copy_bw=n * k * 2 / (ms * 1e-3) / bandwidth))  # fmt: skip
+    return rows
 
 
 def _weight_copies(n: int, k: int, device: torch.device) -> list[torch.Tensor]:
@@ -202,14 +208,18 @@ def _ms_per_gemm(timer: Timer, gemm: Callable[[torch.Tensor, torch.Tensor], obje
 
 
 def bench_skinny_gemm(
-    rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10, neighbours: bool = True
+    rows: tuple[int, ...] = (1, 6, 32),
+    iters: int = 50,
+    warmup: int = 10,
+    neighbours: bool = True,
+    bandwidth: float | None = None,
 ) -> list[dict]:
     """One dict per (shape, rows, method): median ms per GEMM, weight GB/s, fraction of copy bandwidth
-    and the ratio to cuBLAS (cuBLAS first, then the for_shape config and, with `neighbours`, the
-    configs next to it)."""
+    (`bandwidth`, bytes/s, or measured here) and the ratio to cuBLAS (cuBLAS first, then the
+    for_shape config and, with `neighbours`, the configs next to it)."""
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)
-    bandwidth = copy_bandwidth(device)  # bytes read plus written per second: the floor's bandwidth
+    bandwidth = bandwidth or copy_bandwidth(device)  # bytes read plus written per second: the floor's
     results = []
     for n, k in SHAPES:
         nbytes = n * k * 2
@@ -284,24 +294,23 @@ def skinny_gemm_command(
         raise typer.Exit(2)
     if narrow:
         found = sweep_narrow()
-        out.mkdir(parents=True, exist_ok=True)
-        meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
-        (out / "skinny_narrow.json").write_text(json.dumps(dict(meta, results=found), indent=2))
-        (out / "skinny_narrow.md").write_text(render_narrow_table(found))
-        return
-    if sweep:
-        found = sweep_skinny_gemm()
-        out.mkdir(parents=True, exist_ok=True)
-        meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
-        (out / "skinny_sweep.json").write_text(json.dumps(dict(meta, results=found), indent=2))
-        return
-    results = bench_skinny_gemm(iters=iters, warmup=warmup)
+        _write_results(out, "skinny_narrow", found, render_narrow_table(found))
+    elif sweep:
+        _write_results(out, "skinny_sweep", sweep_skinny_gemm())
+    else:
+        results = bench_skinny_gemm(iters=iters, warmup=warmup)
+        table = render_table(results)
+        _write_results(out, "skinny_gemm", results, table)
+        print(table)
+
+
+def _write_results(out: Path, name: str, results: list[dict], table: str | None = None) -> None:
+    """out/name.json (the device, the command and the rows) and, given a table, out/name.md."""
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), command=command_line("skinny-gemm"))
-    (out / "skinny_gemm.json").write_text(json.dumps(dict(meta, results=results), indent=2))
-    table = render_table(results)
-    (out / "skinny_gemm.md").write_text(table)
-    print(table)
+    (out / f"{name}.json").write_text(json.dumps(dict(meta, results=results), indent=2))
+    if table is not None:
+        (out / f"{name}.md").write_text(table)
 
 
 if __name__ == "__main__":
