@@ -67,6 +67,7 @@ from lumotree.sampling.forced import ForcedAcceptance, mean_schedule
 from lumotree.tree import TreeDescriptor, TreeTopology
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
@@ -272,7 +273,7 @@ def gdn_model_order(
     """Median ms of the GDN verification of every GDN layer, in model order, in one graph (the
     engine's form unless `config` names another)."""
     cfg, dev = model.config, model.device
-    tables = DeviceTree(tree.rows, MAX_DEPTH, dev).load_(tree)
+    tables = DeviceTree(tree.rows, MAX_DEPTH, dev, paths=count_paths(tree)).load_(tree)  # the engine's
     gen = torch.Generator(device=dev).manual_seed(1)
     rows, h, hv, k, v = (
         tree.rows,

@@ -1,8 +1,7 @@
 """The GDN verification forms side by side at a random-weight preset's shapes (CUDA only): every GDN
-layer in model order in one graph per form (the row scan, the spine scan, the tree WY form) for the
-paper tree and for MTP-5's chain (6 rows: the row scan and the spine scan, the two with AR's bits),
-and whether the spine scan gives the row scan's bits (outputs and records) on random trees of every
-shape.
+layer in model order in one graph per form (the row scan, the spine scan, the paths scan, the tree
+WY form) for the paper tree and for MTP-5's chain (6 rows: the forms with AR's bits), and whether the
+spine and paths scans give the row scan's bits (outputs and records) on random trees of every shape.
 
     lumobench bench gdn-forms --out results/h200/gdn-forms      (or python -m lumobench.bench.gdn_forms)
 """
@@ -27,15 +26,17 @@ from lumotree.model.random_weights import preset_config, random_model
 from lumotree.tree import MAX_DEPTH, chain_tree
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 CHAIN_ROWS = 6  # MTP-5: the root and five drafts
+SCANS = ("spine", "paths")  # the forms with the row scan's bits
 
 
-def spine_matches_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
+def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
     """Per random tree shape: one GDN layer of `cfg`'s shapes (random operands and gates) verified by
-    the row scan and by the spine scan from the same inputs; equal when every output and record of
-    an active row is bitwise equal."""
+    the row scan, the spine scan and the paths scan from the same inputs; a scan is equal to the row
+    scan when every output and record of an active row is bitwise equal."""
     gen = torch.Generator(device=device).manual_seed(seed)
     h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -50,19 +51,21 @@ def spine_matches_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.devi
         shapes = ((rows, h, dk), (rows, h, dk), (rows, hv, dv), (rows, hv), (rows, hv))
         x = GdnInputs(*(randn(*s).to(dtype) for s in shapes), randn(hv).abs().log(), randn(hv))
         state = randn(hv, dv, dk) * 0.1
-        tables = DeviceTree(rows, MAX_DEPTH, device).load_(tree)
+        tables = DeviceTree(rows, MAX_DEPTH, device).load_(tree)  # default path programs: some loop
         got = {
             form: device_ops.gdn_verify(x, state, tables, device_ops.GdnConfig(form=form))
-            for form in ("rows", "spine")
+            for form in ("rows", *SCANS)
         }
         active = tree.n_active
-        pairs = [(got["rows"].o[:active], got["spine"].o[:active])]
-        pairs += [
-            (getattr(got["rows"].operands, f)[:active], getattr(got["spine"].operands, f)[:active])
-            for f in ("q", "k", "v", "g", "beta")
-        ]
-        equal = all(torch.equal(a, b) for a, b in pairs)
-        cases.append({"shape": shape, "rows": active, "depth": int(tree.depth.max()), "equal": equal})
+        case = {"shape": shape, "rows": active, "depth": int(tree.depth.max()), "paths": count_paths(tree)}
+        for form in SCANS:
+            pairs = [(got["rows"].o[:active], got[form].o[:active])]
+            pairs += [
+                (getattr(got["rows"].operands, f)[:active], getattr(got[form].operands, f)[:active])
+                for f in ("q", "k", "v", "g", "beta")
+            ]
+            case[f"{form}_equal"] = all(torch.equal(a, b) for a, b in pairs)
+        cases.append(case)
     return cases
 
 
@@ -77,14 +80,22 @@ def markdown(doc: dict) -> str:
         "| form | ms | bits |",
         "| --- | ---: | --- |",
     ]
-    bits = {"rows": "the one-row step's", "spine": "the row scan's", "wy": "its own (not row-invariant)"}
+    bits = {
+        "rows": "the one-row step's",
+        "spine": "the row scan's",
+        "paths": "the row scan's",
+        "wy": "its own (not row-invariant)",
+    }
     lines += [f"| {form} | {ms:.3f} | {bits[form]} |" for form, ms in doc["model_order_ms"].items()]
     lines += ["", f"MTP-5's chain ({doc['chain_rows']} rows), the same layers and replays:", ""]
     lines += ["| form | ms |", "| --- | ---: |"]
     lines += [f"| {form} | {ms:.3f} |" for form, ms in doc["chain_model_order_ms"].items()]
-    lines += ["", "The spine scan against the row scan, one layer, random trees:", ""]
-    lines += ["| tree shape | active rows | depth | bitwise equal |", "| --- | ---: | ---: | --- |"]
-    lines += [f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['equal']} |" for c in doc["spine_vs_rows"]]
+    lines += ["", "The scans against the row scan, one layer, random trees (outputs, records bitwise):", ""]
+    lines += ["| tree shape | active rows | depth | paths | spine equal | paths equal |"]
+    lines += ["| --- | ---: | ---: | ---: | --- | --- |"]
+    for c in doc["scans_vs_rows"]:
+        equal = " | ".join(str(c[f"{form}_equal"]) for form in SCANS)
+        lines.append(f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['paths']} | {equal} |")
     return "\n".join(lines) + "\n"
 
 
@@ -98,7 +109,7 @@ def gdn_forms_command(
     iters: Annotated[int, typer.Option(min=1, help="Timed graph replays per form.")] = 50,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
 ) -> None:
-    """Time the GDN verification forms in model order and check the spine scan's bits."""
+    """Time the GDN verification forms in model order and check the scans' bits against the row scan."""
     if not torch.cuda.is_available():
         typer.echo("error: the GDN forms bench needs a CUDA GPU", err=True)
         raise typer.Exit(2)
@@ -114,7 +125,7 @@ def gdn_forms_command(
     tree = paper_tree(random.Random(0), model.config.vocab_size, 4096, GeometryConfig(rows=32))
     timer = Timer(device, iters, warmup)
     with torch.inference_mode():
-        spine = spine_matches_rows(model.config, torch.bfloat16, device, seed=3)
+        scans = scans_match_rows(model.config, torch.bfloat16, device, seed=3)
         timed = {
             form: gdn_model_order(model, tree, timer, device_ops.GdnConfig(form=form))
             for form in device_ops.GDN_FORMS
@@ -122,7 +133,7 @@ def gdn_forms_command(
         chain = chain_tree(list(range(1, CHAIN_ROWS + 1)), prefix_len=4096, max_depth=MAX_DEPTH)
         chain_timed = {
             form: gdn_model_order(model, chain, timer, device_ops.GdnConfig(form=form))
-            for form in ("rows", "spine")
+            for form in ("rows", *SCANS)
         }
     doc = {
         "preset": preset,
@@ -134,7 +145,7 @@ def gdn_forms_command(
         "model_order_ms": timed,
         "chain_rows": CHAIN_ROWS,
         "chain_model_order_ms": chain_timed,
-        "spine_vs_rows": spine,
+        "scans_vs_rows": scans,
         "command": command_line("gdn-forms"),
         "commit": current_commit(),
     }

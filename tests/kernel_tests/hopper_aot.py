@@ -22,11 +22,20 @@ from triton.compiler import ASTSource
 from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
 from lumotree.verify.attention import decode as attention
-from lumotree.verify.gdn import row_scan, spine_scan, tree_scan, tree_value_major
+from lumotree.verify.gdn import paths_scan, row_scan, spine_scan, tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
 QWEN = dict(H=16, HV=48, K=128)
-TYPES = {"R": "i32", "anc_ptr": "*i32", "nactive_ptr": "*i32", "count_ptr": "*i32", "spine_ptr": "*i64"}
+TYPES = {
+    "R": "i32",
+    "anc_ptr": "*i32",
+    "nactive_ptr": "*i32",
+    "end_ptr": "*i32",
+    "start_ptr": "*i32",
+    "leaf_parent_ptr": "*i32",
+    "count_ptr": "*i32",
+    "spine_ptr": "*i64",
+}
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
 TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr")}
@@ -52,6 +61,7 @@ KERNELS = {
         dict(num_warps=8),
     ),
     "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8, RP=32), dict(num_warps=1)),
+    "paths scan": (paths_scan.gdn_paths_kernel, dict(QWEN, V=128, BV=8, RP=32, PATHS=3), dict(num_warps=1)),
     "spine scan": (spine_scan.gdn_spine_kernel, dict(QWEN, V=128, BV=8, DEPTHS=12, DP=16), dict(num_warps=1)),
     "spine scan branches": (
         spine_scan.gdn_branch_kernel,

@@ -12,7 +12,6 @@ import torch
 
 from lumobench.checks import gdn_checks
 from lumobench.checks.random_trees import SHAPES, random_tree
-from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
@@ -131,19 +130,3 @@ def test_a_cut_buffer_of_the_wrong_shape_is_refused() -> None:
     short = cut_buffer(2, DIMS.HV, DIMS.V, DIMS.K, CPU)
     with pytest.raises(ValueError, match="cut must be fp32"):
         gdn_spine_rows_(x.map(torch.Tensor.contiguous), state, tables.gdn, tables.spine_nodes, short, o, ops)
-
-
-@pytest.mark.parametrize(
-    ("device", "rows", "state_bytes", "form"),
-    [
-        ("cuda", 32, 48 * 128 * 128 * 4, "spine"),  # the paper tree at Qwen3.5-27B's states
-        ("cuda", 6, 48 * 128 * 128 * 4, "spine"),  # MTP-5's chain: the spine is the whole chain
-        ("cuda", 1, 48 * 128 * 128 * 4, "rows"),  # the AR step
-        ("cuda", 32, 4 * 64 * 64 * 4, "rows"),  # the shipped model: the second launch costs more
-        ("cpu", 32, 48 * 128 * 128 * 4, "rows"),  # the interpreter
-    ],
-)
-def test_the_engine_picks_the_spine_scan_for_chains_and_trees_over_large_states(
-    device: str, rows: int, state_bytes: int, form: str
-) -> None:
-    assert device_ops.GdnConfig.for_device(torch.device(device), rows, state_bytes).form == form

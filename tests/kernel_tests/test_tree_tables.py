@@ -1,7 +1,7 @@
 """The device tree tables built on the device (`DeviceTree.derive_`) equal the host descriptor's
-(`build_tree`, `tree_visibility_bits`) on every tree shape, poisoned first so an unwritten entry
-fails; chained mode takes its tokens from the last cycle's results; the forced-acceptance kernel
-equals its host reference."""
+(`build_tree`, `tree_visibility_bits`, the GDN scan's `first_child_paths`) on every tree shape,
+poisoned first so an unwritten entry fails; chained mode takes its tokens from the last cycle's
+results; the forced-acceptance kernel equals its host reference."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ from lumotree.sampling.forced import ForcedAcceptance, forced_path
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, build_tree, chain_tree
 from lumotree.verify.attention.decode import tree_visibility_bits
 from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.plan import first_child_paths
 
 from .helpers import INT_POISON, assert_written
 
+GDN_PATHS = ("path_end", "path_start", "leaf_parent")  # the first-child decomposition
 TABLES = ("tokens", "position", "depth", "slot_map", "bits", "conv_gather", "child_nodes", "child_tokens")
 
 
 def _poison(tables: DeviceTree) -> None:
     for name in (*TABLES, "ancestry", "n_active", "spine_nodes"):
         getattr(tables, name).fill_(INT_POISON)
-    tables.gdn.ancestry.fill_(INT_POISON)
-    tables.gdn.n_active.fill_(INT_POISON)
+    for name in ("ancestry", "n_active", *GDN_PATHS):
+        getattr(tables.gdn, name).fill_(INT_POISON)
 
 
 def _assert_tables(tables: DeviceTree, tree: TreeDescriptor) -> None:
@@ -49,6 +51,9 @@ def _assert_tables(tables: DeviceTree, tree: TreeDescriptor) -> None:
     )
     spine = tree.spine.tolist()
     assert tables.spine_nodes.tolist() == spine + [-1] * (MAX_DEPTH + 1 - len(spine))
+    decomposition = first_child_paths(tree.parent.tolist(), tree.n_active)
+    for name in GDN_PATHS:
+        assert getattr(tables.gdn, name).tolist() == decomposition[name], name
 
 
 @pytest.mark.parametrize("shape", SHAPES)

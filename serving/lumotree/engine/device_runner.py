@@ -56,11 +56,23 @@ from lumotree.sampling.forced import ForcedAcceptance
 from lumotree.sampling.logits import SamplingParams
 from lumotree.tree import TreeTopology, chain_topology
 from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.plan import DEFAULT_PATHS
 from lumotree.verify.kernel_sets import triton_kernels
 
 log = logging.getLogger(__name__)
 PHASE_MARKS = ("target", "dispatch", "drafter")  # the spans between consecutive marks
 MAX_GRAPH_KEYS = 16  # sampler settings with captured graphs kept (least recently used dropped)
+
+
+def gdn_paths(chained: bool, tree: tuple[GeometryConfig, SuffixDrafter] | None) -> int:
+    """Path programs of the GDN paths scan a layer launches per value tile: one for a chain, the
+    spine and one per rescue branch for a tree the device drafts, else the default (a tree with
+    more paths is verified all the same, a program taking several)."""
+    if chained:
+        return 1
+    if tree is not None:
+        return 1 + len(tree[0].rescue_lens)
+    return DEFAULT_PATHS
 
 
 @dataclass
@@ -128,7 +140,7 @@ class DeviceRunner(Runner):
             history = capacity + max_depth + 2  # the prompt and the output, with a cycle in flight
             self.tree_drafter = DeviceTreeDrafter(geometry, suffix, mtp[0], mtp[1], history, device)
         self.forms_trees = chained or self.tree_drafter is not None  # the next tree is made on the device
-        self.tables = DeviceTree(rows, max_depth, device)
+        self.tables = DeviceTree(rows, max_depth, device, paths=gdn_paths(chained, tree))
         vocab = model.config.vocab_size
         self.walk = DeviceWalk(rows, vocab, 1, max_depth, rows, device, tables=self.tables)
         self.forcing = None if forced is None else DeviceForcing(forced, device)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lumotree.tree import CONV_WIDTH, PAD_TOKEN, TreeDescriptor, TreeTopology
 from lumotree.verify.attention.decode import check_depth
-from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.plan import DEFAULT_PATHS, empty_ancestry_tables
 
 
 @triton.jit
@@ -50,6 +50,9 @@ def derive_tables_kernel(
     ancestry32_ptr,
     n_active_ptr,
     n_active32_ptr,
+    path_end_ptr,
+    path_start_ptr,
+    leaf_parent_ptr,
     spine_nodes_ptr,
     prefix_ptr,
     R: tl.constexpr,
@@ -122,12 +125,27 @@ def derive_tables_kernel(
         window = tl.where(rel < 0, W - 1 + rel, W - 1 + ancestor)
         tl.store(conv_ptr + i * W + t, tl.where(active, window, t), mask=in_tree)
 
+    # the first-child decomposition (`first_child_paths`): ends are leaves that are the root or a
+    # first child, in ascending order; a path's start is its end's deepest ancestor-or-self that is
+    # the root or a later child; a later child that is a leaf hangs off its parent's path
+    elder = (b2 < a2) & (par[None, :] == par[:, None]) & active[None, :]
+    rank = tl.sum(elder.to(tl.int64), axis=1)
+    later = active & (i > 0) & (rank > 0)
+    leaf = active & (tl.sum(((par[None, :] == a2) & active[None, :]).to(tl.int32), axis=1) == 0)
+    end = leaf & ~later
+    start = tl.max(tl.where(anc & ((b2 == 0) | later[None, :]), b2, 0), axis=1)
+    ends = tl.sum(end.to(tl.int32), axis=0)
+    at = tl.cumsum(end.to(tl.int32), axis=0) - end.to(tl.int32)
+    tl.store(path_end_ptr + at, i.to(tl.int32), mask=end)
+    tl.store(path_start_ptr + at, start.to(tl.int32), mask=end)
+    tl.store(path_end_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=in_tree & (i >= ends))
+    tl.store(path_start_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=in_tree & (i >= ends))
+    tl.store(leaf_parent_ptr + i, tl.where(leaf & later, par, -1).to(tl.int32), mask=in_tree)
+
     # child tables: every entry -1, then each node at its rank among its parent's children
     tl.store(child_nodes_ptr + a2 * R + b2, tl.full([RP, RP], -1, dtype=tl.int64), mask=square)
     tl.store(child_tokens_ptr + a2 * R + b2, tl.full([RP, RP], -1, dtype=tl.int64), mask=square)
     tl.debug_barrier()
-    elder = (b2 < a2) & (par[None, :] == par[:, None]) & active[None, :]
-    rank = tl.sum(elder.to(tl.int64), axis=1)
     child = active & (i > 0)
     tl.store(child_nodes_ptr + par * R + rank, i.to(tl.int64), mask=child)
     tl.store(child_tokens_ptr + par * R + rank, tok, mask=child)
@@ -140,12 +158,18 @@ class DeviceTree:
     set, physical order: `tree_visibility_bits`); conv_gather [R, W]; child_nodes, child_tokens
     [R, R] (-1 padded); ancestry [R, R] (1 where column a is the row or one of its ancestors);
     n_active [1]; spine_nodes [max_depth + 1] (the spine's logical nodes by depth, -1 past its
-    end); prefix_len [1], the committed length. `gdn` holds the int32 ancestry tables of the GDN
-    kernel. `feed` [2R + 1] is what `derive_` reads: tokens, parents, node count.
+    end); prefix_len [1], the committed length. `gdn` holds the int32 tables of the GDN kernels
+    (`AncestryTables`: the ancestry, the active count and the first-child decomposition, launched as
+    `paths` path programs a value tile). `feed` [2R + 1] is what `derive_` reads: tokens, parents, node count.
     """
 
     def __init__(
-        self, rows: int, max_depth: int, device: torch.device | str, conv_width: int = CONV_WIDTH
+        self,
+        rows: int,
+        max_depth: int,
+        device: torch.device | str,
+        conv_width: int = CONV_WIDTH,
+        paths: int = DEFAULT_PATHS,
     ) -> None:
         if rows > 63:
             raise ValueError(f"the visibility bitset holds 63 tree slots, got {rows} rows")
@@ -166,11 +190,7 @@ class DeviceTree:
         self.spine_nodes = torch.full((max_depth + 1,), -1, **i64)
         self.prefix_len = torch.zeros(1, **i64)
         self.feed = torch.zeros(2 * r + 1, **i64)
-        self.gdn = AncestryTables(
-            ancestry=torch.zeros((r, r), dtype=torch.int32, device=self.device),
-            n_active=torch.zeros(1, dtype=torch.int32, device=self.device),
-            max_depth=max_depth,
-        )
+        self.gdn = empty_ancestry_tables(r, max_depth, self.device, paths)
 
     def check(self, topology: TreeTopology) -> None:
         """ValueError when `topology` does not fit these tables."""
@@ -213,6 +233,9 @@ class DeviceTree:
             self.gdn.ancestry,
             self.n_active,
             self.gdn.n_active,
+            self.gdn.path_end,
+            self.gdn.path_start,
+            self.gdn.leaf_parent,
             self.spine_nodes,
             self.prefix_len,
             R=self.rows,

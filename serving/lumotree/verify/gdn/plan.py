@@ -14,8 +14,9 @@ schedules share one kernel:
 Tables have a fixed capacity (`paths`, `steps`) so a CUDA graph captured for one tree replays for
 any other tree that fits: `fill_` rewrites them in place. Unused paths have zero steps.
 
-`AncestryTables` drive the tree-parallel forms (`tree_scan.py`, `tree_value_major.py`): the
-ancestry matrix and the active row count, refillable the same way.
+`AncestryTables` drive the tree-parallel forms (`tree_scan.py`, `tree_value_major.py`) and the
+scans with the one-row step's bits (`row_scan.py`, `paths_scan.py`): the ancestry matrix, the active
+row count and the tree's first-child decomposition, refillable the same way.
 """
 
 from __future__ import annotations
@@ -170,11 +171,24 @@ def scan_tables(
 @dataclass(frozen=True, eq=False)
 class AncestryTables:
     """ancestry [R, R] int32 (1 where column a is row n or one of its ancestors); n_active [1] int32;
-    max_depth: the deepest tree these tables may hold (fixes the number of solve rounds)."""
+    max_depth: the deepest tree these tables may hold (fixes the number of solve rounds).
+
+    The first-child decomposition that drives the paths scan (`paths_scan.py`), int32 [R]: every
+    non-leaf node continues into its first (lowest-index) child, so the tree falls into paths, each
+    ending at a leaf that is the root or a first child. path_end: those ends, ascending, -1 after;
+    path_start: per path, its first own node (the deepest ancestor-or-self of its end that is the
+    root or not a first child; the nodes above it belong to other paths); leaf_parent: for a leaf
+    that is not a first child (evaluated from its parent's state by the parent's path), the parent,
+    else -1. paths: how many path programs a launch runs per value tile (a tree with more path ends
+    is still verified, a program taking several in turn)."""
 
     ancestry: Tensor
     n_active: Tensor
+    path_end: Tensor
+    path_start: Tensor
+    leaf_parent: Tensor
     max_depth: int
+    paths: int
 
     def fill_(self, tree: TreeDescriptor) -> AncestryTables:
         """Rewrite in place for `tree` (same rows, depth <= max_depth), e.g. before a graph replay."""
@@ -185,17 +199,74 @@ class AncestryTables:
             )
         self.ancestry.copy_(tree.ancestry.to(torch.int32))
         self.n_active.fill_(tree.n_active)
+        for name, values in first_child_paths(tree.parent.tolist(), tree.n_active).items():
+            getattr(self, name).copy_(torch.tensor(values, dtype=torch.int32))
         return self
 
 
+def first_child_paths(parents: list[int], n_active: int) -> dict[str, list[int]]:
+    """The decomposition of `AncestryTables` (path_end, path_start, leaf_parent, each of
+    len(parents) entries) of the tree whose first n_active entries of `parents` are active (the
+    root's parent -1, a parent before its children); the host reference of `DeviceTree.derive_`."""
+    rows = len(parents)
+    children: list[list[int]] = [[] for _ in range(n_active)]
+    for c in range(1, n_active):
+        children[parents[c]].append(c)
+    first = [c == 0 or min(children[parents[c]]) == c for c in range(n_active)]
+    leaf = [not kids for kids in children]
+    ends = [c for c in range(n_active) if leaf[c] and first[c]]
+    starts = []
+    for end in ends:
+        node = end
+        while node != 0 and first[node]:
+            node = parents[node]
+        starts.append(node)
+    pad = [-1] * (rows - len(ends))
+    leaf_parent = [parents[c] if leaf[c] and not first[c] else -1 for c in range(n_active)]
+    return {
+        "path_end": ends + pad,
+        "path_start": starts + pad,
+        "leaf_parent": leaf_parent + [-1] * (rows - n_active),
+    }
+
+
+def count_paths(tree: TreeDescriptor) -> int:
+    """How many paths `tree`'s first-child decomposition has (the path programs it needs)."""
+    return sum(end >= 0 for end in first_child_paths(tree.parent.tolist(), tree.n_active)["path_end"])
+
+
+#: path programs per value tile by default: the paper geometry's path ends (the spine and one per
+#: rescue branch, `drafting/geometry.py`) plus one
+DEFAULT_PATHS = 4
+
+
+def empty_ancestry_tables(
+    rows: int, max_depth: int, device: torch.device | str, paths: int = DEFAULT_PATHS
+) -> AncestryTables:
+    """Zeroed tables for trees of `rows` rows and depth <= max_depth, to fill."""
+    if paths < 1:
+        raise ValueError(f"a launch needs at least one path program, got paths={paths}")
+
+    def table(*shape: int) -> Tensor:
+        return torch.zeros(shape, dtype=torch.int32, device=device)
+
+    return AncestryTables(
+        ancestry=table(rows, rows),
+        n_active=table(1),
+        path_end=table(rows),
+        path_start=table(rows),
+        leaf_parent=table(rows),
+        max_depth=max_depth,
+        paths=paths,
+    )
+
+
 def ancestry_tables(
-    tree: TreeDescriptor, device: torch.device | str, max_depth: int | None = None
+    tree: TreeDescriptor,
+    device: torch.device | str,
+    max_depth: int | None = None,
+    paths: int = DEFAULT_PATHS,
 ) -> AncestryTables:
     """Tables for `tree` on `device`; max_depth defaults to the descriptor's depth cap."""
     depth = tree.max_depth if max_depth is None else max_depth
-    tables = AncestryTables(
-        ancestry=torch.empty((tree.rows, tree.rows), dtype=torch.int32, device=device),
-        n_active=torch.empty(1, dtype=torch.int32, device=device),
-        max_depth=depth,
-    )
-    return tables.fill_(tree)
+    return empty_ancestry_tables(tree.rows, depth, device, paths).fill_(tree)

@@ -66,14 +66,27 @@ def _issue_loads(
 
 
 @triton.jit
-def _prepare(q, k, v, a, b, neg_a, dt_bias, K: tl.constexpr):
-    """Normalised q (scaled), normalised k, v, g and beta in fp32, from raw operands."""
-    q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+def _prepare_q(q, K: tl.constexpr):
+    """Normalised, scaled q in fp32 from its raw row (only a row whose output is read needs it)."""
+    q = q.to(tl.float32)
+    return q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5)
+
+
+@triton.jit
+def _prepare_update(k, v, a, b, neg_a, dt_bias):
+    """Normalised k, v, g and beta in fp32 from raw operands: what a step's state update needs."""
+    k, v = k.to(tl.float32), v.to(tl.float32)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5)
     g = neg_a * softplus(a.to(tl.float32) + dt_bias)
     beta = tl.sigmoid(b.to(tl.float32))
-    return q, k, v, g, beta
+    return k, v, g, beta
+
+
+@triton.jit
+def _prepare(q, k, v, a, b, neg_a, dt_bias, K: tl.constexpr):
+    """Normalised q (scaled), normalised k, v, g and beta in fp32, from raw operands."""
+    k, v, g, beta = _prepare_update(k, v, a, b, neg_a, dt_bias)
+    return _prepare_q(q, K), k, v, g, beta
 
 
 @triton.jit
@@ -141,13 +154,24 @@ def _touch(
 
 
 @triton.jit
-def _step(S, q, k, v, g, beta):
-    """One recurrence step of a [BV, K] tile: decay, predict with the decayed state, rank-1 write;
-    returns the new tile and its read S q."""
+def _advance(S, k, v, g, beta):
+    """One recurrence update of a [BV, K] tile: decay, predict with the decayed state, rank-1 write."""
     S = S * tl.exp(g)
     u = (v - tl.sum(S * k[None, :], axis=1)) * beta
-    S = S + u[:, None] * k[None, :]
-    return S, tl.sum(S * q[None, :], axis=1)
+    return S + u[:, None] * k[None, :]
+
+
+@triton.jit
+def _read(S, q):
+    """A tile's read S q [BV]."""
+    return tl.sum(S * q[None, :], axis=1)
+
+
+@triton.jit
+def _step(S, q, k, v, g, beta):
+    """One recurrence step of a [BV, K] tile (`_advance`); returns the new tile and its read S q."""
+    S = _advance(S, k, v, g, beta)
+    return S, _read(S, q)
 
 
 @triton.jit

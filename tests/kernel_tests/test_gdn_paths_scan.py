@@ -1,0 +1,207 @@
+"""The GDN paths scan (`verify/gdn/paths_scan.py`) and the first-child decomposition that drives it
+(`plan.first_child_paths`, built on the device by `DeviceTree.derive_`): every output and record bit
+for bit the row scan's on random trees of every shape (so the one-row step's bits, which the row
+scan's tests pin), with one path program a tile (each program walks every path in turn) and with the
+default count, against the PyTorch reference, the padding rows zeroed (interpreter, NaN-poisoned
+outputs and records). On the GPU: `test_gpu_scans.py`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lumobench.checks import gdn_checks
+from lumobench.checks.random_trees import SHAPES, random_tree
+from lumotree.tree import TreeDescriptor
+from lumotree.verify import device_ops
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.paths_scan import gdn_paths_
+from lumotree.verify.gdn.plan import DEFAULT_PATHS, count_paths, empty_ancestry_tables, first_child_paths
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
+from lumotree.verify.gdn.row_scan import gdn_rows_
+
+from .helpers import assert_gdn_matches_reference, poisoned
+
+DIMS = gdn_checks.GdnDims(H=1, HV=2, K=16, V=16)  # one key head, two value heads: grouped, cheap
+#: the default run's trees (the paper tree, a deep wide one, one with more paths than programs);
+#: the other shapes are slow-marked
+QUICK = {"paper", "deep_and_wide", "random_order"}
+CPU = torch.device("cpu")
+RECORDS = ("q", "k", "v", "g", "beta")
+
+
+def _verify(
+    form: str, x: GdnInputs, state: torch.Tensor, tables: DeviceTree, contiguous: bool = True
+) -> tuple[torch.Tensor, GdnOperands]:
+    rows, device = tables.rows, state.device
+    hv, dv = x.v.shape[1], x.v.shape[2]
+    h, dk = x.q.shape[1], x.q.shape[2]
+    o = poisoned((rows, hv, dv), x.v.dtype, device)
+    empty = empty_operands(rows, h, hv, dk, dv, device)
+    ops = GdnOperands(*(poisoned(tuple(t.shape), torch.float32, device) for t in vars(empty).values()))
+    before = state.clone()
+    xs = x.map(torch.Tensor.contiguous) if contiguous else x
+    (gdn_rows_ if form == "rows" else gdn_paths_)(xs, state, tables.gdn, o, ops)
+    assert torch.equal(state, before), "the committed state is read only"
+    return o, ops
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN (unwritten poison) where the other has NaN."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
+def _assert_row_scan_bits(
+    x: GdnInputs, state: torch.Tensor, tables: DeviceTree, tree: TreeDescriptor
+) -> None:
+    o_rows, ops_rows = _verify("rows", x, state, tables)
+    o_paths, ops_paths = _verify("paths", x, state, tables)
+    active = tree.n_active
+    assert not o_paths.isnan().any(), "an output was not written"
+    assert not o_paths[active:].any(), "a padding row's output is not zero"
+    assert _same_bits(o_rows, o_paths)
+    for field in RECORDS:
+        got = getattr(ops_paths, field)[:active]
+        assert not got.isnan().any(), f"an active row's {field} record was not written"
+        assert _same_bits(getattr(ops_rows, field)[:active], got), field
+
+
+@pytest.mark.parametrize("paths", [1, DEFAULT_PATHS])
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        pytest.param(s, torch.bfloat16, marks=() if s in QUICK else pytest.mark.slow, id=f"{s}-bf16")
+        for s in SHAPES
+    ]
+    + [pytest.param("paper", torch.float32, id="paper-fp32")],
+)
+def test_the_paths_scan_gives_every_row_the_row_scans_bits(
+    shape: str, dtype: torch.dtype, paths: int
+) -> None:
+    tree = random_tree(shape, random.Random(900 + SHAPES.index(shape)))
+    case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(9))
+    x, state = case.inputs(dtype)
+    tables = DeviceTree(tree.rows, tree.max_depth, CPU, paths=paths).load_(tree)
+    _assert_row_scan_bits(x, state, tables, tree)
+
+
+def test_random_order_trees_have_more_paths_than_the_default_programs() -> None:
+    """The loop over paths in a program is exercised by the quick runs above."""
+    tree = random_tree("random_order", random.Random(900 + SHAPES.index("random_order")))
+    assert count_paths(tree) > DEFAULT_PATHS
+
+
+def _column_slices(x: GdnInputs) -> GdnInputs:
+    """x's q, k, v as column slices of one [R, 2HK + HV*V + 3] tensor and a, b of one [R, 2HV + 5]
+    (as the engine's conv and projection outputs hold them), NaN in the columns around them."""
+    rows = x.q.shape[0]
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(rows, -1)
+
+    def nan(n: int) -> torch.Tensor:
+        return torch.full((rows, n), float("nan"), dtype=x.q.dtype)
+
+    qkv = torch.cat([flat(x.q), flat(x.k), flat(x.v), nan(3)], dim=1)
+    ba = torch.cat([nan(2), flat(x.b), flat(x.a), nan(3)], dim=1)
+    hk, hvv, hv = flat(x.q).shape[1], flat(x.v).shape[1], x.a.shape[1]
+    return GdnInputs(
+        qkv[:, :hk].view(x.q.shape),
+        qkv[:, hk : 2 * hk].view(x.k.shape),
+        qkv[:, 2 * hk : 2 * hk + hvv].view(x.v.shape),
+        ba[:, 2 + hv : 2 + 2 * hv],
+        ba[:, 2 : 2 + hv],
+        x.A_log,
+        x.dt_bias,
+    )
+
+
+def test_column_slices_of_one_output_are_read_in_place_with_the_same_bits() -> None:
+    tree = random_tree("paper", random.Random(11))
+    case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(11))
+    x, state = case.inputs(torch.bfloat16)
+    tables = DeviceTree(tree.rows, tree.max_depth, CPU).load_(tree)
+    sliced = _column_slices(x)
+    assert not sliced.q.is_contiguous() and not sliced.a.is_contiguous()
+    o, ops = _verify("paths", x, state, tables)
+    o_sliced, ops_sliced = _verify("paths", sliced, state, tables, contiguous=False)
+    assert not o_sliced.isnan().any(), "a read strayed into the NaN columns"
+    assert _same_bits(o, o_sliced)
+    for field in RECORDS:
+        assert _same_bits(getattr(ops, field)[: tree.n_active], getattr(ops_sliced, field)[: tree.n_active])
+
+
+def test_the_paths_scan_matches_the_reference() -> None:
+    tree = random_tree("paper", random.Random(5))
+    case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(5))
+    x, state = case.inputs(torch.float32)
+    o, ops = _verify("paths", x, state, DeviceTree(tree.rows, tree.max_depth, CPU).load_(tree))
+    assert_gdn_matches_reference(o, ops, case)
+
+
+def _owners(parents: list[int], n_active: int) -> list[int]:
+    """Which path evaluates each active node, as the kernel decides it: a path owns the nodes of its
+    end's ancestry from its start down, and the later leaf children of those."""
+    tables = first_child_paths(parents, n_active)
+    owner = [-1] * n_active
+    for p, (end, start) in enumerate(zip(tables["path_end"], tables["path_start"], strict=True)):
+        if end < 0:
+            continue
+        node, path = end, []
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        for node in (n for n in path if n >= start):
+            assert owner[node] == -1, f"node {node} is evaluated by paths {owner[node]} and {p}"
+            owner[node] = p
+            for leaf, parent in enumerate(tables["leaf_parent"]):
+                if parent == node:
+                    assert owner[leaf] == -1, f"leaf {leaf} is evaluated twice"
+                    owner[leaf] = p
+    return owner
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_decomposition_evaluates_every_active_node_once(shape: str) -> None:
+    rng = random.Random(40 + SHAPES.index(shape))
+    for _ in range(5):
+        tree = random_tree(shape, rng)
+        parents = tree.parent.tolist()
+        owner = _owners(parents, tree.n_active)
+        assert -1 not in owner, f"nodes {[n for n, p in enumerate(owner) if p < 0]} are never evaluated"
+        tables = first_child_paths(parents, tree.n_active)
+        ends = [e for e in tables["path_end"] if e >= 0]
+        assert ends == sorted(ends) and tables["path_end"][len(ends) :] == [-1] * (tree.rows - len(ends))
+        # a path's start is the first node it evaluates (its later leaf children come after it)
+        firsts = [min(n for n, p in enumerate(owner) if p == i) for i in range(len(ends))]
+        assert tables["path_start"][: len(ends)] == firsts
+
+
+def test_the_paper_tree_has_the_spine_and_one_path_per_rescue_branch() -> None:
+    tree = random_tree("paper", random.Random(3))
+    tables = first_child_paths(tree.parent.tolist(), tree.n_active)
+    assert count_paths(tree) == 3
+    assert tables["path_end"][tables["path_start"].index(0)] == tree.spine.tolist()[-1]
+    siblings = [n for n, p in enumerate(tables["leaf_parent"]) if p >= 0]
+    assert siblings and all(tables["leaf_parent"][n] in tree.spine.tolist() for n in siblings)
+
+
+def test_a_launch_needs_a_path_program() -> None:
+    with pytest.raises(ValueError, match="at least one path program"):
+        empty_ancestry_tables(4, 3, CPU, paths=0)
+
+
+@pytest.mark.parametrize(
+    ("device", "rows", "form"),
+    [
+        ("cuda", 32, "paths"),  # the paper tree
+        ("cuda", 6, "paths"),  # MTP-5's chain
+        ("cuda", 1, "rows"),  # the AR step
+        ("cpu", 32, "rows"),  # the interpreter
+    ],
+)
+def test_the_engine_picks_the_paths_scan_for_chains_and_trees(device: str, rows: int, form: str) -> None:
+    assert device_ops.GdnConfig.for_device(torch.device(device), rows).form == form
