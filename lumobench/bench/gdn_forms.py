@@ -1,7 +1,7 @@
 """The GDN verification forms side by side at a random-weight preset's shapes (CUDA only): every GDN
-layer in model order in one graph per form (the row scan, the spine scan, the paths scan, the tree
-WY form) for the paper tree and for MTP-5's chain (6 rows: the forms with AR's bits), and whether the
-spine and paths scans give the row scan's bits (outputs and records) on random trees of every shape.
+layer in model order in one graph per form (the row scan, the paths scan, the tree WY form) for the
+paper tree and for MTP-5's chain (6 rows: the forms with AR's bits), and whether the paths scan gives
+the row scan's bits (outputs and records) on random trees of every shape.
 
     lumobench bench gdn-forms --out results/h200/gdn-forms      (or python -m lumobench.bench.gdn_forms)
 """
@@ -30,12 +30,12 @@ from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 CHAIN_ROWS = 6  # MTP-5: the root and five drafts
-SCANS = ("spine", "paths")  # the forms with the row scan's bits
+SCANS = ("paths",)  # the forms besides the row scan with its bits
 
 
 def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
     """Per random tree shape: one GDN layer of `cfg`'s shapes (random operands and gates) verified by
-    the row scan, the spine scan and the paths scan from the same inputs; a scan is equal to the row
+    the row scan and the paths scan from the same inputs; a scan is equal to the row
     scan when every output and record of an active row is bitwise equal."""
     gen = torch.Generator(device=device).manual_seed(seed)
     h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -82,7 +82,6 @@ def markdown(doc: dict) -> str:
     ]
     bits = {
         "rows": "the one-row step's",
-        "spine": "the row scan's",
         "paths": "the row scan's",
         "wy": "its own (not row-invariant)",
     }
@@ -91,8 +90,8 @@ def markdown(doc: dict) -> str:
     lines += ["| form | ms |", "| --- | ---: |"]
     lines += [f"| {form} | {ms:.3f} |" for form, ms in doc["chain_model_order_ms"].items()]
     lines += ["", "The scans against the row scan, one layer, random trees (outputs, records bitwise):", ""]
-    lines += ["| tree shape | active rows | depth | paths | spine equal | paths equal |"]
-    lines += ["| --- | ---: | ---: | ---: | --- | --- |"]
+    lines += ["| tree shape | active rows | depth | paths | bitwise equal |"]
+    lines += ["| --- | ---: | ---: | ---: | --- |"]
     for c in doc["scans_vs_rows"]:
         equal = " | ".join(str(c[f"{form}_equal"]) for form in SCANS)
         lines.append(f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['paths']} | {equal} |")

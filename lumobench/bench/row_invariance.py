@@ -201,7 +201,6 @@ def gdn_cases(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator) 
     forms = {
         "row scan (engine)": device_ops.GdnConfig(form="rows"),
         "paths scan (engine)": device_ops.GdnConfig(form="paths"),
-        "spine scan": device_ops.GdnConfig(form="spine"),
         "tree WY": device_ops.GdnConfig(form="wy"),
         "path scan": None,
     }

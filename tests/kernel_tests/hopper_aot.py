@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
 from lumotree.verify.attention import decode as attention
-from lumotree.verify.gdn import paths_scan, row_scan, spine_scan, tree_scan, tree_value_major
+from lumotree.verify.gdn import paths_scan, row_scan, tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
 QWEN = dict(H=16, HV=48, K=128)
@@ -34,7 +34,6 @@ TYPES = {
     "start_ptr": "*i32",
     "leaf_parent_ptr": "*i32",
     "count_ptr": "*i32",
-    "spine_ptr": "*i64",
 }
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
@@ -62,12 +61,6 @@ KERNELS = {
     ),
     "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8, RP=32), dict(num_warps=1)),
     "paths scan": (paths_scan.gdn_paths_kernel, dict(QWEN, V=128, BV=8, RP=32, PATHS=3), dict(num_warps=1)),
-    "spine scan": (spine_scan.gdn_spine_kernel, dict(QWEN, V=128, BV=8, DEPTHS=12, DP=16), dict(num_warps=1)),
-    "spine scan branches": (
-        spine_scan.gdn_branch_kernel,
-        dict(QWEN, V=128, BV=8, RP=32, DEPTHS=12, DP=16),
-        dict(num_warps=1),
-    ),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
 for block_n, block_k, tiles, splits in (

@@ -195,13 +195,16 @@ def test_a_launch_needs_a_path_program() -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "rows", "form"),
+    ("device", "rows", "state_bytes", "form"),
     [
-        ("cuda", 32, "paths"),  # the paper tree
-        ("cuda", 6, "paths"),  # MTP-5's chain
-        ("cuda", 1, "rows"),  # the AR step
-        ("cpu", 32, "rows"),  # the interpreter
+        ("cuda", 32, 48 * 128 * 128 * 4, "paths"),  # the paper tree at Qwen3.5-27B's states
+        ("cuda", 6, 48 * 128 * 128 * 4, "paths"),  # MTP-5's chain
+        ("cuda", 1, 48 * 128 * 128 * 4, "rows"),  # the AR step
+        ("cuda", 32, 4 * 64 * 64 * 4, "rows"),  # the shipped model: the row scan's parallelism wins
+        ("cpu", 32, 48 * 128 * 128 * 4, "rows"),  # the interpreter
     ],
 )
-def test_the_engine_picks_the_paths_scan_for_chains_and_trees(device: str, rows: int, form: str) -> None:
-    assert device_ops.GdnConfig.for_device(torch.device(device), rows).form == form
+def test_the_engine_picks_the_paths_scan_for_chains_and_trees_over_large_states(
+    device: str, rows: int, state_bytes: int, form: str
+) -> None:
+    assert device_ops.GdnConfig.for_device(torch.device(device), rows, state_bytes).form == form

@@ -35,8 +35,8 @@ def compiled() -> dict:
 @pytest.mark.parametrize(
     "kernel",
     [
-        "value-major prepare", "value-major apply", "tree-parallel", "row scan", "paths scan", "spine scan",
-        "spine scan branches", "tree drafter append",
+        "value-major prepare", "value-major apply", "tree-parallel", "row scan", "paths scan",
+        "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
         "tree attention tail",
     ],

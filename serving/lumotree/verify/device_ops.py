@@ -14,9 +14,8 @@ Outputs are allocated per call (inside a captured graph they come from the graph
 - GDN verification in model order, per layer: `row_scan.gdn_rows_` (every row carried down its
   ancestry with the replay's arithmetic, the AR step's bits, one launch: the engine's choice for
   one row), `paths_scan.gdn_paths_` (the same bits, one launch, one program per path of the
-  tree's first-child decomposition: the engine's choice for chains and trees, `GdnConfig.for_device`),
-  `spine_scan.gdn_spine_rows_` (the same bits, each spine node's state computed once and saved,
-  two launches), or
+  tree's first-child decomposition: the engine's choice for chains and trees over large states,
+  `GdnConfig.for_device`), or
   `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
 - tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
@@ -49,19 +48,23 @@ from lumotree.verify.gdn.paths_scan import gdn_paths_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
 from lumotree.verify.gdn.row_scan import gdn_rows_
-from lumotree.verify.gdn.spine_scan import cut_buffer, gdn_spine_rows_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
-GDN_FORMS = ("rows", "spine", "paths", "wy")
+GDN_FORMS = ("rows", "paths", "wy")
+# The paths scan beats the row scan where the state work outweighs the row scan's parallelism:
+# measured on the H200 (results/h200/gdn-forms*.md, every GDN layer in model order in one graph) for
+# the paper tree, 48 layers of Qwen3.5-27B (3 MiB states) 1.655 ms against 3.386, and MTP-5's chain
+# 0.497 against 0.801 (the spine scan it replaced: 1.988 and 0.651); 6 layers of the shipped model
+# (64 KiB states) 0.092 against 0.061 and 0.051 against 0.044. One-row steps keep the row scan.
+PATHS_MIN_STATE_BYTES = 2**20
 PATHS_MIN_ROWS = 2
 
 
 @dataclass(frozen=True)
 class GdnConfig:
-    """The per-layer GDN verification: form "rows" (the row scan, AR's bits), "spine" (the spine
-    scan: the row scan's bits, each spine node's state computed once and saved; two launches),
-    "paths" (the paths scan: the row scan's bits, one launch, one program per path of the tree's
-    first-child decomposition, no state saved) or "wy" (the tree WY kernel, whose launch settings
+    """The per-layer GDN verification: form "rows" (the row scan, AR's bits), "paths" (the paths
+    scan: the row scan's bits, one launch, one program per path of the tree's first-child
+    decomposition, no state saved) or "wy" (the tree WY kernel, whose launch settings
     follow: see tree_scan.py and NOTES, on the H200 the fastest per-layer form measured was tf32x3,
     64-wide value tiles, 8 warps)."""
 
@@ -72,12 +75,14 @@ class GdnConfig:
     solve: str = "substitution"
 
     @classmethod
-    def for_device(cls, device: torch.device, rows: int = 1) -> GdnConfig:
-        """The engine's choice for `rows` verified rows: on CUDA the paths scan for PATHS_MIN_ROWS
-        rows or more (MTP-5's chain and the trees), else the row scan (the same bits either way),
-        the WY settings tf32x3; on a CPU (the interpreter) the row scan and exact fp32."""
+    def for_device(cls, device: torch.device, rows: int = 1, state_bytes: int = 0) -> GdnConfig:
+        """The engine's choice for `rows` verified rows over a layer state of `state_bytes`: on CUDA
+        the paths scan for PATHS_MIN_ROWS rows or more (MTP-5's chain and the trees) over large
+        states, else the row scan (the same bits either way), the WY settings tf32x3; on a CPU (the
+        interpreter) the row scan and exact fp32."""
         if device.type == "cuda":
-            return cls(form="paths" if rows >= PATHS_MIN_ROWS else "rows")
+            wide = rows >= PATHS_MIN_ROWS and state_bytes >= PATHS_MIN_STATE_BYTES
+            return cls(form="paths" if wide else "rows")
         return cls(block_v=32, num_warps=4, precision="ieee")
 
     def __post_init__(self) -> None:
@@ -103,12 +108,11 @@ def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None
 def gdn_verify(
     x: GdnInputs, state: Tensor, tree: DeviceTree, config: GdnConfig | None = None
 ) -> GdnVerifyResult:
-    """One layer's verification (the row scan, the spine scan, the paths scan or the tree WY kernel:
-    `config.form`):
+    """One layer's verification (the row scan, the paths scan or the tree WY kernel: `config.form`):
     records every row's operands (fp32), no cut states (publication replays from the records)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
-    cfg = config or GdnConfig.for_device(x.q.device, rows)
+    cfg = config or GdnConfig.for_device(x.q.device, rows, state.numel() * state.element_size())
     ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
     o = torch.empty_like(x.v)
     if cfg.form == "rows":  # the scans read column slices of the conv and projection outputs in place
@@ -116,10 +120,6 @@ def gdn_verify(
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     if cfg.form == "paths":
         gdn_paths_(x, state.contiguous(), tree.gdn, o, ops)
-        return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
-    if cfg.form == "spine":
-        cut = cut_buffer(tree.max_depth, hv, dv, dk, x.q.device)
-        gdn_spine_rows_(x, state.contiguous(), tree.gdn, tree.spine_nodes, cut, o, ops)
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     gdn_tree_(
         x.map(Tensor.contiguous),

@@ -6,9 +6,10 @@ Which form is used for what:
 - `scan.py` (Triton): the path scan of DESIGN §3.3 (spine launch exporting cut states, then branch
   paths) and, with the "store_all" schedule, the native-paths baseline that stores every node's
   state. Tables: `plan.ScanTables`.
-- `row_scan.py` (Triton): the engine's form: every row carried down its ancestry with the replay's
-  arithmetic, so a row has the one-row (AR) step's bits; `spine_scan.py` (Triton): the same bits
-  with each spine node's state computed once (a spine launch, then a branch launch).
+- `row_scan.py` (Triton): the engine's form for one row: every row carried down its ancestry with
+  the replay's arithmetic, so a row has the one-row (AR) step's bits; `paths_scan.py` (Triton): the
+  engine's form for chains and trees over large states, the same bits with one program per path of
+  the tree's first-child decomposition (shared ancestors recomputed once per path, not per row).
 - `tree_scan.py` (Triton): the tree WY form, every row solved at once through the ancestry-masked
   triangular system; the fastest form per layer, but with its own rounding (not row-invariant).
 - `tree_value_major.py` (Triton): the same algebra split into a prepare and a value-major apply

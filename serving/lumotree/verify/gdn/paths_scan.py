@@ -14,8 +14,8 @@ reading it or preparing q. At each of its own nodes it reads the output and writ
 records, then evaluates the node's later children that are leaves (the paper tree's runner-up
 siblings) from the tile it holds, one step each, without keeping their states. Every row's output
 is thus the last read of the same steps in the same order as the row scan's (so the one-row
-step's bits): no state is written to memory, and the states the spine scan saved and reloaded are
-neither saved nor reloaded.
+step's bits) with no state written to memory (the spine scan this replaced saved every spine
+node's state for a second launch to reload: results/h200/gdn-forms.md).
 
 Loads of the next node and of a node's first leaf child are issued before its update. Padding rows
 (past the active count) get zero outputs and no records. A launch runs `tables.paths` programs per
