@@ -268,12 +268,17 @@ def run_arm(
 
 
 def gdn_model_order(
-    model: HybridLM, tree: TreeDescriptor, timer: Timer, config: device_ops.GdnConfig | None = None
+    model: HybridLM,
+    tree: TreeDescriptor,
+    timer: Timer,
+    config: device_ops.GdnConfig | None = None,
+    leaf_tasks: bool = False,
 ) -> float:
     """Median ms of the GDN verification of every GDN layer, in model order, in one graph (the
-    engine's form unless `config` names another)."""
+    engine's form unless `config` names another; leaf_tasks: the paths scan's decomposition)."""
     cfg, dev = model.config, model.device
-    tables = DeviceTree(tree.rows, MAX_DEPTH, dev, paths=count_paths(tree)).load_(tree)  # the engine's
+    paths = count_paths(tree, leaf_tasks)  # as many path programs as the tree has walks, as the engine
+    tables = DeviceTree(tree.rows, MAX_DEPTH, dev, paths=paths, leaf_tasks=leaf_tasks).load_(tree)
     gen = torch.Generator(device=dev).manual_seed(1)
     rows, h, hv, k, v = (
         tree.rows,

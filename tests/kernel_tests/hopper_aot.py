@@ -32,6 +32,7 @@ TYPES = {
     "nactive_ptr": "*i32",
     "end_ptr": "*i32",
     "start_ptr": "*i32",
+    "leaf_from_ptr": "*i32",
     "leaf_parent_ptr": "*i32",
     "count_ptr": "*i32",
 }

@@ -1,6 +1,6 @@
-"""The GDN spine and paths scans on a CUDA GPU: every output and record of random trees of every shape
-bit for bit the row scan's, at the shipped model's and Qwen3.5-27B's GDN shapes, in bf16, the paths
-scan with the default path programs (so trees with more paths take the loop) (compiled kernels: the
+"""The GDN paths scan on a CUDA GPU, both decompositions: every output and record of random trees of
+every shape bit for bit the row scan's, at the shipped model's and Qwen3.5-27B's GDN shapes, in bf16,
+with the default path programs (so trees with more walks take the loop) (compiled kernels: the
 interpreter's test cannot vouch for the GPU's layouts).
 
 Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_scans.py

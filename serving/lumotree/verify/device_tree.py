@@ -52,6 +52,7 @@ def derive_tables_kernel(
     n_active32_ptr,
     path_end_ptr,
     path_start_ptr,
+    leaf_from_ptr,
     leaf_parent_ptr,
     spine_nodes_ptr,
     prefix_ptr,
@@ -61,6 +62,7 @@ def derive_tables_kernel(
     MAXD: tl.constexpr,
     CHAINED: tl.constexpr,
     PAD: tl.constexpr,
+    LEAF_TASKS: tl.constexpr,
 ):
     i = tl.arange(0, RP)
     in_tree = i < R
@@ -127,20 +129,35 @@ def derive_tables_kernel(
 
     # the first-child decomposition (`first_child_paths`): ends are leaves that are the root or a
     # first child, in ascending order; a path's start is its end's deepest ancestor-or-self that is
-    # the root or a later child; a later child that is a leaf hangs off its parent's path
+    # the root or a later child; a later child that is a leaf hangs off its parent; with LEAF_TASKS
+    # each such parent gets a walk after the paths'
     elder = (b2 < a2) & (par[None, :] == par[:, None]) & active[None, :]
     rank = tl.sum(elder.to(tl.int64), axis=1)
     later = active & (i > 0) & (rank > 0)
     leaf = active & (tl.sum(((par[None, :] == a2) & active[None, :]).to(tl.int32), axis=1) == 0)
+    hanging = tl.where(leaf & later, par, -1)
     end = leaf & ~later
     start = tl.max(tl.where(anc & ((b2 == 0) | later[None, :]), b2, 0), axis=1)
-    ends = tl.sum(end.to(tl.int32), axis=0)
+    n_ends = tl.sum(end.to(tl.int32), axis=0)
     at = tl.cumsum(end.to(tl.int32), axis=0) - end.to(tl.int32)
     tl.store(path_end_ptr + at, i.to(tl.int32), mask=end)
     tl.store(path_start_ptr + at, start.to(tl.int32), mask=end)
-    tl.store(path_end_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=in_tree & (i >= ends))
-    tl.store(path_start_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=in_tree & (i >= ends))
-    tl.store(leaf_parent_ptr + i, tl.where(leaf & later, par, -1).to(tl.int32), mask=in_tree)
+    walks = n_ends
+    if not LEAF_TASKS:
+        tl.store(leaf_from_ptr + at, start.to(tl.int32), mask=end)
+    else:
+        tl.store(leaf_from_ptr + at, tl.full([RP], R, dtype=tl.int32), mask=end)
+        leafy = tl.sum((hanging[None, :] == a2).to(tl.int32), axis=1) > 0
+        at = n_ends + tl.cumsum(leafy.to(tl.int32), axis=0) - leafy.to(tl.int32)
+        tl.store(path_end_ptr + at, i.to(tl.int32), mask=leafy)
+        tl.store(path_start_ptr + at, tl.full([RP], R, dtype=tl.int32), mask=leafy)
+        tl.store(leaf_from_ptr + at, i.to(tl.int32), mask=leafy)
+        walks += tl.sum(leafy.to(tl.int32), axis=0)
+    unused = in_tree & (i >= walks)
+    tl.store(path_end_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
+    tl.store(path_start_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
+    tl.store(leaf_from_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
+    tl.store(leaf_parent_ptr + i, hanging.to(tl.int32), mask=in_tree)
 
     # child tables: every entry -1, then each node at its rank among its parent's children
     tl.store(child_nodes_ptr + a2 * R + b2, tl.full([RP, RP], -1, dtype=tl.int64), mask=square)
@@ -170,6 +187,7 @@ class DeviceTree:
         device: torch.device | str,
         conv_width: int = CONV_WIDTH,
         paths: int = DEFAULT_PATHS,
+        leaf_tasks: bool = False,
     ) -> None:
         if rows > 63:
             raise ValueError(f"the visibility bitset holds 63 tree slots, got {rows} rows")
@@ -190,7 +208,7 @@ class DeviceTree:
         self.spine_nodes = torch.full((max_depth + 1,), -1, **i64)
         self.prefix_len = torch.zeros(1, **i64)
         self.feed = torch.zeros(2 * r + 1, **i64)
-        self.gdn = empty_ancestry_tables(r, max_depth, self.device, paths)
+        self.gdn = empty_ancestry_tables(r, max_depth, self.device, paths, leaf_tasks)
 
     def check(self, topology: TreeTopology) -> None:
         """ValueError when `topology` does not fit these tables."""
@@ -235,6 +253,7 @@ class DeviceTree:
             self.gdn.n_active,
             self.gdn.path_end,
             self.gdn.path_start,
+            self.gdn.leaf_from,
             self.gdn.leaf_parent,
             self.spine_nodes,
             self.prefix_len,
@@ -244,6 +263,7 @@ class DeviceTree:
             MAXD=self.max_depth,
             CHAINED=chained is not None,
             PAD=pad_token,
+            LEAF_TASKS=self.gdn.leaf_tasks,
             num_warps=4,
         )
 

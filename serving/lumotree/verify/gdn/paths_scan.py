@@ -83,6 +83,7 @@ def gdn_paths_kernel(
     nactive_ptr,
     end_ptr,
     start_ptr,
+    leaf_from_ptr,
     leaf_parent_ptr,
     o_ptr,
     rq_ptr,
@@ -125,6 +126,7 @@ def gdn_paths_kernel(
     for p in range(first_path, n_paths, PATHS):
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
         start = tl.load(start_ptr + p)
+        leaf_from = tl.load(leaf_from_ptr + p)
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
         S = tl.load(state_ptr + hv * V * K + tile)
         node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
@@ -136,7 +138,7 @@ def gdn_paths_kernel(
             following = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
             own = node >= start
             leaf = tl.min(tl.where(leaf_parent == node, offs_r, RP), axis=0)
-            leaf = tl.where(own, leaf, RP)
+            leaf = tl.where(node >= leaf_from, leaf, RP)
             lq, lk, lv, la, lb = _issue_loads(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf, leaf < RP, h, hv, offs_v, offs_k, stride_qk,
                 stride_v, stride_ab, K, V,
@@ -154,11 +156,11 @@ def gdn_paths_kernel(
                     rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v,
                     offs_k, q, k, v, g, beta, _read(S, q), H, HV, K, V, GROUP,
                 )  # fmt: skip
-                _leaf_children(
-                    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr,
-                    rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb,
-                    offs_r, h, hv, vt, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V, GROUP, RP,
-                )  # fmt: skip
+            _leaf_children(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr,
+                rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r,
+                h, hv, vt, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V, GROUP, RP,
+            )  # fmt: skip
             node = following
 
 
@@ -172,7 +174,7 @@ def gdn_paths_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, o
     x, strides = row_strided(x)
     gdn_paths_kernel[(hv * (dv // bv), tables.paths)](
         *x.tensors(), state, tables.ancestry, tables.n_active, tables.path_end, tables.path_start,
-        tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides, H=heads, HV=hv,
-        K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), PATHS=tables.paths,
+        tables.leaf_from, tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides,
+        H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), PATHS=tables.paths,
         num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip
