@@ -32,7 +32,7 @@ from lumotree.verify.gdn.reference import GdnInputs
 CHAIN_ROWS = 6  # MTP-5: the root and five drafts
 #: the paths scan's decompositions (name: leaf tasks): the runner-up siblings in their parent's path
 #: program or in walks of their own
-SCANS = {"paths": False, "paths, leaf tasks": True}
+SCANS = {"paths, leaves inline": False, "paths, leaf tasks": True}
 
 
 def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
@@ -85,7 +85,7 @@ def markdown(doc: dict) -> str:
     ]
     bits = {
         "rows": "the one-row step's",
-        "paths": "the row scan's",
+        "paths, leaves inline": "the row scan's",
         "paths, leaf tasks": "the row scan's",
         "wy": "its own (not row-invariant)",
     }
@@ -134,10 +134,11 @@ def gdn_forms_command(
         timed = {
             form: gdn_model_order(model, tree, timer, device_ops.GdnConfig(form=form))
             for form in device_ops.GDN_FORMS
+            if form != "paths"
         }
-        timed["paths, leaf tasks"] = gdn_model_order(
-            model, tree, timer, device_ops.GdnConfig(form="paths"), leaf_tasks=True
-        )
+        for form, leaf_tasks in SCANS.items():
+            config = device_ops.GdnConfig(form="paths")
+            timed[form] = gdn_model_order(model, tree, timer, config, leaf_tasks=leaf_tasks)
         chain = chain_tree(list(range(1, CHAIN_ROWS + 1)), prefix_len=4096, max_depth=MAX_DEPTH)
         chain_timed = {
             form: gdn_model_order(model, chain, timer, device_ops.GdnConfig(form=form))

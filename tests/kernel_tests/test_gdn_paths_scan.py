@@ -14,6 +14,7 @@ import torch
 
 from lumobench.checks import gdn_checks
 from lumobench.checks.random_trees import SHAPES, random_tree
+from lumotree.drafting.geometry import GeometryConfig
 from lumotree.tree import TreeDescriptor
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
@@ -187,13 +188,15 @@ def test_the_decomposition_evaluates_every_active_node_once(shape: str, leaf_tas
         assert tables["path_start"][: len(paths)] == firsts
 
 
-def test_the_paper_tree_has_the_spine_and_one_path_per_rescue_branch() -> None:
+def test_the_paper_tree_has_the_spine_one_path_per_rescue_branch_and_a_walk_per_mtp_depth() -> None:
     tree = random_tree("paper", random.Random(3))
-    tables = first_child_paths(tree.parent.tolist(), tree.n_active)
-    assert count_paths(tree) == 3
+    tables = first_child_paths(tree.parent.tolist(), tree.n_active, leaf_tasks=False)
+    assert count_paths(tree, leaf_tasks=False) == 3
     assert tables["path_end"][tables["path_start"].index(0)] == tree.spine.tolist()[-1]
     siblings = [n for n, p in enumerate(tables["leaf_parent"]) if p >= 0]
     assert siblings and all(tables["leaf_parent"][n] in tree.spine.tolist() for n in siblings)
+    mtp_depths = GeometryConfig().depth_mtp  # each spine node above the tail has runner-ups
+    assert count_paths(tree, leaf_tasks=True) == 3 + mtp_depths
 
 
 def test_a_launch_needs_a_path_program() -> None:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lumotree.tree import CONV_WIDTH, PAD_TOKEN, TreeDescriptor, TreeTopology
 from lumotree.verify.attention.decode import check_depth
-from lumotree.verify.gdn.plan import DEFAULT_PATHS, empty_ancestry_tables
+from lumotree.verify.gdn.plan import DEFAULT_LEAF_TASKS, DEFAULT_PATHS, empty_ancestry_tables
 
 
 @triton.jit
@@ -187,7 +187,7 @@ class DeviceTree:
         device: torch.device | str,
         conv_width: int = CONV_WIDTH,
         paths: int = DEFAULT_PATHS,
-        leaf_tasks: bool = False,
+        leaf_tasks: bool = DEFAULT_LEAF_TASKS,
     ) -> None:
         if rows > 63:
             raise ValueError(f"the visibility bitset holds 63 tree slots, got {rows} rows")

@@ -168,6 +168,15 @@ def scan_tables(
     return ScanTables(**{k: v.to(device) for k, v in host.items()}, schedule=schedule)
 
 
+#: path programs per value tile by default: the paper geometry's path ends (the spine and one per
+#: rescue branch, `drafting/geometry.py`) plus one (its leaf tasks take turns in them)
+DEFAULT_PATHS = 4
+#: the decomposition the engine verifies with: the paper tree's runner-up siblings in walks of their
+#: own, off the spine program (its 12 steps and 10 sibling steps in series were the launch's
+#: critical path)
+DEFAULT_LEAF_TASKS = True
+
+
 @dataclass(frozen=True, eq=False)
 class AncestryTables:
     """ancestry [R, R] int32 (1 where column a is row n or one of its ancestors); n_active [1] int32;
@@ -211,7 +220,9 @@ class AncestryTables:
         return self
 
 
-def first_child_paths(parents: list[int], n_active: int, leaf_tasks: bool = False) -> dict[str, list[int]]:
+def first_child_paths(
+    parents: list[int], n_active: int, leaf_tasks: bool = DEFAULT_LEAF_TASKS
+) -> dict[str, list[int]]:
     """The decomposition of `AncestryTables` (path_end, path_start, leaf_from, leaf_parent, each of
     len(parents) entries) of the tree whose first n_active entries of `parents` are active (the
     root's parent -1, a parent before its children); the host reference of `DeviceTree.derive_`."""
@@ -242,15 +253,10 @@ def first_child_paths(parents: list[int], n_active: int, leaf_tasks: bool = Fals
     }
 
 
-def count_paths(tree: TreeDescriptor, leaf_tasks: bool = False) -> int:
+def count_paths(tree: TreeDescriptor, leaf_tasks: bool = DEFAULT_LEAF_TASKS) -> int:
     """How many walks `tree`'s first-child decomposition has (the path programs it needs)."""
     ends = first_child_paths(tree.parent.tolist(), tree.n_active, leaf_tasks)["path_end"]
     return sum(end >= 0 for end in ends)
-
-
-#: path programs per value tile by default: the paper geometry's path ends (the spine and one per
-#: rescue branch, `drafting/geometry.py`) plus one
-DEFAULT_PATHS = 4
 
 
 def empty_ancestry_tables(
@@ -258,7 +264,7 @@ def empty_ancestry_tables(
     max_depth: int,
     device: torch.device | str,
     paths: int = DEFAULT_PATHS,
-    leaf_tasks: bool = False,
+    leaf_tasks: bool = DEFAULT_LEAF_TASKS,
 ) -> AncestryTables:
     """Zeroed tables for trees of `rows` rows and depth <= max_depth, to fill."""
     if paths < 1:
