@@ -67,7 +67,7 @@ from lumotree.sampling.forced import ForcedAcceptance, mean_schedule
 from lumotree.tree import TreeDescriptor, TreeTopology
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
-from lumotree.verify.gdn.plan import DEFAULT_LEAF_TASKS, count_paths
+from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
@@ -272,13 +272,11 @@ def gdn_model_order(
     tree: TreeDescriptor,
     timer: Timer,
     config: device_ops.GdnConfig | None = None,
-    leaf_tasks: bool = DEFAULT_LEAF_TASKS,
 ) -> float:
     """Median ms of the GDN verification of every GDN layer, in model order, in one graph (the
-    engine's form unless `config` names another; leaf_tasks: the paths scan's decomposition)."""
+    engine's form unless `config` names another)."""
     cfg, dev = model.config, model.device
-    paths = count_paths(tree, leaf_tasks)  # as many path programs as the tree has walks, as the engine
-    tables = DeviceTree(tree.rows, MAX_DEPTH, dev, paths=paths, leaf_tasks=leaf_tasks).load_(tree)
+    tables = DeviceTree(tree.rows, MAX_DEPTH, dev, paths=count_paths(tree)).load_(tree)  # as the engine
     gen = torch.Generator(device=dev).manual_seed(1)
     rows, h, hv, k, v = (
         tree.rows,

@@ -30,16 +30,14 @@ from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 CHAIN_ROWS = 6  # MTP-5: the root and five drafts
-#: the paths scan's decompositions (name: leaf tasks): the runner-up siblings in their parent's path
-#: program or in walks of their own
-SCANS = {"paths, leaves inline": False, "paths, leaf tasks": True}
+SCANS = ("paths",)  # the forms besides the row scan with its bits
 
 
 def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
     """Per random tree shape: one GDN layer of `cfg`'s shapes (random operands and gates) verified by
-    the row scan and the paths scan (both decompositions, the default path programs, so that trees
-    with more walks loop) from the same inputs; a scan is equal to the row scan when every output
-    and record of an active row is bitwise equal."""
+    the row scan and the paths scan (the default path programs, so that trees with more walks loop)
+    from the same inputs; a scan is equal to the row scan when every output and record of an active
+    row is bitwise equal."""
     gen = torch.Generator(device=device).manual_seed(seed)
     h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -54,11 +52,11 @@ def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device
         shapes = ((rows, h, dk), (rows, h, dk), (rows, hv, dv), (rows, hv), (rows, hv))
         x = GdnInputs(*(randn(*s).to(dtype) for s in shapes), randn(hv).abs().log(), randn(hv))
         state = randn(hv, dv, dk) * 0.1
-        one_per_row = DeviceTree(rows, MAX_DEPTH, device).load_(tree)
-        got = {"rows": device_ops.gdn_verify(x, state, one_per_row, device_ops.GdnConfig(form="rows"))}
-        for form, leaf_tasks in SCANS.items():
-            tables = DeviceTree(rows, MAX_DEPTH, device, leaf_tasks=leaf_tasks).load_(tree)
-            got[form] = device_ops.gdn_verify(x, state, tables, device_ops.GdnConfig(form="paths"))
+        tables = DeviceTree(rows, MAX_DEPTH, device).load_(tree)
+        got = {
+            form: device_ops.gdn_verify(x, state, tables, device_ops.GdnConfig(form=form))
+            for form in ("rows", *SCANS)
+        }
         active = tree.n_active
         case = {"shape": shape, "rows": active, "depth": int(tree.depth.max()), "paths": count_paths(tree)}
         for form in SCANS:
@@ -85,8 +83,7 @@ def markdown(doc: dict) -> str:
     ]
     bits = {
         "rows": "the one-row step's",
-        "paths, leaves inline": "the row scan's",
-        "paths, leaf tasks": "the row scan's",
+        "paths": "the row scan's",
         "wy": "its own (not row-invariant)",
     }
     lines += [f"| {form} | {ms:.3f} | {bits[form]} |" for form, ms in doc["model_order_ms"].items()]
@@ -95,9 +92,9 @@ def markdown(doc: dict) -> str:
     lines += [f"| {form} | {ms:.3f} |" for form, ms in doc["chain_model_order_ms"].items()]
     lines += ["", "The scans against the row scan, one layer, random trees (outputs, records bitwise):", ""]
     lines += [
-        "| tree shape | active rows | depth | paths | " + " | ".join(f"{form} equal" for form in SCANS) + " |"
+        "| tree shape | active rows | depth | walks | bitwise equal |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
-    lines += ["| --- | ---: | ---: | ---: | " + " | ".join("---" for _ in SCANS) + " |"]
     for c in doc["scans_vs_rows"]:
         equal = " | ".join(str(c[f"{form}_equal"]) for form in SCANS)
         lines.append(f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['paths']} | {equal} |")
@@ -134,15 +131,11 @@ def gdn_forms_command(
         timed = {
             form: gdn_model_order(model, tree, timer, device_ops.GdnConfig(form=form))
             for form in device_ops.GDN_FORMS
-            if form != "paths"
         }
-        for form, leaf_tasks in SCANS.items():
-            config = device_ops.GdnConfig(form="paths")
-            timed[form] = gdn_model_order(model, tree, timer, config, leaf_tasks=leaf_tasks)
         chain = chain_tree(list(range(1, CHAIN_ROWS + 1)), prefix_len=4096, max_depth=MAX_DEPTH)
         chain_timed = {
             form: gdn_model_order(model, chain, timer, device_ops.GdnConfig(form=form))
-            for form in ("rows", "paths")
+            for form in ("rows", *SCANS)
         }
     doc = {
         "preset": preset,

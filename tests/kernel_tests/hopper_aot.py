@@ -32,7 +32,6 @@ TYPES = {
     "nactive_ptr": "*i32",
     "end_ptr": "*i32",
     "start_ptr": "*i32",
-    "leaf_from_ptr": "*i32",
     "leaf_parent_ptr": "*i32",
     "count_ptr": "*i32",
 }
@@ -61,7 +60,7 @@ KERNELS = {
         dict(num_warps=8),
     ),
     "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8, RP=32), dict(num_warps=1)),
-    "paths scan": (paths_scan.gdn_paths_kernel, dict(QWEN, V=128, BV=8, RP=32, PATHS=3), dict(num_warps=1)),
+    "paths scan": (paths_scan.gdn_paths_kernel, dict(QWEN, V=128, BV=8, RP=32, PATHS=8), dict(num_warps=1)),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
 for block_n, block_k, tiles, splits in (

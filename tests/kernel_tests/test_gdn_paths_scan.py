@@ -70,7 +70,7 @@ def _assert_row_scan_bits(
         assert _same_bits(getattr(ops_rows, field)[:active], got), field
 
 
-@pytest.mark.parametrize(("paths", "leaf_tasks"), [(1, False), (DEFAULT_PATHS, False), (DEFAULT_PATHS, True)])
+@pytest.mark.parametrize("paths", [1, DEFAULT_PATHS])
 @pytest.mark.parametrize(
     ("shape", "dtype"),
     [
@@ -80,12 +80,12 @@ def _assert_row_scan_bits(
     + [pytest.param("paper", torch.float32, id="paper-fp32")],
 )
 def test_the_paths_scan_gives_every_row_the_row_scans_bits(
-    shape: str, dtype: torch.dtype, paths: int, leaf_tasks: bool
+    shape: str, dtype: torch.dtype, paths: int
 ) -> None:
     tree = random_tree(shape, random.Random(900 + SHAPES.index(shape)))
     case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(9))
     x, state = case.inputs(dtype)
-    tables = DeviceTree(tree.rows, tree.max_depth, CPU, paths=paths, leaf_tasks=leaf_tasks).load_(tree)
+    tables = DeviceTree(tree.rows, tree.max_depth, CPU, paths=paths).load_(tree)
     _assert_row_scan_bits(x, state, tables, tree)
 
 
@@ -143,13 +143,12 @@ def test_the_paths_scan_matches_the_reference() -> None:
     assert_gdn_matches_reference(o, ops, case)
 
 
-def _owners(parents: list[int], n_active: int, leaf_tasks: bool) -> list[int]:
+def _owners(parents: list[int], n_active: int) -> list[int]:
     """Which walk evaluates each active node, as the kernel decides it: a walk owns the nodes of its
-    end's ancestry from its start down, and the later leaf children of those from leaf_from down."""
-    tables = first_child_paths(parents, n_active, leaf_tasks)
-    owner = [-1] * n_active
-    walks = zip(tables["path_end"], tables["path_start"], tables["leaf_from"], strict=True)
-    for p, (end, start, leaf_from) in enumerate(walks):
+    end's ancestry from its start down; a walk owning none (start R) evaluates its end's leaves."""
+    tables = first_child_paths(parents, n_active)
+    rows, owner = len(parents), [-1] * n_active
+    for p, (end, start) in enumerate(zip(tables["path_end"], tables["path_start"], strict=True)):
         if end < 0:
             continue
         node, path = end, []
@@ -157,46 +156,43 @@ def _owners(parents: list[int], n_active: int, leaf_tasks: bool) -> list[int]:
             path.append(node)
             node = parents[node]
         evaluated = [n for n in path if n >= start]
-        for node in (n for n in path if n >= leaf_from):
-            evaluated += [leaf for leaf, parent in enumerate(tables["leaf_parent"]) if parent == node]
+        if start >= rows:
+            evaluated = [leaf for leaf, parent in enumerate(tables["leaf_parent"]) if parent == end]
         for node in evaluated:
             assert owner[node] == -1, f"node {node} is evaluated by walks {owner[node]} and {p}"
             owner[node] = p
     return owner
 
 
-@pytest.mark.parametrize("leaf_tasks", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_decomposition_evaluates_every_active_node_once(shape: str, leaf_tasks: bool) -> None:
+def test_the_decomposition_evaluates_every_active_node_once(shape: str) -> None:
     rng = random.Random(40 + SHAPES.index(shape))
     for _ in range(5):
         tree = random_tree(shape, rng)
         parents = tree.parent.tolist()
-        owner = _owners(parents, tree.n_active, leaf_tasks)
+        owner = _owners(parents, tree.n_active)
         assert -1 not in owner, f"nodes {[n for n, p in enumerate(owner) if p < 0]} are never evaluated"
-        tables = first_child_paths(parents, tree.n_active, leaf_tasks)
+        tables = first_child_paths(parents, tree.n_active)
         walks = sum(e >= 0 for e in tables["path_end"])
         assert tables["path_end"][walks:] == [-1] * (tree.rows - walks)
-        paths = [
-            e
-            for e, start in zip(tables["path_end"], tables["path_start"], strict=True)
-            if 0 <= start < tree.rows
-        ]
-        assert paths == sorted(paths) and paths == [e for e in tables["path_end"][: len(paths)]]
-        # a path's start is the first node it evaluates (its later leaf children come after it)
-        firsts = [min(n for n, p in enumerate(owner) if p == i) for i in range(len(paths))]
-        assert tables["path_start"][: len(paths)] == firsts
+        starts = tables["path_start"][:walks]
+        paths = sum(start < tree.rows for start in starts)  # the paths first, then the leaf walks
+        assert all(start < tree.rows for start in starts[:paths])
+        ends = tables["path_end"][:walks]
+        assert ends[:paths] == sorted(ends[:paths]) and ends[paths:] == sorted(ends[paths:])
+        # a path's start is the first node it evaluates
+        assert starts[:paths] == [min(n for n, p in enumerate(owner) if p == i) for i in range(paths)]
 
 
-def test_the_paper_tree_has_the_spine_one_path_per_rescue_branch_and_a_walk_per_mtp_depth() -> None:
+def test_the_paper_tree_has_the_spine_a_path_per_rescue_branch_and_a_walk_per_mtp_depth() -> None:
     tree = random_tree("paper", random.Random(3))
-    tables = first_child_paths(tree.parent.tolist(), tree.n_active, leaf_tasks=False)
-    assert count_paths(tree, leaf_tasks=False) == 3
+    tables = first_child_paths(tree.parent.tolist(), tree.n_active)
+    mtp_depths = GeometryConfig().depth_mtp  # each spine node above the tail has runner-ups
+    assert count_paths(tree) == 3 + mtp_depths
     assert tables["path_end"][tables["path_start"].index(0)] == tree.spine.tolist()[-1]
     siblings = [n for n, p in enumerate(tables["leaf_parent"]) if p >= 0]
     assert siblings and all(tables["leaf_parent"][n] in tree.spine.tolist() for n in siblings)
-    mtp_depths = GeometryConfig().depth_mtp  # each spine node above the tail has runner-ups
-    assert count_paths(tree, leaf_tasks=True) == 3 + mtp_depths
+    assert tables["path_end"][3 : 3 + mtp_depths] == tree.spine.tolist()[:mtp_depths]
 
 
 def test_a_launch_needs_a_path_program() -> None:

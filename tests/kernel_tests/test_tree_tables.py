@@ -20,7 +20,7 @@ from lumotree.verify.gdn.plan import first_child_paths
 
 from .helpers import INT_POISON, assert_written
 
-GDN_PATHS = ("path_end", "path_start", "leaf_from", "leaf_parent")  # the first-child decomposition
+GDN_PATHS = ("path_end", "path_start", "leaf_parent")  # the first-child decomposition
 TABLES = ("tokens", "position", "depth", "slot_map", "bits", "conv_gather", "child_nodes", "child_tokens")
 
 
@@ -51,7 +51,7 @@ def _assert_tables(tables: DeviceTree, tree: TreeDescriptor) -> None:
     )
     spine = tree.spine.tolist()
     assert tables.spine_nodes.tolist() == spine + [-1] * (MAX_DEPTH + 1 - len(spine))
-    decomposition = first_child_paths(tree.parent.tolist(), tree.n_active, tables.gdn.leaf_tasks)
+    decomposition = first_child_paths(tree.parent.tolist(), tree.n_active)
     for name in GDN_PATHS:
         assert getattr(tables.gdn, name).tolist() == decomposition[name], name
 
@@ -59,9 +59,9 @@ def _assert_tables(tables: DeviceTree, tree: TreeDescriptor) -> None:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_derived_tables_equal_the_host_descriptor(shape: str) -> None:
     rng = random.Random(SHAPES.index(shape))
-    for leaf_tasks in (False, True):
+    for _ in range(2):
         tree = random_tree(shape, rng, prefix_len=rng.randrange(0, 500))
-        tables = DeviceTree(tree.rows, MAX_DEPTH, "cpu", leaf_tasks=leaf_tasks)
+        tables = DeviceTree(tree.rows, MAX_DEPTH, "cpu")
         _poison(tables)
         tables.load_(tree)
         _assert_tables(tables, tree)

@@ -56,7 +56,7 @@ from lumotree.sampling.forced import ForcedAcceptance
 from lumotree.sampling.logits import SamplingParams
 from lumotree.tree import TreeTopology, chain_topology
 from lumotree.verify.device_tree import DeviceTree
-from lumotree.verify.gdn.plan import DEFAULT_LEAF_TASKS, DEFAULT_PATHS
+from lumotree.verify.gdn.plan import DEFAULT_PATHS
 from lumotree.verify.kernel_sets import triton_kernels
 
 log = logging.getLogger(__name__)
@@ -66,14 +66,14 @@ MAX_GRAPH_KEYS = 16  # sampler settings with captured graphs kept (least recentl
 
 def gdn_paths(chained: bool, tree: tuple[GeometryConfig, SuffixDrafter] | None) -> int:
     """Path programs of the GDN paths scan a layer launches per value tile: one for a chain; for a
-    tree the device drafts, the spine, one per rescue branch and (leaf tasks) one per MTP depth with
-    runner-up siblings; else the default (a tree with more walks is verified all the same, a
-    program taking several)."""
+    tree the device drafts, the spine, one per rescue branch and one per MTP depth with runner-up
+    siblings; else the default (a tree with more walks is verified all the same, a program taking
+    several)."""
     if chained:
         return 1
     if tree is not None:
         geometry = tree[0]
-        sibling_walks = geometry.depth_mtp if DEFAULT_LEAF_TASKS and geometry.siblings_per_depth else 0
+        sibling_walks = geometry.depth_mtp if geometry.siblings_per_depth else 0
         return 1 + len(geometry.rescue_lens) + sibling_walks
     return DEFAULT_PATHS
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lumotree.tree import CONV_WIDTH, PAD_TOKEN, TreeDescriptor, TreeTopology
 from lumotree.verify.attention.decode import check_depth
-from lumotree.verify.gdn.plan import DEFAULT_LEAF_TASKS, DEFAULT_PATHS, empty_ancestry_tables
+from lumotree.verify.gdn.plan import DEFAULT_PATHS, empty_ancestry_tables
 
 
 @triton.jit
@@ -52,7 +52,6 @@ def derive_tables_kernel(
     n_active32_ptr,
     path_end_ptr,
     path_start_ptr,
-    leaf_from_ptr,
     leaf_parent_ptr,
     spine_nodes_ptr,
     prefix_ptr,
@@ -62,7 +61,6 @@ def derive_tables_kernel(
     MAXD: tl.constexpr,
     CHAINED: tl.constexpr,
     PAD: tl.constexpr,
-    LEAF_TASKS: tl.constexpr,
 ):
     i = tl.arange(0, RP)
     in_tree = i < R
@@ -129,8 +127,8 @@ def derive_tables_kernel(
 
     # the first-child decomposition (`first_child_paths`): ends are leaves that are the root or a
     # first child, in ascending order; a path's start is its end's deepest ancestor-or-self that is
-    # the root or a later child; a later child that is a leaf hangs off its parent; with LEAF_TASKS
-    # each such parent gets a walk after the paths'
+    # the root or a later child; a later child that is a leaf hangs off its parent, and each such
+    # parent gets a walk after the paths', owning nothing (start R)
     elder = (b2 < a2) & (par[None, :] == par[:, None]) & active[None, :]
     rank = tl.sum(elder.to(tl.int64), axis=1)
     later = active & (i > 0) & (rank > 0)
@@ -142,21 +140,13 @@ def derive_tables_kernel(
     at = tl.cumsum(end.to(tl.int32), axis=0) - end.to(tl.int32)
     tl.store(path_end_ptr + at, i.to(tl.int32), mask=end)
     tl.store(path_start_ptr + at, start.to(tl.int32), mask=end)
-    walks = n_ends
-    if not LEAF_TASKS:
-        tl.store(leaf_from_ptr + at, start.to(tl.int32), mask=end)
-    else:
-        tl.store(leaf_from_ptr + at, tl.full([RP], R, dtype=tl.int32), mask=end)
-        leafy = tl.sum((hanging[None, :] == a2).to(tl.int32), axis=1) > 0
-        at = n_ends + tl.cumsum(leafy.to(tl.int32), axis=0) - leafy.to(tl.int32)
-        tl.store(path_end_ptr + at, i.to(tl.int32), mask=leafy)
-        tl.store(path_start_ptr + at, tl.full([RP], R, dtype=tl.int32), mask=leafy)
-        tl.store(leaf_from_ptr + at, i.to(tl.int32), mask=leafy)
-        walks += tl.sum(leafy.to(tl.int32), axis=0)
-    unused = in_tree & (i >= walks)
+    parent_of_leaves = tl.sum((hanging[None, :] == a2).to(tl.int32), axis=1) > 0
+    at = n_ends + tl.cumsum(parent_of_leaves.to(tl.int32), axis=0) - parent_of_leaves.to(tl.int32)
+    tl.store(path_end_ptr + at, i.to(tl.int32), mask=parent_of_leaves)
+    tl.store(path_start_ptr + at, tl.full([RP], R, dtype=tl.int32), mask=parent_of_leaves)
+    unused = in_tree & (i >= n_ends + tl.sum(parent_of_leaves.to(tl.int32), axis=0))
     tl.store(path_end_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
     tl.store(path_start_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
-    tl.store(leaf_from_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
     tl.store(leaf_parent_ptr + i, hanging.to(tl.int32), mask=in_tree)
 
     # child tables: every entry -1, then each node at its rank among its parent's children
@@ -187,7 +177,6 @@ class DeviceTree:
         device: torch.device | str,
         conv_width: int = CONV_WIDTH,
         paths: int = DEFAULT_PATHS,
-        leaf_tasks: bool = DEFAULT_LEAF_TASKS,
     ) -> None:
         if rows > 63:
             raise ValueError(f"the visibility bitset holds 63 tree slots, got {rows} rows")
@@ -208,7 +197,7 @@ class DeviceTree:
         self.spine_nodes = torch.full((max_depth + 1,), -1, **i64)
         self.prefix_len = torch.zeros(1, **i64)
         self.feed = torch.zeros(2 * r + 1, **i64)
-        self.gdn = empty_ancestry_tables(r, max_depth, self.device, paths, leaf_tasks)
+        self.gdn = empty_ancestry_tables(r, max_depth, self.device, paths)
 
     def check(self, topology: TreeTopology) -> None:
         """ValueError when `topology` does not fit these tables."""
@@ -253,7 +242,6 @@ class DeviceTree:
             self.gdn.n_active,
             self.gdn.path_end,
             self.gdn.path_start,
-            self.gdn.leaf_from,
             self.gdn.leaf_parent,
             self.spine_nodes,
             self.prefix_len,
@@ -263,7 +251,6 @@ class DeviceTree:
             MAXD=self.max_depth,
             CHAINED=chained is not None,
             PAD=pad_token,
-            LEAF_TASKS=self.gdn.leaf_tasks,
             num_warps=4,
         )
 

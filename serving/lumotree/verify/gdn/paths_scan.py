@@ -2,24 +2,27 @@
 saved states: the paths scan.
 
 The row scan (`row_scan.py`) carries a copy of the committed state tile down every row's ancestry,
-so a shared ancestor is recomputed once per row below it. Here the tree falls into paths by its
-first children (`plan.first_child_paths`): every non-leaf node continues into its lowest-index
-child, so each path ends at a leaf that is the root or a first child. For the paper tree that is the
-spine and one path per rescue branch; MTP-5's chain and the AR step are one path.
+so a shared ancestor is recomputed once per row below it. Here the tree falls into walks
+(`plan.first_child_paths`): every non-leaf node continues into its lowest-index child, so the tree
+falls into paths, each ending at a leaf that is the root or a first child; the other leaves (the
+paper tree's runner-up siblings) are evaluated by one more walk per parent, to the parent, owning
+none of its nodes. For the paper tree that is the spine, one path per rescue branch and one walk per
+MTP depth; MTP-5's chain and the AR step are one path.
 
-One program per (value tile, value head, path) loads the committed state tile [BV, K] and carries it
+One program per (value tile, value head, walk) loads the committed state tile [BV, K] and carries it
 down its end's ancestry, root first, one update per node, with the replay's arithmetic. The nodes
-above the path's start belong to other paths: the program updates the tile through them without
-reading it or preparing q. At each of its own nodes it reads the output and writes the node's
-records, then evaluates the node's later children that are leaves (the paper tree's runner-up
-siblings) from the tile it holds, one step each, without keeping their states. Every row's output
-is thus the last read of the same steps in the same order as the row scan's (so the one-row
-step's bits) with no state written to memory (the spine scan this replaced saved every spine
-node's state for a second launch to reload: results/h200/gdn-forms.md).
+above the walk's start belong to other walks: the program updates the tile through them without
+reading it or preparing q; at its own nodes it reads the output and writes the node's records. A
+walk owning nothing then steps its end's tile once per leaf child, reading each without keeping its
+state. Every row's output is thus the last read of the same steps in the same order as the row
+scan's (so the one-row step's bits) with no state written to memory (the spine scan this replaced
+saved every spine node's state for a second launch to reload, and evaluating the siblings in the
+spine's own program put 22 steps in series: results/h200/gdn-forms.md).
 
-Loads of the next node and of a node's first leaf child are issued before its update. Padding rows
-(past the active count) get zero outputs and no records. A launch runs `tables.paths` programs per
-value tile; a tree with more paths is verified all the same, program p taking paths p, p + paths, ...
+A walk visits its ancestry and then its leaves in index order (a child comes after its parent), and
+the next node's loads are issued before each update. Padding rows (past the active count) get zero
+outputs and no records. A launch runs `tables.paths` programs per value tile; a tree with more walks
+is verified all the same, program p taking walks p, p + paths, ...
 """
 
 from __future__ import annotations
@@ -33,40 +36,7 @@ from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
 from lumotree.verify.gdn.row_scan import row_strided
-from lumotree.verify.gdn.scan import (
-    _advance,
-    _issue_loads,
-    _prepare,
-    _prepare_q,
-    _prepare_update,
-    _read,
-    _record,
-    _step,
-)
-
-
-@triton.jit
-def _leaf_children(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr, rv_ptr, rg_ptr,
-    rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r, h, hv, vt, offs_v, offs_k,
-    neg_a, dt_bias, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    GROUP: tl.constexpr, RP: tl.constexpr,
-):  # fmt: skip
-    """Evaluate `node`'s leaf children from its tile S, the first (`leaf`, raw operands lq..lb
-    already issued) onwards in index order: one step each, output and records written."""
-    while leaf < RP:
-        following = tl.min(tl.where((leaf_parent == node) & (offs_r > leaf), offs_r, RP), axis=0)
-        q, k, v, g, beta = _prepare(lq, lk, lv, la, lb, neg_a, dt_bias, K)
-        lq, lk, lv, la, lb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, following, following < RP, h, hv, offs_v, offs_k,
-            stride_qk, stride_v, stride_ab, K, V,
-        )  # fmt: skip
-        _, o = _step(S, q, k, v, g, beta)
-        _record(
-            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, leaf, True, h, hv, vt, offs_v, offs_k,
-            q, k, v, g, beta, o, H, HV, K, V, GROUP,
-        )  # fmt: skip
-        leaf = following
+from lumotree.verify.gdn.scan import _advance, _issue_loads, _prepare_q, _prepare_update, _read, _record
 
 
 @triton.jit
@@ -83,7 +53,6 @@ def gdn_paths_kernel(
     nactive_ptr,
     end_ptr,
     start_ptr,
-    leaf_from_ptr,
     leaf_parent_ptr,
     o_ptr,
     rq_ptr,
@@ -125,42 +94,37 @@ def gdn_paths_kernel(
     tile = offs_v[:, None] * K + offs_k[None, :]
     for p in range(first_path, n_paths, PATHS):
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
-        start = tl.load(start_ptr + p)
-        leaf_from = tl.load(leaf_from_ptr + p)
+        start = tl.load(start_ptr + p)  # R: a walk to a parent for its leaf children
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
+        visits = on_path | tl.where(start >= R, leaf_parent == end, False)
         S = tl.load(state_ptr + hv * V * K + tile)
-        node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
+        node = tl.min(tl.where(visits, offs_r, RP), axis=0)
         rq, rk, rv, ra, rb = _issue_loads(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v,
             stride_ab, K, V,
         )  # fmt: skip
-        for _ in range(tl.sum(on_path.to(tl.int32), axis=0)):
-            following = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-            own = node >= start
-            leaf = tl.min(tl.where(leaf_parent == node, offs_r, RP), axis=0)
-            leaf = tl.where(node >= leaf_from, leaf, RP)
-            lq, lk, lv, la, lb = _issue_loads(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf, leaf < RP, h, hv, offs_v, offs_k, stride_qk,
-                stride_v, stride_ab, K, V,
-            )  # fmt: skip
+        for _ in range(tl.sum(visits.to(tl.int32), axis=0)):
+            following = tl.min(tl.where(visits & (offs_r > node), offs_r, RP), axis=0)
             k, v, g, beta = _prepare_update(rk, rv, ra, rb, neg_a, dt_bias)
             raw_q = rq
             rq, rk, rv, ra, rb = _issue_loads(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, following, following < RP, h, hv, offs_v, offs_k,
                 stride_qk, stride_v, stride_ab, K, V,
             )  # fmt: skip
-            S = _advance(S, k, v, g, beta)
-            if own:
+            if node <= end:
+                S = _advance(S, k, v, g, beta)
+                if node >= start:  # an own node
+                    q = _prepare_q(raw_q, K)
+                    _record(
+                        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v,
+                        offs_k, q, k, v, g, beta, _read(S, q), H, HV, K, V, GROUP,
+                    )  # fmt: skip
+            else:  # a leaf child of the walk's end: its state is read, not kept
                 q = _prepare_q(raw_q, K)
                 _record(
-                    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v,
-                    offs_k, q, k, v, g, beta, _read(S, q), H, HV, K, V, GROUP,
+                    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v, offs_k,
+                    q, k, v, g, beta, _read(_advance(S, k, v, g, beta), q), H, HV, K, V, GROUP,
                 )  # fmt: skip
-            _leaf_children(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr,
-                rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r,
-                h, hv, vt, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V, GROUP, RP,
-            )  # fmt: skip
             node = following
 
 
@@ -174,7 +138,7 @@ def gdn_paths_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, o
     x, strides = row_strided(x)
     gdn_paths_kernel[(hv * (dv // bv), tables.paths)](
         *x.tensors(), state, tables.ancestry, tables.n_active, tables.path_end, tables.path_start,
-        tables.leaf_from, tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides,
+        tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides,
         H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), PATHS=tables.paths,
         num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip

@@ -168,13 +168,9 @@ def scan_tables(
     return ScanTables(**{k: v.to(device) for k, v in host.items()}, schedule=schedule)
 
 
-#: path programs per value tile by default: the paper geometry's path ends (the spine and one per
-#: rescue branch, `drafting/geometry.py`) plus one (its leaf tasks take turns in them)
-DEFAULT_PATHS = 4
-#: the decomposition the engine verifies with: the paper tree's runner-up siblings in walks of their
-#: own, off the spine program (its 12 steps and 10 sibling steps in series were the launch's
-#: critical path)
-DEFAULT_LEAF_TASKS = True
+#: path programs per value tile by default: the paper geometry's walks (the spine, one per rescue
+#: branch, one per MTP depth with runner-up siblings: `drafting/geometry.py`)
+DEFAULT_PATHS = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,23 +183,20 @@ class AncestryTables:
     ending at a leaf that is the root or a first child. path_end: those ends, ascending, -1 after;
     path_start: per path, its first own node (the deepest ancestor-or-self of its end that is the
     root or not a first child; the nodes above it belong to other paths); leaf_parent: for a leaf
-    that is not a first child (evaluated from its parent's state, not a path of its own), the
-    parent, else -1; leaf_from: per path, the first node of its walk whose such leaf children it
-    evaluates (R: none). With leaf_tasks, every node with such leaf children gets a walk of its own
-    after the paths (ending at it, owning nothing, evaluating its leaf children: the paper tree's
-    runner-up siblings leave the spine's program), else each path evaluates those of its own nodes.
-    paths: how many path programs a launch runs per value tile (a tree with more walks is still
-    verified, a program taking several in turn)."""
+    that is not a first child, its parent, else -1. Such leaves are not path ends: after the paths,
+    every parent of such leaves gets a walk of its own (path_end the parent, path_start R: owning
+    none of its nodes) that steps the parent's state once per such leaf child (the paper tree's
+    runner-up siblings: evaluated in the spine's program they put 22 steps in series). paths: how
+    many path programs a launch runs per value tile (a tree with more walks is still verified, a
+    program taking several in turn)."""
 
     ancestry: Tensor
     n_active: Tensor
     path_end: Tensor
     path_start: Tensor
-    leaf_from: Tensor
     leaf_parent: Tensor
     max_depth: int
     paths: int
-    leaf_tasks: bool
 
     def fill_(self, tree: TreeDescriptor) -> AncestryTables:
         """Rewrite in place for `tree` (same rows, depth <= max_depth), e.g. before a graph replay."""
@@ -214,16 +207,13 @@ class AncestryTables:
             )
         self.ancestry.copy_(tree.ancestry.to(torch.int32))
         self.n_active.fill_(tree.n_active)
-        decomposition = first_child_paths(tree.parent.tolist(), tree.n_active, self.leaf_tasks)
-        for name, values in decomposition.items():
+        for name, values in first_child_paths(tree.parent.tolist(), tree.n_active).items():
             getattr(self, name).copy_(torch.tensor(values, dtype=torch.int32))
         return self
 
 
-def first_child_paths(
-    parents: list[int], n_active: int, leaf_tasks: bool = DEFAULT_LEAF_TASKS
-) -> dict[str, list[int]]:
-    """The decomposition of `AncestryTables` (path_end, path_start, leaf_from, leaf_parent, each of
+def first_child_paths(parents: list[int], n_active: int) -> dict[str, list[int]]:
+    """The decomposition of `AncestryTables` (path_end, path_start, leaf_parent, each of
     len(parents) entries) of the tree whose first n_active entries of `parents` are active (the
     root's parent -1, a parent before its children); the host reference of `DeviceTree.derive_`."""
     rows = len(parents)
@@ -240,23 +230,19 @@ def first_child_paths(
             node = parents[node]
         starts.append(node)
     leaf_parent = [parents[c] if leaf[c] and not first[c] else -1 for c in range(n_active)]
-    leaf_from = [rows] * len(ends) if leaf_tasks else list(starts)
-    if leaf_tasks:  # a walk to each node with such leaves, owning nothing
-        leafy = sorted({p for p in leaf_parent if p >= 0})
-        ends, starts, leaf_from = ends + leafy, starts + [rows] * len(leafy), leaf_from + leafy
+    parents_of_leaves = sorted({p for p in leaf_parent if p >= 0})  # their walks own nothing
+    ends, starts = ends + parents_of_leaves, starts + [rows] * len(parents_of_leaves)
     pad = [-1] * (rows - len(ends))
     return {
         "path_end": ends + pad,
         "path_start": starts + pad,
-        "leaf_from": leaf_from + pad,
         "leaf_parent": leaf_parent + [-1] * (rows - n_active),
     }
 
 
-def count_paths(tree: TreeDescriptor, leaf_tasks: bool = DEFAULT_LEAF_TASKS) -> int:
+def count_paths(tree: TreeDescriptor) -> int:
     """How many walks `tree`'s first-child decomposition has (the path programs it needs)."""
-    ends = first_child_paths(tree.parent.tolist(), tree.n_active, leaf_tasks)["path_end"]
-    return sum(end >= 0 for end in ends)
+    return sum(end >= 0 for end in first_child_paths(tree.parent.tolist(), tree.n_active)["path_end"])
 
 
 def empty_ancestry_tables(
@@ -264,7 +250,6 @@ def empty_ancestry_tables(
     max_depth: int,
     device: torch.device | str,
     paths: int = DEFAULT_PATHS,
-    leaf_tasks: bool = DEFAULT_LEAF_TASKS,
 ) -> AncestryTables:
     """Zeroed tables for trees of `rows` rows and depth <= max_depth, to fill."""
     if paths < 1:
@@ -278,11 +263,9 @@ def empty_ancestry_tables(
         n_active=table(1),
         path_end=table(rows),
         path_start=table(rows),
-        leaf_from=table(rows),
         leaf_parent=table(rows),
         max_depth=max_depth,
         paths=paths,
-        leaf_tasks=leaf_tasks,
     )
 
 
