@@ -19,10 +19,10 @@ scan's (so the one-row step's bits) with no state written to memory (the spine s
 saved every spine node's state for a second launch to reload, and evaluating the siblings in the
 spine's own program put 22 steps in series: results/h200/gdn-forms.md).
 
-A walk visits its ancestry and then its leaves in index order (a child comes after its parent), and
-the next node's loads are issued before each update. Padding rows (past the active count) get zero
-outputs and no records. A launch runs `tables.paths` programs per value tile; a tree with more walks
-is verified all the same, program p taking walks p, p + paths, ...
+The next node's loads are issued before each update, and a leaf walk's first leaf's before its
+end's. Padding rows (past the active count) get zero outputs and no records. A launch runs
+`tables.paths` programs per value tile; a tree with more walks is verified all the same, program p
+taking walks p, p + paths, ...
 """
 
 from __future__ import annotations
@@ -36,7 +36,40 @@ from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
 from lumotree.verify.gdn.row_scan import row_strided
-from lumotree.verify.gdn.scan import _advance, _issue_loads, _prepare_q, _prepare_update, _read, _record
+from lumotree.verify.gdn.scan import (
+    _advance,
+    _issue_loads,
+    _prepare,
+    _prepare_q,
+    _prepare_update,
+    _read,
+    _record,
+    _step,
+)
+
+
+@triton.jit
+def _leaf_children(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr, rv_ptr, rg_ptr,
+    rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r, h, hv, vt, offs_v, offs_k,
+    neg_a, dt_bias, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    GROUP: tl.constexpr, RP: tl.constexpr,
+):  # fmt: skip
+    """Evaluate `node`'s leaf children from its tile S, the first (`leaf`, raw operands lq..lb
+    already issued) onwards in index order: one step each, output and records written."""
+    while leaf < RP:
+        following = tl.min(tl.where((leaf_parent == node) & (offs_r > leaf), offs_r, RP), axis=0)
+        q, k, v, g, beta = _prepare(lq, lk, lv, la, lb, neg_a, dt_bias, K)
+        lq, lk, lv, la, lb = _issue_loads(
+            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, following, following < RP, h, hv, offs_v, offs_k,
+            stride_qk, stride_v, stride_ab, K, V,
+        )  # fmt: skip
+        _, o = _step(S, q, k, v, g, beta)
+        _record(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, leaf, True, h, hv, vt, offs_v, offs_k,
+            q, k, v, g, beta, o, H, HV, K, V, GROUP,
+        )  # fmt: skip
+        leaf = following
 
 
 @triton.jit
@@ -96,35 +129,39 @@ def gdn_paths_kernel(
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
         start = tl.load(start_ptr + p)  # R: a walk to a parent for its leaf children
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
-        visits = on_path | tl.where(start >= R, leaf_parent == end, False)
         S = tl.load(state_ptr + hv * V * K + tile)
-        node = tl.min(tl.where(visits, offs_r, RP), axis=0)
+        node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
         rq, rk, rv, ra, rb = _issue_loads(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v,
             stride_ab, K, V,
         )  # fmt: skip
-        for _ in range(tl.sum(visits.to(tl.int32), axis=0)):
-            following = tl.min(tl.where(visits & (offs_r > node), offs_r, RP), axis=0)
+        for _ in range(tl.sum(on_path.to(tl.int32), axis=0)):
+            following = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
+            own = node >= start
+            leaf = tl.min(tl.where(leaf_parent == node, offs_r, RP), axis=0)
+            leaf = tl.where(node == end, tl.where(start >= R, leaf, RP), RP)
+            lq, lk, lv, la, lb = _issue_loads(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf, leaf < RP, h, hv, offs_v, offs_k, stride_qk,
+                stride_v, stride_ab, K, V,
+            )  # fmt: skip
             k, v, g, beta = _prepare_update(rk, rv, ra, rb, neg_a, dt_bias)
             raw_q = rq
             rq, rk, rv, ra, rb = _issue_loads(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, following, following < RP, h, hv, offs_v, offs_k,
                 stride_qk, stride_v, stride_ab, K, V,
             )  # fmt: skip
-            if node <= end:
-                S = _advance(S, k, v, g, beta)
-                if node >= start:  # an own node
-                    q = _prepare_q(raw_q, K)
-                    _record(
-                        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v,
-                        offs_k, q, k, v, g, beta, _read(S, q), H, HV, K, V, GROUP,
-                    )  # fmt: skip
-            else:  # a leaf child of the walk's end: its state is read, not kept
+            S = _advance(S, k, v, g, beta)
+            if own:
                 q = _prepare_q(raw_q, K)
                 _record(
-                    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v, offs_k,
-                    q, k, v, g, beta, _read(_advance(S, k, v, g, beta), q), H, HV, K, V, GROUP,
+                    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v,
+                    offs_k, q, k, v, g, beta, _read(S, q), H, HV, K, V, GROUP,
                 )  # fmt: skip
+            _leaf_children(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr,
+                rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r,
+                h, hv, vt, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V, GROUP, RP,
+            )  # fmt: skip
             node = following
 
 
