@@ -53,9 +53,10 @@ from lumotree.verify.gdn.tree_scan import gdn_tree_
 GDN_FORMS = ("rows", "paths", "wy")
 # The paths scan beats the row scan where the state work outweighs the row scan's parallelism:
 # measured on the H200 (results/h200/gdn-forms*.md, every GDN layer in model order in one graph) for
-# the paper tree, 48 layers of Qwen3.5-27B (3 MiB states) 1.655 ms against 3.386, and MTP-5's chain
-# 0.497 against 0.801 (the spine scan it replaced: 1.988 and 0.651); 6 layers of the shipped model
-# (64 KiB states) 0.092 against 0.061 and 0.051 against 0.044. One-row steps keep the row scan.
+# the paper tree, 48 layers of Qwen3.5-27B (3 MiB states) 1.465 ms against 3.385, and MTP-5's chain
+# 0.490 against 0.797 (the spine scan it replaced: 1.988 and 0.651); 6 layers of the shipped model
+# (64 KiB states) 0.092 against 0.061 and 0.051 against 0.044 (e24c5fa, siblings in the spine's
+# program). One-row steps keep the row scan.
 PATHS_MIN_STATE_BYTES = 2**20
 PATHS_MIN_ROWS = 2
 
