@@ -180,15 +180,15 @@ class AncestryTables:
 
     The first-child decomposition that drives the paths scan (`paths_scan.py`), int32 [R]: every
     non-leaf node continues into its first (lowest-index) child, so the tree falls into paths, each
-    ending at a leaf that is the root or a first child. path_end: those ends, ascending, -1 after;
-    path_start: per path, its first own node (the deepest ancestor-or-self of its end that is the
-    root or not a first child; the nodes above it belong to other paths); leaf_parent: for a leaf
-    that is not a first child, its parent, else -1. Such leaves are not path ends: after the paths,
-    every parent of such leaves gets a walk of its own (path_end the parent, path_start R: owning
-    none of its nodes) that steps the parent's state once per such leaf child (the paper tree's
-    runner-up siblings: evaluated in the spine's program they put 22 steps in series). paths: how
-    many path programs a launch runs per value tile (a tree with more walks is still verified, a
-    program taking several in turn)."""
+    ending at a leaf that is the root or a first child; leaf_parent: for a leaf that is not a first
+    child, its parent, else -1. Such leaves are not path ends: after the paths, every parent of such
+    leaves gets a walk of its own, owning none of its nodes, that steps the parent's state once per
+    such leaf child (the paper tree's runner-up siblings: evaluated in the spine's program they put
+    22 steps in series). path_end: the paths' ends ascending, then those parents ascending, -1
+    after; path_start: per path, its first own node (the deepest ancestor-or-self of its end that is
+    the root or not a first child; the nodes above it belong to other paths), R for a leaf walk,
+    -1 after. paths: how many path programs a launch runs per value tile (a tree with more walks is
+    still verified, a program taking several in turn)."""
 
     ancestry: Tensor
     n_active: Tensor
