@@ -15,6 +15,8 @@ import torch
 from lumobench.checks import gdn_checks
 from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.drafting.geometry import GeometryConfig
+from lumotree.drafting.suffix import SuffixDrafter
+from lumotree.engine.device_runner import gdn_paths
 from lumotree.tree import TreeDescriptor
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
@@ -214,3 +216,10 @@ def test_the_engine_picks_the_paths_scan_for_chains_and_trees_over_large_states(
     device: str, rows: int, state_bytes: int, form: str
 ) -> None:
     assert device_ops.GdnConfig.for_device(torch.device(device), rows, state_bytes).form == form
+
+
+def test_the_runner_launches_a_program_per_walk_of_its_geometry() -> None:
+    paper = random_tree("paper", random.Random(3))  # built with the default geometry's counts
+    assert gdn_paths(False, (GeometryConfig(), SuffixDrafter())) == count_paths(paper)
+    assert gdn_paths(True, None) == 1  # a chain is one path
+    assert gdn_paths(False, None) == DEFAULT_PATHS  # host-fed trees: any count, looping past it
