@@ -18,6 +18,7 @@ from lumobench.bench.kernels.command import kernels_command
 from lumobench.bench.loop import loop_app
 from lumobench.bench.metrics_delta import metrics_delta_command
 from lumobench.bench.prefill import prefill_command
+from lumobench.bench.read_floor import read_floor_command
 from lumobench.bench.row_invariance import row_invariance_command
 from lumobench.bench.server_memory import server_memory_command
 from lumobench.bench.skinny_gemm import skinny_gemm_command
@@ -37,6 +38,7 @@ bench_app.command("draft-vocab")(draft_vocab_command)
 bench_app.command("kernels")(kernels_command)
 bench_app.command("ablate-gdn")(ablate_gdn_command)
 bench_app.command("skinny-gemm")(skinny_gemm_command)
+bench_app.command("read-floor")(read_floor_command)
 bench_app.command("attention")(attention_command)
 bench_app.command("cycle")(cycle_command)
 bench_app.command("cycle-profile")(cycle_profile_command)
