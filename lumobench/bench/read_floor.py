@@ -95,6 +95,8 @@ def bench_read_floor(timer: Timer, bandwidth: float) -> list[dict]:
         weights = _weight_copies(n, k, device)
         for per_sm in PROGRAMS_PER_SM:
             programs = per_sm * sms
+            if programs * READ_BLOCK > n * k:
+                continue  # fewer than one block a program
             out = torch.empty(programs, READ_BLOCK, dtype=torch.float32, device=device)
             read = programs * read_chunk(n * k, programs) * 2
             for warps in READ_WARPS:
