@@ -242,6 +242,13 @@ def attention_command(
     sweep: Annotated[
         bool, typer.Option(help="Time a grid of tiles and split rules, not only the engine's.")
     ] = False,
+    tiles: Annotated[
+        str,
+        typer.Option(
+            help="Also time these tiles at the engine's split rule: comma-separated BM/BN/warps/stages, "
+            "e.g. 128/64/8/2."
+        ),
+    ] = "",
     iters: int = 30,
     warmup: int = 5,
 ) -> None:
@@ -253,6 +260,11 @@ def attention_command(
         ctxs = sorted({int(c) for c in contexts.split(",")})
     except ValueError:
         typer.echo(f"error: --contexts takes comma-separated integers, got {contexts!r}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        extra = parse_tiles(tiles)
+    except ValueError as exc:
+        typer.echo(f"error: --tiles: {exc}", err=True)
         raise typer.Exit(2) from None
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)
@@ -279,6 +291,9 @@ def attention_command(
     rows = measure([engine], workloads, timer, bandwidth)
     stages = stage_rows(engine, workloads, timer)
     write(out, meta, rows, stages, ctxs)  # after each phase: a time limit keeps what was measured
+    if extra:
+        rows += measure([Setting(c) for c in extra], workloads, timer, bandwidth)
+        write(out, meta, rows, stages, ctxs)
     if sweep:
         tiles = [Setting(c) for c in SWEEP_TILES if c != engine.config]
         rows += measure(tiles, workloads, timer, bandwidth)
@@ -293,6 +308,18 @@ def attention_command(
         rows += measure(rules, workloads, timer, bandwidth)
         write(out, meta, rows, stages, ctxs)
     print((out / "attention.md").read_text())
+
+
+def parse_tiles(text: str) -> list[AttentionConfig]:
+    """Configs from "BM/BN/warps/stages,..." (empty: none); ValueError naming a malformed entry."""
+    configs = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        parts = entry.split("/")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{entry!r} is not BM/BN/warps/stages (four positive integers)")
+        bm, bn, warps, stages = map(int, parts)
+        configs.append(AttentionConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
+    return configs
 
 
 def write(out: Path, meta: dict, rows: list[dict], stages: list[dict], contexts: list[int]) -> None:

@@ -557,7 +557,13 @@ def gemv_lines(result: dict) -> list[str]:
     fractions = result.get("gemv_fraction_of_copy_bw")
     if not fractions:
         return []
-    lines = ["", "The skinny GEMM alone (its for_shape config), fraction of the copy bandwidth by rows:", ""]
+    lines = [
+        "",
+        "The skinny GEMM alone (its for_shape config), fraction of the copy bandwidth by rows, from the "
+        "time one GEMM adds to a graph of them (`lumobench bench skinny-gemm`: a graph launch's own "
+        "constant drops out; from session 14 on, earlier tables shared it among the copies):",
+        "",
+    ]
     counts = sorted({int(m) for per_rows in fractions.values() for m in per_rows})
     lines.append("| N x K | " + " | ".join(f"{m} rows" for m in counts) + " |")
     lines.append("| --- |" + " ---: |" * len(counts))

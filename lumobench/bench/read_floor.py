@@ -6,7 +6,8 @@ projection streams at 103 %. Two questions decide what a faster GEMV needs:
 
 1. the read floor: what a kernel that only reads (and sums) the same bytes reaches in one launch
    inside a CUDA graph, by program count (`stream_read_kernel`, one contiguous chunk a program),
-   as the GEMM is timed (one graph over weight copies past the L2);
+   as the GEMM is timed (what one launch adds to a graph of them over weight copies past the L2:
+   `skinny_gemm.ms_per_gemm`);
 2. the GEMM by program count: the skinny GEMM's split count swept (64-wide blocks, 128-deep tiles,
    3 stages) at 1, 6 and 32 rows, from one wave of programs to several.
 
@@ -25,7 +26,7 @@ import triton.language as tl
 import typer
 
 from lumobench.bench.output import command_line
-from lumobench.bench.skinny_gemm import SHAPES, _ms_per_gemm, _weight_copies
+from lumobench.bench.skinny_gemm import SHAPES, ms_per_gemm, weight_copies
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 
@@ -81,7 +82,7 @@ def stream_read(
 
 
 def _reader(programs: int, out: torch.Tensor, warps: int):
-    """A (x, w) callable for _ms_per_gemm that reads w with stream_read (x unused)."""
+    """A (x, w) callable for ms_per_gemm that reads w with stream_read (x unused)."""
     return lambda _x, w: stream_read(w, programs, out, warps)
 
 
@@ -92,7 +93,7 @@ def bench_read_floor(timer: Timer, bandwidth: float) -> list[dict]:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     results = []
     for n, k in SHAPES:
-        weights = _weight_copies(n, k, device)
+        weights = weight_copies(n, k, device)
         for per_sm in PROGRAMS_PER_SM:
             programs = per_sm * sms
             if programs * READ_BLOCK > n * k:
@@ -100,7 +101,7 @@ def bench_read_floor(timer: Timer, bandwidth: float) -> list[dict]:
             out = torch.empty(programs, READ_BLOCK, dtype=torch.float32, device=device)
             read = programs * read_chunk(n * k, programs) * 2
             for warps in READ_WARPS:
-                ms = _ms_per_gemm(timer, _reader(programs, out, warps), None, weights)
+                ms, _ = ms_per_gemm(timer, _reader(programs, out, warps), None, weights)
                 fraction = read / (ms * 1e-3) / bandwidth
                 results.append(dict(kind="read", n=n, k=k, programs=programs, warps=warps, bytes=read,
                                     us=ms * 1e3, fraction_of_copy_bw=fraction))  # fmt: skip
@@ -115,7 +116,7 @@ def bench_gemm_programs(timer: Timer, bandwidth: float) -> list[dict]:
     device = torch.device("cuda")
     results = []
     for n, k in SHAPES:
-        weights = _weight_copies(n, k, device)
+        weights = weight_copies(n, k, device)
         for m in GEMM_ROWS:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
@@ -123,7 +124,7 @@ def bench_gemm_programs(timer: Timer, bandwidth: float) -> list[dict]:
                 if k // (128 * splits) < 2:
                     continue
                 cfg = SkinnyConfig(64, 128, 4, 3, splits)
-                ms = _ms_per_gemm(timer, lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c), x, weights)
+                ms, _ = ms_per_gemm(timer, lambda x, w, c=cfg, o=out: skinny_linear(x, w, o, c), x, weights)
                 results.append(dict(kind="gemm", n=n, k=k, rows=m, splits=splits,
                                     programs=triton.cdiv(n, 64) * splits, us=ms * 1e3,
                                     fraction_of_copy_bw=n * k * 2 / (ms * 1e-3) / bandwidth))  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumobench.bench.attention import ROW_SETS, Setting, Workload, rank, render, row_set
+from lumobench.bench.attention import ROW_SETS, Setting, Workload, parse_tiles, rank, render, row_set
 from lumobench.bench.kernels.decode import AttentionShape
 from lumotree.verify.attention.decode import AttentionConfig
 
@@ -53,3 +53,20 @@ def test_settings_rank_by_the_trees_summed_time_and_incomplete_ones_drop_out() -
     table = render(rows, [], order, [4096, 32768])
     assert table.index("| fast |") < table.index("| slow |")
     assert "| broken |" not in table and "Settings that failed: broken" in table
+
+
+def test_parse_tiles_reads_configs_and_names_a_bad_entry():
+    configs = parse_tiles("128/64/8/2, 64/32/4/3")
+    tiles = [(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in configs]
+    assert tiles == [(128, 64, 8, 2), (64, 32, 4, 3)]
+    assert parse_tiles("") == []
+    with pytest.raises(ValueError, match="'128/64/8'"):
+        parse_tiles("128/64/8")
+
+
+def test_a_128_row_query_tile_matches_the_reference() -> None:
+    """The tiles --tiles adds: a query tile taller than every grouped row of the tree (padding)."""
+    work = Workload(
+        row_set("tree", 40), SHAPE, torch.device("cpu"), 2, capacity=100, layers=1, dtype=torch.float32
+    )
+    assert work.max_error(Setting(AttentionConfig(block_m=128, block_n=16, num_warps=8), keys=16)) < 1e-5
