@@ -62,7 +62,7 @@ KERNELS = {
     "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8, RP=32), dict(num_warps=1)),
     "paths scan": (paths_scan.gdn_paths_kernel, dict(QWEN, V=128, BV=8, RP=32, PATHS=8), dict(num_warps=1)),
 }
-# The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with one and two 16-row tiles.
+# The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with 16- and 32-row tiles.
 for block_n, block_k, tiles, splits in (
     (128, 64, 1, 1),
     (128, 64, 2, 1),
@@ -73,7 +73,7 @@ for block_n, block_k, tiles, splits in (
 ):
     KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if splits > 1 else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
-        dict(TILES=tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLITS=splits),
+        dict(ROWS=16 * tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLITS=splits),
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
@@ -144,7 +144,7 @@ KERNELS["tree attention tail"] = (
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
 KERNELS["skinny n64 k128 t1 split m1"] = (
     skinny_gemm.skinny_gemm_kernel,
-    dict(M=1, TILES=1, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3),
+    dict(M=1, ROWS=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3),
     dict(num_warps=4, num_stages=3),
     tuple(a for a in SKINNY_DIVISIBLE if a != "M"),
 )

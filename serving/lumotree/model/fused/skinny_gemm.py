@@ -4,18 +4,18 @@ Memory-bound streaming of nn.Linear weights: each program owns BLOCK_N output co
 share of K (all of it, or one of `splits` equal ranges for narrow outputs, whose fp32 partials the
 range that finishes last sums in split order, in the same launch: a count per output block, no
 atomics on values), loading [BLOCK_N, BLOCK_K] weight tiles along w's
-contiguous rows and multiplying them with tl.dot against the rows of x, padded to 16-row tiles by
-masks (1..16 rows: one tile, 17..32: two). Accumulation is fp32; the output is in x's dtype.
+contiguous rows and multiplying them with tl.dot against the rows of x, padded by masks to one row
+tile (16 rows for 1..16, 32 for 17..32: one dot a K step, not two 16-row ones). Accumulation is
+fp32; the output is in x's dtype.
 
-Batch invariance: a row's arithmetic is one fixed-shape dot per K step, [BLOCK_N, BLOCK_K] x
-[BLOCK_K, 16], in the same K order (and the same splits, summed in order) for every M, and a row
-tile's dot never reads another tile's rows.
-So the result of a row depends on M only through its position inside its 16-row tile (padding rows
-are zeros). Under the interpreter the tests check it bit for bit with tl.dot summing in a fixed order
-(numpy's matmul sums in its BLAS kernel's order, which may follow the column and the CPU). On the
-GPU it holds if the MMA instruction computes each output element the same way in every column of
-its tile, which NVIDIA does not document (tests/kernel_tests/test_gpu_skinny_gemm.py checks it). Not
-guaranteed: the same result across configs, or against F.linear for M > 32.
+Batch invariance: a row's arithmetic is one dot per K step, [BLOCK_N, BLOCK_K] x [BLOCK_K, ROWS],
+in the same K order (and the same splits, summed in order) for every M, each output column its own
+sum of products. So the result of a row does not depend on M if the MMA instruction computes each
+output element the same way in every column of a 16- or 32-column tile (padding rows are zeros).
+Under the interpreter the tests check it bit for bit with tl.dot summing in a fixed order (numpy's
+matmul sums in its BLAS kernel's order, which may follow the column and the CPU). On the GPU NVIDIA
+does not document it (tests/kernel_tests/test_gpu_skinny_gemm.py checks it). Not guaranteed: the
+same result across configs, or against F.linear for M > 32.
 """
 
 from __future__ import annotations
@@ -141,51 +141,43 @@ def skinny_gemm_kernel(
     stride_xm,
     stride_ym,
     k_per_split,
-    TILES: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
 ):
-    """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)). With SPLITS > 1
-    each K range stores its fp32 partial sums [M, N] at part_ptr + split * M * N and counts itself
-    in count_ptr[block]; the range that counts last sums all partials in split order into y and
-    resets the count to 0 (one launch, no atomics on the values, the same sums every time)."""
+    """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
+    ROWS-tall tile (16 or 32). With SPLITS > 1 each K range stores its fp32 partial sums [M, N] at
+    part_ptr + split * M * N and counts itself in count_ptr[block]; the range that counts last sums
+    all partials in split order into y and resets the count to 0 (one launch, no atomics on the
+    values, the same sums every time)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    rows = tl.arange(0, 16)
+    rows = tl.arange(0, ROWS)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
-    acc0 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
-        acc0 = _row_tile_dot(acc0, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
-        if TILES == 2:
-            acc1 = _row_tile_dot(acc1, w, x_ptr, rows + 16, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
+        acc = _row_tile_dot(acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
     if SPLITS == 1:
-        _store_tile(y_ptr, acc0, rows, offs_n, M, N, stride_ym)
-        if TILES == 2:
-            _store_tile(y_ptr, acc1, rows + 16, offs_n, M, N, stride_ym)
+        _store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym)
     else:
         part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
-        _store_tile(part, acc0, rows, offs_n, M, N, N)
-        if TILES == 2:
-            _store_tile(part, acc1, rows + 16, offs_n, M, N, N)
+        _store_tile(part, acc, rows, offs_n, M, N, N)
         # release: this range's partials are visible before its count; acquire: the last range
         # sees every other range's partials
         done = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
         if done == SPLITS - 1:
             _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, SPLITS)
-            if TILES == 2:
-                _sum_splits(part_ptr, y_ptr, rows + 16, offs_n, M, N, stride_ym, SPLITS)
             tl.store(count_ptr + block, 0)
 
 
@@ -242,6 +234,11 @@ def dot_precision(x: Tensor) -> str:
     return "tf32x3" if x.is_cuda else "ieee"
 
 
+def row_tile(m: int) -> int:
+    """The height of the one row tile of an m-row launch: 16 for 1..16 rows, 32 for 17..32."""
+    return ROW_TILE * triton.cdiv(m, ROW_TILE)
+
+
 def _wide_linear(x: Tensor, w: Tensor) -> Tensor:
     """x @ w^T in fp32 from bf16 operands: cuBLAS's fp32-output GEMM (CUDA), or fp32 copies."""
     return torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda else F.linear(x.float(), w.float())
@@ -282,7 +279,7 @@ def skinny_linear(
         x.stride(0),
         y.stride(0),
         k_per_split,
-        TILES=triton.cdiv(m, ROW_TILE),
+        ROWS=row_tile(m),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0,
