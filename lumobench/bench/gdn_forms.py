@@ -33,11 +33,18 @@ CHAIN_ROWS = 6  # MTP-5: the root and five drafts
 SCANS = ("paths",)  # the forms besides the row scan with its bits
 
 
-def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device, seed: int) -> list[dict]:
+def scans_match_rows(
+    cfg: HybridConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    paths: device_ops.GdnConfig | None = None,
+) -> list[dict]:
     """Per random tree shape: one GDN layer of `cfg`'s shapes (random operands and gates) verified by
-    the row scan and the paths scan (the default path programs, so that trees with more walks loop)
-    from the same inputs; a scan is equal to the row scan when every output and record of an active
-    row is bitwise equal."""
+    the row scan and the paths scan (`paths`, default its plain config; the default path programs,
+    so that trees with more walks loop) from the same inputs; a scan is equal to the row scan when
+    every output and record of an active row is bitwise equal."""
+    configs = {"rows": device_ops.GdnConfig(form="rows"), "paths": paths or device_ops.GdnConfig("paths")}
     gen = torch.Generator(device=device).manual_seed(seed)
     h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -53,10 +60,7 @@ def scans_match_rows(cfg: HybridConfig, dtype: torch.dtype, device: torch.device
         x = GdnInputs(*(randn(*s).to(dtype) for s in shapes), randn(hv).abs().log(), randn(hv))
         state = randn(hv, dv, dk) * 0.1
         tables = DeviceTree(rows, MAX_DEPTH, device).load_(tree)
-        got = {
-            form: device_ops.gdn_verify(x, state, tables, device_ops.GdnConfig(form=form))
-            for form in ("rows", *SCANS)
-        }
+        got = {form: device_ops.gdn_verify(x, state, tables, configs[form]) for form in ("rows", *SCANS)}
         active = tree.n_active
         case = {"shape": shape, "rows": active, "depth": int(tree.depth.max()), "paths": count_paths(tree)}
         for form in SCANS:
@@ -98,6 +102,13 @@ def markdown(doc: dict) -> str:
     for c in doc["scans_vs_rows"]:
         equal = " | ".join(str(c[f"{form}_equal"]) for form in SCANS)
         lines.append(f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['paths']} | {equal} |")
+    if doc.get("paths_register_caps"):
+        lines += ["", "The paths scan under register caps (model order; bits against the row scan):", ""]
+        lines += ["| registers | tree ms | chain ms | row scan's bits |", "| ---: | ---: | ---: | --- |"]
+        lines += [
+            f"| {cap} | {r['tree_ms']:.3f} | {r['chain_ms']:.3f} | {r['equal_to_rows']} |"
+            for cap, r in doc["paths_register_caps"].items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -110,11 +121,23 @@ def gdn_forms_command(
     ] = "qwen3.5-27b",
     iters: Annotated[int, typer.Option(min=1, help="Timed graph replays per form.")] = 50,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
+    paths_registers: Annotated[
+        str,
+        typer.Option(
+            help="Also time the paths scan under these register caps a thread (comma-separated), "
+            "with its bits checked against the row scan's."
+        ),
+    ] = "",
 ) -> None:
     """Time the GDN verification forms in model order and check the scans' bits against the row scan."""
     if not torch.cuda.is_available():
         typer.echo("error: the GDN forms bench needs a CUDA GPU", err=True)
         raise typer.Exit(2)
+    try:
+        caps = [int(c) for c in paths_registers.split(",") if c.strip()]
+    except ValueError:
+        typer.echo(f"error: --paths-registers takes integers, got {paths_registers!r}", err=True)
+        raise typer.Exit(2) from None
     device = torch.device("cuda")
     try:
         if preset == "shipped":
@@ -137,6 +160,16 @@ def gdn_forms_command(
             form: gdn_model_order(model, chain, timer, device_ops.GdnConfig(form=form))
             for form in ("rows", *SCANS)
         }
+        capped = {}
+        for cap in caps:
+            cfg = device_ops.GdnConfig(form="paths", max_registers=cap)
+            capped[str(cap)] = {
+                "tree_ms": gdn_model_order(model, tree, timer, cfg),
+                "chain_ms": gdn_model_order(model, chain, timer, cfg),
+                "equal_to_rows": all(
+                    c["paths_equal"] for c in scans_match_rows(model.config, torch.bfloat16, device, 3, cfg)
+                ),
+            }
     doc = {
         "preset": preset,
         "device": torch.cuda.get_device_name(),
@@ -148,6 +181,7 @@ def gdn_forms_command(
         "chain_rows": CHAIN_ROWS,
         "chain_model_order_ms": chain_timed,
         "scans_vs_rows": scans,
+        "paths_register_caps": capped,
         "command": command_line("gdn-forms"),
         "commit": current_commit(),
     }

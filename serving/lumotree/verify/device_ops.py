@@ -74,6 +74,7 @@ class GdnConfig:
     num_warps: int = 8
     precision: str = "tf32x3"
     solve: str = "substitution"
+    max_registers: int | None = None  # the paths scan's register cap (None: the compiler's choice)
 
     @classmethod
     def for_device(cls, device: torch.device, rows: int = 1, state_bytes: int = 0) -> GdnConfig:
@@ -120,7 +121,7 @@ def gdn_verify(
         gdn_rows_(x, state.contiguous(), tree.gdn, o, ops)
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     if cfg.form == "paths":
-        gdn_paths_(x, state.contiguous(), tree.gdn, o, ops)
+        gdn_paths_(x, state.contiguous(), tree.gdn, o, ops, cfg.max_registers)
         return GdnVerifyResult(o=o, operands=ops, cut_states=state.new_empty((0, hv, dv, dk)))
     gdn_tree_(
         x.map(Tensor.contiguous),

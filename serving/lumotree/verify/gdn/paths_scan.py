@@ -165,10 +165,19 @@ def gdn_paths_kernel(
             node = following
 
 
-def gdn_paths_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands) -> None:
+def gdn_paths_(
+    x: GdnInputs,
+    state: Tensor,
+    tables: AncestryTables,
+    o: Tensor,
+    ops: GdnOperands,
+    max_registers: int | None = None,
+) -> None:
     """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be strided, as column
     slices of a wider output: `row_scan.row_strided`), state [HV, V, K] fp32 (read only), the tables
-    of R rows on the device; writes o [R, HV, V] and the records (as `row_scan.gdn_rows_`)."""
+    of R rows on the device; writes o [R, HV, V] and the records (as `row_scan.gdn_rows_`).
+    max_registers caps the kernel's registers a thread (more programs resident; None: the
+    compiler's choice); the arithmetic is the same whatever the cap."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     bv = default_block_v(dv, state.device)
@@ -177,5 +186,5 @@ def gdn_paths_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, o
         *x.tensors(), state, tables.ancestry, tables.n_active, tables.path_end, tables.path_start,
         tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides,
         H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), PATHS=tables.paths,
-        num_warps=DEFAULT_REPLAY_WARPS,
+        num_warps=DEFAULT_REPLAY_WARPS, maxnreg=max_registers,
     )  # fmt: skip
