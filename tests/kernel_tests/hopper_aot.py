@@ -21,6 +21,7 @@ from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
+from lumotree.verify import device_ops
 from lumotree.verify.attention import decode as attention
 from lumotree.verify.gdn import paths_scan, row_scan, tree_scan, tree_value_major
 
@@ -61,6 +62,11 @@ KERNELS = {
     ),
     "row scan": (row_scan.gdn_rows_kernel, dict(QWEN, V=128, BV=8, RP=32), dict(num_warps=1)),
     "paths scan": (paths_scan.gdn_paths_kernel, dict(QWEN, V=128, BV=8, RP=32, PATHS=8), dict(num_warps=1)),
+    "paths scan, tree register cap": (
+        paths_scan.gdn_paths_kernel,
+        dict(QWEN, V=128, BV=8, RP=32, PATHS=8),
+        dict(num_warps=1, maxnreg=device_ops.PATHS_TREE_REGISTERS),
+    ),
 }
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with 16- and 32-row tiles.
 for block_n, block_k, tiles, splits in (

@@ -203,19 +203,20 @@ def test_a_launch_needs_a_path_program() -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "rows", "state_bytes", "form"),
+    ("device", "rows", "state_bytes", "form", "registers"),
     [
-        ("cuda", 32, 48 * 128 * 128 * 4, "paths"),  # the paper tree at Qwen3.5-27B's states
-        ("cuda", 6, 48 * 128 * 128 * 4, "paths"),  # MTP-5's chain
-        ("cuda", 1, 48 * 128 * 128 * 4, "rows"),  # the AR step
-        ("cuda", 32, 4 * 64 * 64 * 4, "rows"),  # the shipped model: the row scan's parallelism wins
-        ("cpu", 32, 48 * 128 * 128 * 4, "rows"),  # the interpreter
+        ("cuda", 32, 48 * 128 * 128 * 4, "paths", 128),  # the paper tree at Qwen3.5-27B's states
+        ("cuda", 6, 48 * 128 * 128 * 4, "paths", None),  # MTP-5's chain: uncapped
+        ("cuda", 1, 48 * 128 * 128 * 4, "rows", None),  # the AR step
+        ("cuda", 32, 4 * 64 * 64 * 4, "rows", None),  # the shipped model: the row scan's parallelism wins
+        ("cpu", 32, 48 * 128 * 128 * 4, "rows", None),  # the interpreter
     ],
 )
 def test_the_engine_picks_the_paths_scan_for_chains_and_trees_over_large_states(
-    device: str, rows: int, state_bytes: int, form: str
+    device: str, rows: int, state_bytes: int, form: str, registers: int | None
 ) -> None:
-    assert device_ops.GdnConfig.for_device(torch.device(device), rows, state_bytes).form == form
+    config = device_ops.GdnConfig.for_device(torch.device(device), rows, state_bytes)
+    assert (config.form, config.max_registers) == (form, registers)
 
 
 def test_the_runner_launches_a_program_per_walk_of_its_geometry() -> None:

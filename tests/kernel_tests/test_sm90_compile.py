@@ -36,13 +36,18 @@ def compiled() -> dict:
     "kernel",
     [
         "value-major prepare", "value-major apply", "tree-parallel", "row scan", "paths scan",
-        "tree drafter append",
+        "paths scan, tree register cap", "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
         "tree attention tail",
     ],
 )  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:
     assert compiled[kernel]["ok"], compiled[kernel]["error"]
+
+
+def test_the_tree_register_cap_holds_the_paths_scan_to_its_registers(compiled: dict) -> None:
+    capped, free = compiled["paths scan, tree register cap"], compiled["paths scan"]
+    assert 0 < capped["registers"] <= 128 < free["registers"], (capped["registers"], free["registers"])
 
 
 def test_value_major_state_products_run_on_wgmma(compiled: dict) -> None:

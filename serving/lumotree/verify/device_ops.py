@@ -59,6 +59,11 @@ GDN_FORMS = ("rows", "paths", "wy")
 # program). One-row steps keep the row scan.
 PATHS_MIN_STATE_BYTES = 2**20
 PATHS_MIN_ROWS = 2
+# Trees of this many rows or more cap the paths scan at PATHS_TREE_REGISTERS a thread (more walks
+# resident an SM, the same arithmetic): the paper tree at 27B 1.406 ms against 1.462 uncapped, MTP-5's
+# chain 0.496 against 0.488 (results/h200/gdn-forms.md, session 14), so chains stay uncapped.
+PATHS_TREE_ROWS = 16
+PATHS_TREE_REGISTERS = 128
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,13 @@ class GdnConfig:
     def for_device(cls, device: torch.device, rows: int = 1, state_bytes: int = 0) -> GdnConfig:
         """The engine's choice for `rows` verified rows over a layer state of `state_bytes`: on CUDA
         the paths scan for PATHS_MIN_ROWS rows or more (MTP-5's chain and the trees) over large
-        states, else the row scan (the same bits either way), the WY settings tf32x3; on a CPU (the
-        interpreter) the row scan and exact fp32."""
+        states, its registers capped for trees of PATHS_TREE_ROWS rows or more, else the row scan
+        (the same bits either way), the WY settings tf32x3; on a CPU (the interpreter) the row scan
+        and exact fp32."""
         if device.type == "cuda":
-            wide = rows >= PATHS_MIN_ROWS and state_bytes >= PATHS_MIN_STATE_BYTES
-            return cls(form="paths" if wide else "rows")
+            if rows < PATHS_MIN_ROWS or state_bytes < PATHS_MIN_STATE_BYTES:
+                return cls(form="rows")
+            return cls(form="paths", max_registers=PATHS_TREE_REGISTERS if rows >= PATHS_TREE_ROWS else None)
         return cls(block_v=32, num_warps=4, precision="ieee")
 
     def __post_init__(self) -> None:
