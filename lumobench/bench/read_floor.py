@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 import typer
 
-from lumobench.bench.output import command_line
+from lumobench.bench.output import command_line, current_commit
 from lumobench.bench.skinny_gemm import SHAPES, ms_per_gemm, weight_copies
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
@@ -133,12 +133,13 @@ def bench_gemm_programs(timer: Timer, bandwidth: float) -> list[dict]:
     return results
 
 
-def render(results: list[dict]) -> str:
-    """Two markdown tables: the read floor (fraction of copy bandwidth by programs per SM, best warp
-    count) and the GEMM by split count (us and fraction at each row count)."""
+def render(results: list[dict], head: str = "") -> str:
+    """`head`, then two markdown tables: the read floor (fraction of copy bandwidth by programs per
+    SM, best warp count) and the GEMM by split count (us and fraction at each row count)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     reads = [r for r in results if r["kind"] == "read"]
-    lines = ["Read floor: one read-and-sum kernel over each shape's bytes (best of 4 / 8 warps):", "",
+    lines = [head, ""] if head else []
+    lines += ["Read floor: one read-and-sum kernel over each shape's bytes (best of 4 / 8 warps):", "",
              "| N x K | MB | " + " | ".join(f"{p}/SM" for p in PROGRAMS_PER_SM) + " |",
              "|---|---:|" + "---:|" * len(PROGRAMS_PER_SM)]  # fmt: skip
     for n, k in SHAPES:
@@ -186,7 +187,9 @@ def read_floor_command(
         device=torch.cuda.get_device_name(), command=command_line("read-floor"), copy_bandwidth=bandwidth
     )
     (out / "read_floor.json").write_text(json.dumps(dict(meta, results=results), indent=2))
-    table = render(results)
+    head = (f"Command: `{meta['command']}` at commit {current_commit()} ({meta['device']}); each figure what "
+            "one launch adds to a CUDA graph of them over weight copies past the L2.")  # fmt: skip
+    table = render(results, head)
     (out / "read_floor.md").write_text(table)
     print(table)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 import typer
 
-from lumobench.bench.output import command_line
+from lumobench.bench.output import command_line, current_commit
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 from lumotree.verify.graphs import CapturedStage
@@ -316,7 +316,9 @@ def skinny_gemm_command(
         _write_results(out, "skinny_sweep", sweep_skinny_gemm())
     else:
         results = bench_skinny_gemm(iters=iters, warmup=warmup)
-        table = render_table(results)
+        device = torch.cuda.get_device_name()
+        head = f"Command: `{command_line('skinny-gemm')}` at commit {current_commit()} ({device})."
+        table = head + "\n\n" + render_table(results)
         _write_results(out, "skinny_gemm", results, table)
         print(table)
 
