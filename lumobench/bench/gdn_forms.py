@@ -22,10 +22,12 @@ from lumobench.checks.random_trees import SHAPES, paper_tree, random_tree
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.model import default_model_path, load_checkpoint
 from lumotree.model.config import HybridConfig
+from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
-from lumotree.tree import MAX_DEPTH, chain_tree
+from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn import common
 from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
@@ -102,6 +104,22 @@ def markdown(doc: dict) -> str:
     for c in doc["scans_vs_rows"]:
         equal = " | ".join(str(c[f"{form}_equal"]) for form in SCANS)
         lines.append(f"| {c['shape']} | {c['rows']} | {c['depth']} | {c['paths']} | {equal} |")
+    if doc.get("block_v"):
+        lines += [
+            "",
+            "Value-tile heights (the row scan, the paths scan and the replay alike; model order):",
+            "",
+        ]
+        lines += [
+            "| rows a tile | tree rows / paths ms | chain rows / paths ms | one-row step ms | paths = rows |"
+        ]
+        lines += ["| ---: | ---: | ---: | ---: | --- |"]
+        lines += [
+            f"| {bv} | {r['tree_ms']['rows']:.3f} / {r['tree_ms']['paths']:.3f} | "
+            f"{r['chain_ms']['rows']:.3f} / {r['chain_ms']['paths']:.3f} | {r['ar_rows_ms']:.3f} | "
+            f"{r['paths_equal']} |"
+            for bv, r in doc["block_v"].items()
+        ]
     if doc.get("paths_register_caps"):
         lines += ["", "The paths scan under register caps (model order; bits against the row scan):", ""]
         lines += ["| registers | tree ms | chain ms | row scan's bits |", "| ---: | ---: | ---: | --- |"]
@@ -110,6 +128,26 @@ def markdown(doc: dict) -> str:
             for cap, r in doc["paths_register_caps"].items()
         ]
     return "\n".join(lines) + "\n"
+
+
+def block_v_row(model: HybridLM, tree: TreeDescriptor, chain: TreeDescriptor, timer: Timer, bv: int) -> dict:
+    """The row and paths scans at value-tile height bv (model order: the paper tree, the chain, a
+    one-row step) and whether the paths scan keeps the row scan's bits on the random trees."""
+    saved = common.DEVICE_BLOCK_V
+    common.DEVICE_BLOCK_V = bv
+    try:
+        forms = {f: device_ops.GdnConfig(form=f) for f in ("rows", "paths")}
+        one_row = chain_tree([1], prefix_len=4096, max_depth=MAX_DEPTH)
+        return {
+            "tree_ms": {f: gdn_model_order(model, tree, timer, c) for f, c in forms.items()},
+            "chain_ms": {f: gdn_model_order(model, chain, timer, c) for f, c in forms.items()},
+            "ar_rows_ms": gdn_model_order(model, one_row, timer, forms["rows"]),
+            "paths_equal": all(
+                c["paths_equal"] for c in scans_match_rows(model.config, torch.bfloat16, model.device, 3)
+            ),
+        }
+    finally:
+        common.DEVICE_BLOCK_V = saved
 
 
 def gdn_forms_command(
@@ -121,6 +159,13 @@ def gdn_forms_command(
     ] = "qwen3.5-27b",
     iters: Annotated[int, typer.Option(min=1, help="Timed graph replays per form.")] = 50,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
+    block_v: Annotated[
+        str,
+        typer.Option(
+            help="Also time the row and paths scans (tree, chain, one-row step) at these value-tile "
+            "heights (comma-separated; the replay takes the same), with the paths scan's bits checked."
+        ),
+    ] = "",
     paths_registers: Annotated[
         str,
         typer.Option(
@@ -135,8 +180,9 @@ def gdn_forms_command(
         raise typer.Exit(2)
     try:
         caps = [int(c) for c in paths_registers.split(",") if c.strip()]
+        heights = [int(c) for c in block_v.split(",") if c.strip()]
     except ValueError:
-        typer.echo(f"error: --paths-registers takes integers, got {paths_registers!r}", err=True)
+        typer.echo("error: --paths-registers and --block-v take comma-separated integers", err=True)
         raise typer.Exit(2) from None
     device = torch.device("cuda")
     try:
@@ -170,6 +216,7 @@ def gdn_forms_command(
                     c["paths_equal"] for c in scans_match_rows(model.config, torch.bfloat16, device, 3, cfg)
                 ),
             }
+        by_height = {str(bv): block_v_row(model, tree, chain, timer, bv) for bv in heights}
     doc = {
         "preset": preset,
         "device": torch.cuda.get_device_name(),
@@ -182,6 +229,7 @@ def gdn_forms_command(
         "chain_model_order_ms": chain_timed,
         "scans_vs_rows": scans,
         "paths_register_caps": capped,
+        "block_v": by_height,
         "command": command_line("gdn-forms"),
         "commit": current_commit(),
     }

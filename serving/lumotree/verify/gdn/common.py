@@ -128,14 +128,17 @@ def ancestry_masks(anc_ptr, nactive_ptr, R, RP: tl.constexpr):
     return rows, in_range, valid, anc, anc & (rows[:, None] != rows[None, :])
 
 
+DEVICE_BLOCK_V = 8  # the step-loop kernels' value-tile height on a GPU (default_block_v)
+
+
 def default_block_v(dv: int, device: torch.device | None = None) -> int:
-    """Value-tile height of the step-loop kernels (path scan, replay, row scan): 8 rows (an
-    [8, K<=128] fp32 tile per 2 warps), the fastest measured (results/h200); on a CPU (the
+    """Value-tile height of the step-loop kernels (path scan, replay, row scan): DEVICE_BLOCK_V
+    rows (an [8, K<=128] fp32 tile a warp), the fastest measured (results/h200); on a CPU (the
     interpreter) the whole value dim, so that far fewer programs run. The row scan and the replay
     take the same height on a device, so they sum in the same order."""
     if device is not None and device.type == "cpu":
         return triton.next_power_of_2(dv)
-    return min(8, triton.next_power_of_2(dv))
+    return min(DEVICE_BLOCK_V, triton.next_power_of_2(dv))
 
 
 def check_power_of_two(name: str, n: int) -> None:
