@@ -38,11 +38,22 @@ TYPES = {
 }
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
-TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr")}
-TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym", "k_per_split")}
+TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "r_ptr")}
+TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym", "stride_rm", "k_per_split")}
 # Arguments the launcher specializes as divisible by 16 at Qwen shapes (16-byte aligned pointers, K and
 # strides multiples of 16): without that the compiler cannot vectorize the weight loads nor pipeline them.
-SKINNY_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym", "k_per_split")
+SKINNY_DIVISIBLE = (
+    "x_ptr",
+    "w_ptr",
+    "y_ptr",
+    "r_ptr",
+    "N",
+    "K",
+    "stride_xm",
+    "stride_ym",
+    "stride_rm",
+    "k_per_split",
+)
 TV = tree_value_major
 KERNELS = {
     "value-major prepare": (
@@ -79,7 +90,16 @@ for block_n, block_k, tiles, splits in (
 ):
     KERNELS[f"skinny n{block_n} k{block_k} t{tiles}{' split' if splits > 1 else ''}"] = (
         skinny_gemm.skinny_gemm_kernel,
-        dict(ROWS=16 * tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=True, PRECISION="tf32", SPLITS=splits),
+        dict(
+            ROWS=16 * tiles,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            EVEN_K=True,
+            PRECISION="tf32",
+            SPLITS=splits,
+            RESIDUAL=splits
+            > 1,  # the split shapes include the MLP's down projection, which adds the residual
+        ),
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
@@ -150,7 +170,7 @@ KERNELS["tree attention tail"] = (
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
 KERNELS["skinny n64 k128 t1 split m1"] = (
     skinny_gemm.skinny_gemm_kernel,
-    dict(M=1, ROWS=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3),
+    dict(M=1, ROWS=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3, RESIDUAL=True),
     dict(num_warps=4, num_stages=3),
     tuple(a for a in SKINNY_DIVISIBLE if a != "M"),
 )

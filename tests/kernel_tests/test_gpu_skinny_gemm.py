@@ -99,3 +99,16 @@ def test_split_k_in_one_launch_gives_the_same_result_every_time(n: int, k: int) 
     cfg = SkinnyConfig.for_shape(n, k, CUDA)
     assert cfg.splits > 1
     assert int(split_counts(CUDA, -(-n // cfg.block_n)).abs().sum()) == 0
+
+
+@pytest.mark.parametrize(("n", "k"), [(5120, 17408), (16480, 5120)])
+@pytest.mark.parametrize("m", ROWS)
+def test_the_residual_epilogue_has_the_bits_of_the_product_then_the_add(n: int, k: int, m: int) -> None:
+    """The MLP's down projection adds the residual as it stores (a split shape and an unsplit one):
+    bf16 outputs equal to the product stored and then added by PyTorch, bit for bit."""
+    w, x = _weights(n, k), _rows(m, k)
+    residual = _rows(m + 100, n)[:m]
+    y = poisoned((m, n), torch.bfloat16, CUDA)
+    skinny_linear(x, w, out=y, residual=residual)
+    assert_written(y)
+    assert torch.equal(y, skinny_linear(x, w) + residual)

@@ -150,3 +150,37 @@ def test_the_skinny_kernel_is_chosen_only_where_it_beat_cublas() -> None:
     for n, k in ((16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 17408)):
         assert beats_cublas(n, k, cpu, torch.bfloat16), (n, k)
     assert not beats_cublas(5120, 6144, cpu, torch.bfloat16)
+
+
+@pytest.mark.parametrize(("m", "n", "config"), [(3, 150, CONFIG), (20, 130, SPLIT)])
+def test_a_residual_is_added_as_the_product_stores_with_the_bits_of_the_add_after(
+    m: int, n: int, config: SkinnyConfig
+) -> None:
+    """The epilogue's sum equals the product stored and then added to the residual, bit for bit, in
+    the unsplit launch and in the split launch's final sum; every output element written."""
+    x, w = _case(m, n, seed=13 * m + n)
+    residual = torch.randn(m, n, generator=torch.Generator().manual_seed(m))
+    y = poisoned((m, n), torch.float32)
+    skinny_linear(x, w, out=y, config=config, residual=residual)
+    assert_written(y)
+    assert torch.equal(y, skinny_linear(x, w, config=config) + residual)
+    torch.testing.assert_close(y, skinny_linear_reference(x, w, residual), rtol=1e-5, atol=1e-5)
+
+
+def test_the_fallback_above_32_rows_adds_the_residual_too() -> None:
+    x, w = _case(40, 24, seed=5)
+    residual = torch.randn(40, 24, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(skinny_linear(x, w, residual=residual), x @ w.t() + residual)
+
+
+@pytest.mark.parametrize(
+    ("residual", "message"),
+    [
+        (torch.zeros(3, 9), r"residual must be \[3, 8\]"),
+        (torch.zeros(3, 8, dtype=torch.float64), r"residual must be \[3, 8\] torch.float32"),
+        (torch.zeros(8, 3).t(), "residual's rows must be contiguous"),
+    ],
+)
+def test_a_bad_residual_raises_value_error(residual: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        skinny_linear(torch.zeros(3, K), torch.zeros(8, K), config=CONFIG, residual=residual)

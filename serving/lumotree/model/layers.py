@@ -87,7 +87,8 @@ class DecoderLayer(nn.Module):
         return self._residual_mlp(h, mixer(self.input_layernorm(h)))
 
     def _residual_mlp(self, h: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
-        """h + mixed, then the pre-norm MLP on that sum, residual (the add and the norm fused)."""
+        """h + mixed, then the pre-norm MLP on that sum, residual (the add and the norm fused; the
+        MLP's down projection adds the residual as it stores)."""
         norm = self.post_attention_layernorm
         h, x = ops.add_rms_norm(h, mixed, norm.weight, norm.eps)
-        return h + self.mlp(x)
+        return self.mlp(x, residual=h)

@@ -24,11 +24,13 @@ class MLP(nn.Module):
         self.down_proj = ops.Linear(intermediate_size, hidden_size)
         self.fused: FusedProjection | None = None  # [gate | up], set by fuse_projections_
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., hidden] -> [..., hidden]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given (on the fused
+        path the down projection adds it as it stores)."""
         if self.fused is not None and ops.kernels_for(x) and self.fused.current():
-            return self.down_proj(ops.silu_mul(ops.linear(x, self.fused.weight)))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return ops.linear(ops.silu_mul(ops.linear(x, self.fused.weight)), self.down_proj.weight, residual)
+        out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out if residual is None else residual + out
 
 
 class SparseMoE(nn.Module):
@@ -56,8 +58,8 @@ class SparseMoE(nn.Module):
         self.shared_expert = MLP(hidden_size, shared_size)
         self.shared_expert_gate = ops.Linear(hidden_size, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., hidden] -> [..., hidden]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given."""
         flat = x.reshape(-1, x.shape[-1])
         probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float)
         weights, chosen = probs.topk(self.top_k, dim=-1)  # [N, k]
@@ -69,4 +71,4 @@ class SparseMoE(nn.Module):
             rows, slot = torch.where(chosen == e)
             out.index_add_(0, rows, self.experts[e](flat[rows]) * weights[rows, slot, None])
         out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return out.reshape(x.shape)
+        return out.reshape(x.shape) if residual is None else residual + out.reshape(x.shape)

@@ -68,9 +68,10 @@ def _kernels() -> ModuleType:
     return elementwise
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x [..., in] @ weight [out, in]^T: the skinny Triton GEMM on the fused path when chosen and
-    the rows fit it, F.linear otherwise."""
+def linear(x: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
+    """x [..., in] @ weight [out, in]^T, plus `residual` [..., out] if given: the skinny Triton GEMM
+    on the fused path when chosen and the rows fit it (the residual added as it stores: one launch
+    where the product and the add were two, the same bits), F.linear and an add otherwise."""
     rows = x.numel() // max(1, x.shape[-1])
     limit = MAX_ROWS if _gemm == "exact" else SKINNY_ROWS
     if _gemm != "cublas" and kernels_for(x) and 0 < rows <= limit and weight.dtype == x.dtype:
@@ -79,8 +80,10 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
         n, k = weight.shape
         if _gemm == "exact" or beats_cublas(n, k, x.device, x.dtype):
             flat = x.reshape(rows, k)
-            return skinny_linear(flat, weight.contiguous()).view(*x.shape[:-1], n)
-    return F.linear(x, weight)
+            add = None if residual is None else residual.reshape(rows, n)
+            return skinny_linear(flat, weight.contiguous(), residual=add).view(*x.shape[:-1], n)
+    y = F.linear(x, weight)
+    return y if residual is None else residual + y
 
 
 class Linear(nn.Linear):

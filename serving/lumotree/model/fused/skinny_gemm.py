@@ -117,15 +117,39 @@ def _store_tile(ptr, acc, rows, offs_n, M, N, stride_m):
 
 
 @triton.jit
-def _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, SPLITS: tl.constexpr):
-    """y[rows, offs_n] = the fp32 partials [SPLITS, M, N] of these rows summed in split order."""
+def _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL: tl.constexpr):
+    """y[rows, offs_n] = acc, or with RESIDUAL acc rounded to y's dtype plus r[rows, offs_n] (in
+    fp32, rounded again: the bits of the product stored and then added to r)."""
+    if RESIDUAL:
+        mask = (offs_n[:, None] < N) & (rows[None, :] < M)
+        r = tl.load(r_ptr + rows[None, :].to(tl.int64) * stride_rm + offs_n[:, None], mask=mask, other=0.0)
+        acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32) + r.to(tl.float32)
+    _store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym)
+
+
+@triton.jit
+def _sum_splits(
+    part_ptr,
+    y_ptr,
+    rows,
+    offs_n,
+    M,
+    N,
+    stride_ym,
+    r_ptr,
+    stride_rm,
+    SPLITS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    """y[rows, offs_n] = the fp32 partials [SPLITS, M, N] of these rows summed in split order (then
+    the residual, as _store_output)."""
     mask = (offs_n[:, None] < N) & (rows[None, :] < M)
     offs = rows[None, :].to(tl.int64) * N + offs_n[:, None]
     plane = M * N  # (the launcher passes M = 1 as a constant: no tensor methods on it)
     acc = tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(part_ptr + s * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    _store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym)
+    _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
 
 
 @triton.jit
@@ -135,11 +159,13 @@ def skinny_gemm_kernel(
     y_ptr,
     part_ptr,
     count_ptr,
+    r_ptr,
     M,
     N,
     K,
     stride_xm,
     stride_ym,
+    stride_rm,
     k_per_split,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -147,12 +173,13 @@ def skinny_gemm_kernel(
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
-    ROWS-tall tile (16 or 32). With SPLITS > 1 each K range stores its fp32 partial sums [M, N] at
-    part_ptr + split * M * N and counts itself in count_ptr[block]; the range that counts last sums
-    all partials in split order into y and resets the count to 0 (one launch, no atomics on the
-    values, the same sums every time)."""
+    ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
+    range stores its fp32 partial sums [M, N] at part_ptr + split * M * N and counts itself in
+    count_ptr[block]; the range that counts last sums all partials in split order into y and resets
+    the count to 0 (one launch, no atomics on the values, the same sums every time)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -169,7 +196,7 @@ def skinny_gemm_kernel(
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
         acc = _row_tile_dot(acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
     if SPLITS == 1:
-        _store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym)
+        _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
     else:
         part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
         _store_tile(part, acc, rows, offs_n, M, N, N)
@@ -177,7 +204,7 @@ def skinny_gemm_kernel(
         # sees every other range's partials
         done = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
         if done == SPLITS - 1:
-            _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, SPLITS)
+            _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, SPLITS, RESIDUAL)
             tl.store(count_ptr + block, 0)
 
 
@@ -225,6 +252,20 @@ def check_skinny_operands(
             raise ValueError("out must be contiguous")
 
 
+def check_residual(residual: Tensor | None, m: int, n: int, dtype: torch.dtype, device: torch.device) -> None:
+    """ValueError unless residual (if given) is [m, n] of the output dtype on x's device with
+    contiguous rows."""
+    if residual is None:
+        return
+    if residual.shape != (m, n) or residual.dtype != dtype or residual.device != device:
+        raise ValueError(
+            f"residual must be [{m}, {n}] {dtype} on {device}, "
+            f"got {tuple(residual.shape)} {residual.dtype} on {residual.device}"
+        )
+    if n > 1 and residual.stride(1) != 1:
+        raise ValueError(f"residual's rows must be contiguous, got strides {residual.stride()}")
+
+
 def dot_precision(x: Tensor) -> str:
     """bf16 operands: one tensor-core product ("tf32" names the default); fp32: three TF32 products
     on the GPU ("tf32x3", fp32-level error at tensor-core speed; the exact fp32 FMA path ran the tiny
@@ -250,15 +291,19 @@ def skinny_linear(
     out: Tensor | None = None,
     config: SkinnyConfig | None = None,
     out_dtype: torch.dtype | None = None,
+    residual: Tensor | None = None,
 ) -> Tensor:
     """x[M, K] @ w[N, K]^T into `out` (or a new tensor of `out_dtype`: x's dtype, or float32 for
-    the fp32 accumulators unrounded); the Triton kernel for 1..32 rows, F.linear (cuBLAS) above
-    that or for no rows."""
+    the fp32 accumulators unrounded), plus `residual` [M, N] of the output dtype if given (the
+    product rounded to the output dtype, then added: the bits of `skinny_linear(x, w) + residual`);
+    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows."""
     check_skinny_operands(x, w, out, out_dtype)
     (m, k), n = x.shape, w.shape[0]
     dtype = out.dtype if out is not None else out_dtype or x.dtype
+    check_residual(residual, m, n, dtype, x.device)
     if m == 0 or m > MAX_ROWS:
         y = F.linear(x, w) if dtype == x.dtype else _wide_linear(x, w)
+        y = y if residual is None else y + residual
         return y if out is None else out.copy_(y)
     y = torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
@@ -273,11 +318,13 @@ def skinny_linear(
         y,
         part,
         counts,
+        y if residual is None else residual,
         m,
         n,
         k,
         x.stride(0),
         y.stride(0),
+        0 if residual is None else residual.stride(0),
         k_per_split,
         ROWS=row_tile(m),
         BLOCK_N=cfg.block_n,
@@ -285,6 +332,7 @@ def skinny_linear(
         EVEN_K=k % cfg.block_k == 0,
         PRECISION=dot_precision(x),
         SPLITS=cfg.splits,
+        RESIDUAL=residual is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
