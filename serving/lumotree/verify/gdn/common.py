@@ -128,12 +128,15 @@ def ancestry_masks(anc_ptr, nactive_ptr, R, RP: tl.constexpr):
     return rows, in_range, valid, anc, anc & (rows[:, None] != rows[None, :])
 
 
-DEVICE_BLOCK_V = 8  # the step-loop kernels' value-tile height on a GPU (default_block_v)
+# The step-loop kernels' value-tile height on a GPU (default_block_v): 8 rows, the fastest measured
+# (results/h200/gdn-forms-block-v.md: 4 and 2 rows ran the 27B paper tree's scans 1.2-2x slower).
+# `lumobench bench gdn-forms --block-v` sets it to time other heights.
+DEVICE_BLOCK_V = 8
 
 
 def default_block_v(dv: int, device: torch.device | None = None) -> int:
     """Value-tile height of the step-loop kernels (path scan, replay, row scan): DEVICE_BLOCK_V
-    rows (an [8, K<=128] fp32 tile a warp), the fastest measured (results/h200); on a CPU (the
+    rows on a GPU (an [8, K<=128] fp32 tile a warp); on a CPU (the
     interpreter) the whole value dim, so that far fewer programs run. The row scan and the replay
     take the same height on a device, so they sum in the same order."""
     if device is not None and device.type == "cpu":
