@@ -253,6 +253,11 @@ def attention_command(
     warmup: int = 5,
 ) -> None:
     """Time the tree attention of Qwen3.5-27B's 16 layers in model order against its KV-read floor."""
+    try:
+        extra = parse_tiles(tiles)
+    except ValueError as exc:
+        typer.echo(f"error: --tiles: {exc}", err=True)
+        raise typer.Exit(2) from None
     if not torch.cuda.is_available():
         typer.echo("error: the attention benchmark needs a CUDA GPU", err=True)
         raise typer.Exit(2)
@@ -260,11 +265,6 @@ def attention_command(
         ctxs = sorted({int(c) for c in contexts.split(",")})
     except ValueError:
         typer.echo(f"error: --contexts takes comma-separated integers, got {contexts!r}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        extra = parse_tiles(tiles)
-    except ValueError as exc:
-        typer.echo(f"error: --tiles: {exc}", err=True)
         raise typer.Exit(2) from None
     device = torch.device("cuda")
     timer = Timer(device, iters, warmup)

@@ -175,15 +175,15 @@ def gdn_forms_command(
     ] = "",
 ) -> None:
     """Time the GDN verification forms in model order and check the scans' bits against the row scan."""
-    if not torch.cuda.is_available():
-        typer.echo("error: the GDN forms bench needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
     try:
         caps = [int(c) for c in paths_registers.split(",") if c.strip()]
         heights = [int(c) for c in block_v.split(",") if c.strip()]
     except ValueError:
         typer.echo("error: --paths-registers and --block-v take comma-separated integers", err=True)
         raise typer.Exit(2) from None
+    if not torch.cuda.is_available():
+        typer.echo("error: the GDN forms bench needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
     device = torch.device("cuda")
     try:
         if preset == "shipped":
