@@ -20,7 +20,8 @@ host adds when nothing but the runner runs). The projected decode rate is (accep
 Also: GDN verification of the 48 GDN layers in model order (one launch per layer, captured, 32
 rows), tree attention at each context against its KV-read floor, memory, and (`--gemv`, the
 default) the skinny GEMM alone at the 27B projection shapes, 1 / 6 / 32 rows, as a fraction of the
-copy bandwidth (`gemv_fraction_of_copy_bw`; `lumobench bench skinny-gemm` has the full table).
+copy bandwidth: what one GEMM adds to a CUDA graph of them (`gemv_fraction_of_copy_bw`, since
+session 14; `lumobench bench skinny-gemm` has the full table and the earlier one-graph figure).
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
