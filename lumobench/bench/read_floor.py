@@ -16,7 +16,6 @@ Usage: python -m lumobench.bench.read_floor --out DIR   (CUDA only; read_floor.{
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -25,7 +24,7 @@ import triton
 import triton.language as tl
 import typer
 
-from lumobench.bench.output import command_line, current_commit
+from lumobench.bench.output import command_line, current_commit, write_tables
 from lumobench.bench.skinny_gemm import SHAPES, ms_per_gemm, weight_copies
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
@@ -182,16 +181,21 @@ def read_floor_command(
     results = bench_read_floor(timer, bandwidth)
     if gemm:
         results += bench_gemm_programs(timer, bandwidth)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = dict(
-        device=torch.cuda.get_device_name(), command=command_line("read-floor"), copy_bandwidth=bandwidth
+    doc = dict(
+        device=torch.cuda.get_device_name(),
+        command=command_line("read-floor"),
+        commit=current_commit(),
+        copy_bandwidth=bandwidth,
+        results=results,
     )
-    (out / "read_floor.json").write_text(json.dumps(dict(meta, results=results), indent=2))
-    head = (f"Command: `{meta['command']}` at commit {current_commit()} ({meta['device']}); each figure what "
+    write_tables(out / "read_floor", doc, _markdown)
+
+
+def _markdown(doc: dict) -> str:
+    """read_floor.md: the command and commit, then `render`'s tables."""
+    head = (f"Command: `{doc['command']}` at commit {doc['commit']} ({doc['device']}); each figure what "
             "one launch adds to a CUDA graph of them over weight copies past the L2.")  # fmt: skip
-    table = render(results, head)
-    (out / "read_floor.md").write_text(table)
-    print(table)
+    return render(doc["results"], head)
 
 
 if __name__ == "__main__":
