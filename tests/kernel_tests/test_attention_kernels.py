@@ -28,7 +28,7 @@ CONFIG = AttentionConfig(block_m=16, block_n=16, num_warps=1)
 
 
 def _run_with_partials(
-    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int
+    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int, by_prefix: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """o [R, HQ, D] and lse [R, HQ], and the partials o_part [splits + 1, HKV, MPAD, D] and
     lse_part [splits + 1, HKV, MPAD] (the cache's splits, then the tail walk's; row m of a head's
@@ -54,6 +54,7 @@ def _run_with_partials(
         splits,
         1.0 / math.sqrt(DIM),
         CONFIG,
+        by_prefix=by_prefix,
     )
     return o, lse, o_part.view(splits + 1, HKV, -1, DIM), lse_part.view(splits + 1, HKV, -1)
 
@@ -82,9 +83,16 @@ def test_tree_attention_matches_reference(shape: str, prefix_len: int, splits: i
     torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
 
 
-def test_the_merge_split_over_head_dim_blocks_writes_every_column(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 8-column merge blocks: two per head (the H200 runs four 64-column blocks of a 256-dim head).
+@pytest.mark.parametrize(("rows", "partitions"), [(16, 64), (1, 2), (4, 1)])
+def test_the_merge_split_over_head_dim_blocks_writes_every_column(
+    monkeypatch: pytest.MonkeyPatch, rows: int, partitions: int
+) -> None:
+    # 8-column merge blocks: two per head (the H200 runs eight 32-column blocks of a 256-dim head),
+    # with the GPU's one grouped row a program or another count, and the partitions read 64 at once
+    # (one load here), or 2 or 1 at a time (the 3 partitions and the tail's over several loads).
     monkeypatch.setattr(decode, "MERGE_BLOCK_D", 8)
+    monkeypatch.setattr(decode, "MERGE_ROWS_INTERPRETED", rows)
+    monkeypatch.setattr(decode, "MERGE_PARTITIONS", partitions)
     tree = random_tree("paper", random.Random(5), prefix_len=41)
     gen = torch.Generator().manual_seed(5)
     k_cache, v_cache = (torch.randn(tree.prefix_len + tree.rows, HKV, DIM, generator=gen) for _ in range(2))
@@ -97,15 +105,44 @@ def test_the_merge_split_over_head_dim_blocks_writes_every_column(monkeypatch: p
     torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("prefix_len", [0, 3, 37, 70])
+def test_partitions_spread_over_the_prefix_match_the_reference(prefix_len: int) -> None:
+    # by_prefix: the prefix over at most 4 partitions of whole 16-key tiles whatever the cache's
+    # size (0 and 3 keys: one tile; 37 keys: 3 partitions of 16; 70: 3 of 32), the rest unwritten.
+    seed = 100 + prefix_len
+    tree = random_tree("paper", random.Random(seed), prefix_len=prefix_len)
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache = (torch.randn(prefix_len + tree.rows + 200, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(tree.rows, HQ, DIM, generator=gen)
+    o, lse, _, lse_part = _run_with_partials(tree, q, k_cache, v_cache, splits=4, by_prefix=True)
+    assert_written(o)
+    assert_written(lse)
+    o_ref, lse_ref = ref.tree_attention(q, k_cache, v_cache, tree)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+    chunk = max(1, math.ceil(math.ceil(prefix_len / 4) / CONFIG.block_n)) * CONFIG.block_n
+    written = math.ceil(prefix_len / chunk)  # the partitions holding committed keys
+    real = tree.rows * (HQ // HKV)
+    assert_written(lse_part[:written, :, :real])
+    assert torch.isnan(lse_part[written:4]).all(), "a partition past the prefix was written"
+
+
 # prefix 43: the chain (49 keys) and its first steps (44-48 keys) would get different split sizes
 # from a split rule that followed the prefix instead of the cache
 @pytest.mark.usefixtures("dot_in_k_order")
 @pytest.mark.parametrize("prefix_len", [5, 29, 43])
-def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(prefix_len: int) -> None:
+@pytest.mark.parametrize(("merge_rows", "merge_partitions"), [(16, 64), (1, 2)])
+def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(
+    monkeypatch: pytest.MonkeyPatch, prefix_len: int, merge_rows: int, merge_partitions: int
+) -> None:
     # AR at position p and a chain verified from an earlier prefix see the same keys in the same
     # splits (fixed cache rows, not relative to the prefix): each split's partials and the merged
-    # outputs agree bit for bit. dot_in_k_order: the interpreter's numpy matmul would sum in its BLAS
-    # kernel's order, which depends on the CPU and on the query's row in the tile.
+    # outputs agree bit for bit, with the merge reading all partitions at once or 2 at a time (the
+    # step's extra partitions past the chain's prefix add zeros). dot_in_k_order: the interpreter's
+    # numpy matmul would sum in its BLAS kernel's order, which depends on the CPU and on the query's
+    # row in the tile.
+    monkeypatch.setattr(decode, "MERGE_ROWS_INTERPRETED", merge_rows)
+    monkeypatch.setattr(decode, "MERGE_PARTITIONS", merge_partitions)
     gen = torch.Generator().manual_seed(prefix_len)
     chain = chain_tree(list(range(6)), prefix_len=prefix_len)
     k_cache, v_cache = (torch.randn(prefix_len + 8, HKV, DIM, generator=gen) for _ in range(2))
@@ -132,10 +169,15 @@ def test_a_chain_row_equals_the_one_row_step_at_its_position_bitwise(prefix_len:
 
 @pytest.mark.usefixtures("dot_in_k_order")
 @pytest.mark.parametrize(("shape", "prefix_len"), [("paper", 40), ("deep_and_wide", 7), ("random_order", 29)])
-def test_every_tree_row_equals_the_one_row_step_along_its_path_bitwise(shape: str, prefix_len: int) -> None:
+@pytest.mark.parametrize(("merge_rows", "merge_partitions"), [(16, 64), (1, 2)])
+def test_every_tree_row_equals_the_one_row_step_along_its_path_bitwise(
+    monkeypatch: pytest.MonkeyPatch, shape: str, prefix_len: int, merge_rows: int, merge_partitions: int
+) -> None:
     # On the spine or off it: the AR arm would have committed the row's ancestors at contiguous
     # positions and verify the row alone at prefix + depth; the tree holds them at physical slots
     # elsewhere (spine first) and verifies every row at once. The row's bits must not tell.
+    monkeypatch.setattr(decode, "MERGE_ROWS_INTERPRETED", merge_rows)
+    monkeypatch.setattr(decode, "MERGE_PARTITIONS", merge_partitions)
     tree = random_tree(shape, random.Random(prefix_len), prefix_len=prefix_len)
     gen = torch.Generator().manual_seed(prefix_len)
     k_cache, v_cache = (torch.randn(prefix_len + tree.rows + 2, HKV, DIM, generator=gen) for _ in range(2))

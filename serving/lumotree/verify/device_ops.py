@@ -151,12 +151,19 @@ def write_tree_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, tree: 
     v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
 
-def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree) -> tuple[Tensor, Tensor]:
-    """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse)."""
+def tree_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, partitions: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse).
+
+    partitions: None for the cache's fixed partitions (a row's bits equal the AR step's at its
+    position); a count to spread whatever prefix there is over that many (a short context keeps
+    every multiprocessor busy; for callers without the row-invariance contract)."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     config = AttentionConfig.for_dtype(q.dtype)  # one query tile for every row count (the MMA's shape)
-    splits = cache_partitions(k_cache.shape[0])  # fixed by the cache: a row's bits follow them
+    # fixed by the cache: a row's bits follow them
+    splits = cache_partitions(k_cache.shape[0]) if partitions is None else partitions
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
@@ -173,6 +180,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
         splits,
         1.0 / math.sqrt(dim),
         config,
+        by_prefix=partitions is not None,
     )
     return o, lse
 

@@ -39,7 +39,9 @@ from lumotree.verify.attention.reference import _check_cache
 
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
-MERGE_BLOCK_D = 64  # head-dim columns per merge program: more programs share the partials' reads
+MERGE_BLOCK_D = 32  # head-dim columns per merge program on the GPU
+MERGE_PARTITIONS = 64  # partitions a merge program reads at once (a 64K context at 1024 rows each)
+MERGE_ROWS_INTERPRETED = 16  # grouped rows a merge program under the interpreter (1 on the GPU)
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
 STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
 # Cache partitions of KEYS_PER_SPLIT rows each, whatever the cache's size, so a short context in a
@@ -89,6 +91,16 @@ def _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G: tl.constexpr, D: tl
 
 
 @triton.jit
+def _partition_rows(prefix, chunk, BN: tl.constexpr, BY_PREFIX: tl.constexpr):
+    """Cache rows a partition: `chunk`, fixed by the cache; with BY_PREFIX, `chunk` is a partition
+    count and the committed prefix is spread over that many partitions in whole key tiles."""
+    rows = chunk
+    if BY_PREFIX:
+        rows = tl.maximum(tl.cdiv(tl.cdiv(prefix, chunk), BN), 1) * BN
+    return rows
+
+
+@triton.jit
 def tree_attention_partial_kernel(
     q_ptr,
     k_ptr,
@@ -112,12 +124,14 @@ def tree_attention_partial_kernel(
     HKV: tl.constexpr,
     TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
+    BY_PREFIX: tl.constexpr,
 ):
     """Program (query block, KV head, p): partitions p, p + P, ... (P programs) of those holding
-    committed keys, each a fixed range of `chunk` cache rows, by online softmax over BN-key tiles."""
+    committed keys, each a range of `_partition_rows` cache rows, by online softmax over BN-key tiles."""
     h = tl.program_id(1)
     m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
     prefix = tl.load(prefix_ptr)
+    chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
     bound = _tail_start(bits, prefix, TAIL)  # [BM]
     offs_n = tl.arange(0, BN)
     for s in range(tl.program_id(2), tl.cdiv(prefix, chunk), tl.num_programs(2)):
@@ -227,6 +241,14 @@ def tree_attention_tail_kernel(
 
 
 @triton.jit
+def _merge_rows(lse_part_ptr, slot, live, m, h, MPAD: tl.constexpr, HKV: tl.constexpr):
+    """Partials of partitions `slot` [NB, 1] or [1] (storage index; the tail's is the last) for
+    grouped rows m [BM]: their rows' offsets and log2-sum-exp (-inf where not `live`)."""
+    base = (slot * HKV + h) * MPAD + m
+    return base, tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
+
+
+@triton.jit
 def tree_attention_merge_kernel(
     o_part_ptr,
     lse_part_ptr,
@@ -241,39 +263,54 @@ def tree_attention_merge_kernel(
     D: tl.constexpr,
     BD: tl.constexpr,
     BM: tl.constexpr,
+    NB: tl.constexpr,
+    BN: tl.constexpr,
     NSPLIT: tl.constexpr,
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
+    BY_PREFIX: tl.constexpr,
 ):
-    """Program (query block, KV head, head-dim block): the partials' BD columns, merged by lse in
-    one pass with a running maximum: the partitions that hold committed keys in order (one past a
-    row's bound, or past the prefix, changes nothing), then the tail's."""
-    mb = tl.program_id(0)
+    """Program (grouped-row block, KV head, head-dim block): the partials' BD columns merged by lse:
+    the largest lse first, then the weighted sum of the partitions holding committed keys, NB a
+    load (partition i always in lane i % NB of load i // NB), then the tail's. A partition that saw
+    none of a row's keys (past its bound) adds exact zeros in its own lane, so a row's bits do not
+    depend on how many partitions the prefix fills past its own."""
     h = tl.program_id(1)
-    db = tl.program_id(2)
-    m = mb * BM + tl.arange(0, BM)
-    offs_d = db * BD + tl.arange(0, BD)
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_d = tl.program_id(2) * BD + tl.arange(0, BD)
     row = m // G
     head = h * G + m % G
     valid_m = row < R
-    used = tl.minimum(tl.cdiv(tl.load(prefix_ptr), chunk), NSPLIT - 1)
-    top = tl.full([BM], float("-inf"), dtype=tl.float32)
+    prefix = tl.load(prefix_ptr)
+    used = tl.minimum(tl.cdiv(prefix, _partition_rows(prefix, chunk, BN, BY_PREFIX)), NSPLIT - 1)
+    lanes = tl.arange(0, NB)[:, None]
+    tail_base, tail_lse = _merge_rows(lse_part_ptr, NSPLIT - 1, valid_m, m, h, MPAD, HKV)
+    tops = tl.full([NB, BM], float("-inf"), dtype=tl.float32)
+    for first in range(0, used, NB):
+        live = (first + lanes < used) & valid_m[None, :]
+        _, part_lse = _merge_rows(lse_part_ptr, first + lanes, live, m[None, :], h, MPAD, HKV)
+        tops = tl.maximum(tops, part_lse)
+    top = tl.maximum(tl.max(tops, axis=0), tail_lse)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
     weight_sum = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for i in range(used + 1):
-        base = (tl.where(i == used, NSPLIT - 1, i) * HKV + h) * MPAD + m
-        part_lse = tl.load(lse_part_ptr + base, mask=valid_m, other=float("-inf"))
+    for first in range(0, used, NB):
+        live = (first + lanes < used) & valid_m[None, :]
+        base, part_lse = _merge_rows(lse_part_ptr, first + lanes, live, m[None, :], h, MPAD, HKV)
+        w = tl.exp2(part_lse - top_safe[None, :])  # [NB, BM], 0 where not live
         part = tl.load(
-            o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=valid_m[:, None], other=0.0
+            o_part_ptr + base.to(tl.int64)[:, :, None] * D + offs_d[None, None, :],
+            mask=live[:, :, None],
+            other=0.0,
         )
-        new_top = tl.maximum(top, part_lse)
-        top_safe = tl.where(new_top == float("-inf"), 0.0, new_top)
-        alpha = tl.exp2(top - top_safe)
-        w = tl.exp2(part_lse - top_safe)
-        acc = acc * alpha[:, None] + w[:, None] * part
-        weight_sum = weight_sum * alpha + w
-        top = new_top
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
+        acc += tl.sum(w[:, :, None] * part, axis=0)
+        weight_sum += tl.sum(w, axis=0)
+    tail_w = tl.exp2(tail_lse - top_safe)
+    tail = tl.load(
+        o_part_ptr + tail_base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=valid_m[:, None], other=0.0
+    )
+    acc += tail_w[:, None] * tail
+    weight_sum += tail_w
     weight_sum = tl.where(weight_sum == 0.0, 1.0, weight_sum)  # (0: padding rows, not stored)
     out = acc / weight_sum[:, None]
     lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
@@ -282,8 +319,10 @@ def tree_attention_merge_kernel(
         out.to(o_ptr.dtype.element_ty),
         mask=valid_m[:, None],
     )
-    first = (tl.zeros([BM], dtype=tl.int32) + db) == 0  # one head-dim block writes the lse
-    tl.store(lse_ptr + row * (HKV * G) + head, lse, mask=valid_m & first)
+    first_block = (
+        tl.zeros([BM], dtype=tl.int32) + tl.program_id(2)
+    ) == 0  # one head-dim block writes the lse
+    tl.store(lse_ptr + row * (HKV * G) + head, lse, mask=valid_m & first_block)
 
 
 @triton.jit
@@ -405,12 +444,16 @@ def tree_attention_(
     scale: float,
     config: AttentionConfig = AttentionConfig(),
     stages: frozenset[str] = STAGES,
+    by_prefix: bool = False,
 ) -> None:
     """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
     and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
     o_part/lse_part from `partial_buffers` with the same splits and block_m. Trees of depth
     < TAIL_KEYS. `stages`: which of the launches ("partial", "tail", "merge") to issue (all, but in
-    benchmarks that time them apart)."""
+    benchmarks that time them apart). by_prefix: spread the committed prefix over the `splits`
+    partitions, read on the device (a short context fills every partition), instead of fixed cache
+    rows: the bits then follow the prefix, so a row no longer equals the AR step at its position
+    (for callers without that contract: the MTP drafter's passes)."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -419,14 +462,20 @@ def tree_attention_(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1))
-    # fixed partitions of the whole cache: chunk rows each, a whole number of key tiles
-    chunk = triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
+    # fixed partitions of the whole cache: chunk rows each, a whole number of key tiles (by_prefix:
+    # the kernels size them from the prefix)
+    chunk = (
+        splits
+        if by_prefix
+        else triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
+    )
     if "partial" in stages:
         programs = device_programs(q.device, (mpad // bm) * hkv, config.program_waves)
         tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
             q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk,
             G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
-            PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages,
+            PRECISION=precision, BY_PREFIX=by_prefix, num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )  # fmt: skip
     if "tail" in stages:
         tree_attention_tail_kernel[(rows, hkv)](
@@ -436,10 +485,12 @@ def tree_attention_(
             PRECISION=precision, num_warps=config.tail_warps,
         )  # fmt: skip
     if "merge" in stages:
-        merge_bm, merge_bd = 16, min(dim, MERGE_BLOCK_D)
-        tree_attention_merge_kernel[(mpad // merge_bm, hkv, dim // merge_bd)](
+        # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
+        merge_bm, merge_bd = (1 if q.is_cuda else MERGE_ROWS_INTERPRETED), min(dim, MERGE_BLOCK_D)
+        tree_attention_merge_kernel[(triton.cdiv(rows * group, merge_bm), hkv, dim // merge_bd)](
             o_part, lse_part, o, lse, prefix_len, rows, chunk, o.stride(0), o.stride(1), G=group, D=dim,
-            BD=merge_bd, BM=merge_bm, NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, num_warps=4, num_stages=3,
+            BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n, NSPLIT=splits + 1,
+            MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, num_warps=4,
         )  # fmt: skip
 
 
