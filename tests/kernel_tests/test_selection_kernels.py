@@ -44,3 +44,20 @@ def test_fused_selection_on_continuous_scores_and_minus_infinity() -> None:
     assert torch.equal(spine, ref.argmax_lowest_index(scores))
     assert torch.equal(topk, ref.ordered_topk(scores, 3))
     assert topk[0].tolist() == [0, 1, 2] and int(spine[2]) == BLOCK_VOCAB + 4
+
+
+def test_ranking_a_draft_vocabulary_writes_its_token_ids_as_the_whole_vocabulary_ranking_would() -> None:
+    # The ranked columns are a sorted subset of a larger vocabulary: the written ids must be those
+    # the whole-vocabulary ranking gives with every other token at -inf (ties included).
+    gen = torch.Generator().manual_seed(4)
+    vocab = 3 * BLOCK_VOCAB
+    ids = torch.randperm(vocab, generator=gen)[: BLOCK_VOCAB + 300].sort().values
+    subset = torch.randint(-2, 3, (2, ids.numel()), generator=gen).float()
+    whole = torch.full((2, vocab), float("-inf"))
+    whole[:, ids] = subset
+    spine, topk = poisoned((2,), torch.int64), poisoned((2, 4), torch.int64)
+    rank_rows_(subset, spine, topk, selection_scratch(2, ids.numel(), 4, subset.device), ids=ids)
+    assert_written(spine)
+    assert_written(topk)
+    assert torch.equal(spine, ref.argmax_lowest_index(whole))
+    assert torch.equal(topk, ref.ordered_topk(whole, 4))

@@ -11,8 +11,14 @@ prefix, a speculative row sees the prefix and itself. Selection is the fused arg
 top-k kernel, so the spine is the lowest-index argmax and the top-k follows the pinned tie rules.
 
 With a draft vocabulary (`draft_ids`, sorted token ids: `draft_vocab.py`) each pass ranks only those
-rows of the vocabulary projection, a gathered copy of them, and maps the ranks back to token ids:
-the proposal the whole-vocabulary ranking would give with every other logit at -inf.
+rows of the vocabulary projection, a gathered copy of them, and the ranking kernel writes their
+token ids: the proposal the whole-vocabulary ranking would give with every other logit at -inf.
+
+A cycle's passes launch few kernels besides the layer's own: cos/sin are gathered from tables
+built once (the values `model.rotary` gives at each position), the speculative passes' positions
+and rotations once per cycle, and the ranking writes token ids itself. The drafter's attention
+(`attention`) need not give an AR step's bits (drafts are checked, not trusted): the device runner
+spreads the MTP prefix over ATTENTION_PARTITIONS partitions, so a short context still fills the GPU.
 
 Every pass is the model's one MTP pass (`MTP.step`) with the device attention. Prompt rows are
 committed eagerly (`commit`, variable length) through `HybridLM.mtp_hidden`; the host mirrors the
@@ -39,6 +45,9 @@ from lumotree.verify.attention.decode import check_depth
 
 # (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1]) -> (o, lse)
 TreeAttention = Callable[[Tensor, Tensor, Tensor, "AttentionTables"], tuple[Tensor, Tensor]]
+# Partitions of the MTP prefix in the device drafter's attention: at 4K context, 128 keys each over
+# 32 x 4 KV heads programs (fixed 1024-key partitions left 16 programs reading 1 MB each).
+ATTENTION_PARTITIONS = 32
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +94,9 @@ class DeviceMTP:
         self._chain_bits = (torch.ones(queue_rows, **i64) << (self._rows + 1)) - 1  # row i sees 0..i
         self._own_bit = torch.ones(1, **i64)
         self._next = torch.zeros(1, **i64)
+        self._steps = torch.arange(depth - 1, **i64)  # the speculative passes' offsets from _next
+        cos, sin = model.rotary(torch.arange(capacity, **i64)[None])  # [1, capacity, rotary_dim] fp32
+        self._cos, self._sin = cos[0], sin[0]
         self.draft_ids = None if draft_ids is None else draft_ids.to(dev)
         self._head: Tensor | None = None  # the draft vocabulary's rows of the vocabulary projection
         ranked = model.config.vocab_size
@@ -93,8 +105,6 @@ class DeviceMTP:
             if ranked < k:
                 raise ValueError(f"a draft vocabulary of {ranked} ids cannot rank {k} candidates")
             self._head = model.lm_head.weight.detach().index_select(0, self.draft_ids).contiguous()
-            self._local_spine = torch.zeros(1, **i64)  # ranks within the draft vocabulary
-            self._local_topk = torch.zeros((1, k), **i64)
         self._scratch = selection_scratch(1, ranked, k, dev)
 
     @property
@@ -145,37 +155,45 @@ class DeviceMTP:
     @torch.inference_mode()
     def propose_(self) -> None:
         """depth MTP passes into `spine` / `topk`; commits the queued rows. Graph-capturable."""
-        out = self._pass(self.queue_hidden, self.queue_tokens, self.committed, self._chain_bits)
+        queued = self.committed + self._rows
+        out = self._pass(self.queue_hidden, self.queue_tokens, queued, self._chain_bits)
         last = out.index_select(0, self.queue_len - 1)  # [1, H]
         self._next.copy_(self.committed + self.queue_len)
         self._rank(last, 0)
+        steps = self._next + self._steps  # the speculative rows' positions, and their rotations
+        rotations = self._cos.index_select(0, steps), self._sin.index_select(0, steps)
         for d in range(1, self.depth):
-            position = self._next + (d - 1)
-            last = self._pass(last, self.spine[d - 1 : d], position, self._own_bit)
+            step = slice(d - 1, d)
+            rotation = rotations[0][step], rotations[1][step]
+            last = self._pass(last, self.spine[step], steps[step], self._own_bit, rotation)
             self._rank(last, d)
         self.committed.copy_(self._next)
 
     def _rank(self, hidden: Tensor, d: int) -> None:
-        ids, head = self.draft_ids, self._head
-        if ids is None or head is None:
-            logits = self.model.compute_logits(hidden)  # [1, V]
-            rank_rows_(logits, self.spine[d : d + 1], self.topk[d : d + 1], self._scratch)
-            return
-        logits = ops.linear(hidden, head)  # [1, N]: the draft vocabulary's rows only
-        rank_rows_(logits, self._local_spine, self._local_topk, self._scratch)
-        self.spine[d : d + 1].copy_(ids[self._local_spine])
-        self.topk[d : d + 1].copy_(ids[self._local_topk])
+        # [1, V], or [1, N] with a draft vocabulary: its rows of the projection only
+        logits = self.model.compute_logits(hidden) if self._head is None else ops.linear(hidden, self._head)
+        rank_rows_(logits, self.spine[d : d + 1], self.topk[d : d + 1], self._scratch, ids=self.draft_ids)
 
-    def _pass(self, hidden: Tensor, tokens: Tensor, start: Tensor, bits: Tensor) -> Tensor:
-        """MTP rows hidden [T, H] with their next tokens [T] at positions start.. (device [1]):
-        write their KV, attend to [0, start) and the chain ancestors set in bits -> [T, H]."""
+    def _pass(
+        self,
+        hidden: Tensor,
+        tokens: Tensor,
+        positions: Tensor,
+        bits: Tensor,
+        rotation: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """MTP rows hidden [T, H] with their next tokens [T] at consecutive positions [T] (device;
+        cos/sin [T, rotary_dim] of them in `rotation`, else gathered here): write their KV, attend to
+        [0, positions[0]) and the chain ancestors set in bits -> [T, H]."""
         model, mtp = self.model, self.model.mtp
         assert mtp is not None
         rows = hidden.shape[0]
-        positions = start + self._rows[:rows]
-        cos, sin = model.rotary(positions[None])
+        positions = positions[:rows]
+        if rotation is None:
+            rotation = self._cos.index_select(0, positions), self._sin.index_select(0, positions)
+        cos, sin = rotation[0][None], rotation[1][None]
         cache = self.cache
-        tables = AttentionTables(bits[:rows], start)
+        tables = AttentionTables(bits[:rows], positions[:1])
 
         def attend(attn: GatedAttention, y: Tensor) -> Tensor:
             q, k, v, gate = attn.project(y, cos, sin)

@@ -85,9 +85,11 @@ def topk_merge_kernel(
     NB,
     spine_ptr,
     topk_ptr,
+    ids_ptr,
     K: tl.constexpr,
     KOUT: tl.constexpr,
     CP: tl.constexpr,
+    MAP_IDS: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.arange(0, CP)
@@ -99,9 +101,12 @@ def topk_merge_kernel(
         cand = tl.where(avail, x, float("-inf"))
         best = tl.max(cand, axis=0)
         best_idx = tl.min(tl.where(avail & (cand == best), idx, 2147483647), axis=0)
-        tl.store(topk_ptr + row * KOUT + j, best_idx.to(tl.int64))
+        token = best_idx.to(tl.int64)
+        if MAP_IDS:
+            token = tl.load(ids_ptr + best_idx).to(tl.int64)
+        tl.store(topk_ptr + row * KOUT + j, token)
         if j == 0:
-            tl.store(spine_ptr + row, best_idx.to(tl.int64))
+            tl.store(spine_ptr + row, token)
         avail = avail & (idx != best_idx)
 
 
@@ -122,11 +127,14 @@ def rank_rows_(
     *,
     race: tuple[Tensor, Tensor, Tensor] | None = None,
     rows: int | None = None,
+    ids: Tensor | None = None,
 ) -> None:
     """Caller-owned form. scores [N, V] (row stride free, last dim contiguous) -> spine [N'] int64
     and topk [N', k] int64 (k = topk.shape[1]). race = (seeds [W] int64, root_position [1] int64,
     depth [N] int64) scores the exponential race instead, over N' = W * N rows (row w * N + u uses
-    scores[u], seed w and output position root_position + depth[u])."""
+    scores[u], seed w and output position root_position + depth[u]). ids [V] int64: write ids[j]
+    for the ranked column j (a draft vocabulary's token ids; sorted ascending, they keep the ties'
+    order)."""
     n, vocab = scores.shape
     k = topk.shape[1]
     blocks = triton.cdiv(vocab, BLOCK_VOCAB)
@@ -154,9 +162,11 @@ def rank_rows_(
         blocks,
         spine,
         topk,
+        spine if ids is None else ids,
         K=k,
         KOUT=k,
         CP=triton.next_power_of_2(blocks * k),
+        MAP_IDS=ids is not None,
         num_warps=4,
     )
 

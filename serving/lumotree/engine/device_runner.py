@@ -36,11 +36,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from lumotree.drafting.device_mtp import DeviceMTP
+from lumotree.drafting.device_mtp import ATTENTION_PARTITIONS, DeviceMTP
 from lumotree.drafting.device_tree_drafter import DeviceTreeDrafter, topology_from_feed
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.mtp import MTPProposal
@@ -55,6 +56,7 @@ from lumotree.sampling.device_walk import DeviceForcing, DeviceWalk
 from lumotree.sampling.forced import ForcedAcceptance
 from lumotree.sampling.logits import SamplingParams
 from lumotree.tree import TreeTopology, chain_topology
+from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.plan import DEFAULT_PATHS
 from lumotree.verify.kernel_sets import triton_kernels
@@ -125,9 +127,9 @@ class DeviceRunner(Runner):
         device_mtp = None
         if mtp is not None:  # pass 1 writes all `width` queue rows (valid or not) past the committed rows
             mtp_capacity = capacity + width + mtp[0]
-            device_mtp = DeviceMTP(
-                model, mtp[0], mtp[1], mtp_capacity, width, self.kernels.tree_attention, draft_ids
-            )
+            # the drafter's attention spreads its prefix over fixed partitions (no row invariance)
+            attention = partial(device_ops.tree_attention, partitions=ATTENTION_PARTITIONS)
+            device_mtp = DeviceMTP(model, mtp[0], mtp[1], mtp_capacity, width, attention, draft_ids)
         super().__init__(model, capacity, max_depth, device_mtp)
         self.device_mtp = device_mtp
         self.rows, self.chained = rows, chained
