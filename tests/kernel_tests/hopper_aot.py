@@ -152,8 +152,28 @@ TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt", "strid
 ATTENTION = dict(G=6, D=128, BM=64, MPAD=192, HKV=4, TAIL=attention.TAIL_KEYS)
 KERNELS["tree attention partial"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, BN=32, PRECISION="tf32"),
+    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=False),
     dict(num_warps=8, num_stages=2),
+)
+KERNELS["tree attention partial, by prefix"] = (
+    attention.tree_attention_partial_kernel,
+    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=True),
+    dict(num_warps=8, num_stages=2),
+)
+# the merge as the GPU launches it: a grouped row a program, 64 partitions a load
+TYPES |= {"stride_or": "i64", "stride_oh": "i64"}
+KERNELS["tree attention merge"] = (
+    attention.tree_attention_merge_kernel,
+    dict(
+        {k: v for k, v in ATTENTION.items() if k not in ("BM", "TAIL")},
+        BD=attention.MERGE_BLOCK_D,
+        BM=1,
+        NB=attention.MERGE_PARTITIONS,
+        BN=64,
+        NSPLIT=33,
+        BY_PREFIX=False,
+    ),
+    dict(num_warps=4),
 )
 KERNELS["tree attention tail"] = (
     attention.tree_attention_tail_kernel,
