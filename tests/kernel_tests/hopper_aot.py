@@ -173,7 +173,7 @@ KERNELS["tree attention merge"] = (
         NSPLIT=33,
         BY_PREFIX=False,
     ),
-    dict(num_warps=4),
+    dict(num_warps=attention.MERGE_WARPS),
 )
 KERNELS["tree attention tail"] = (
     attention.tree_attention_tail_kernel,

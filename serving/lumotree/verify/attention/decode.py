@@ -42,6 +42,7 @@ TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the M
 MERGE_BLOCK_D = 32  # head-dim columns per merge program on the GPU
 MERGE_PARTITIONS = 64  # partitions a merge program reads at once (a 64K context at 1024 rows each)
 MERGE_ROWS_INTERPRETED = 16  # grouped rows a merge program under the interpreter (1 on the GPU)
+MERGE_WARPS = 1  # a merge program's warps: a [MERGE_PARTITIONS, MERGE_BLOCK_D] tile, many programs
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
 STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
 # Cache partitions of KEYS_PER_SPLIT rows each, whatever the cache's size, so a short context in a
@@ -241,11 +242,33 @@ def tree_attention_tail_kernel(
 
 
 @triton.jit
-def _merge_rows(lse_part_ptr, slot, live, m, h, MPAD: tl.constexpr, HKV: tl.constexpr):
-    """Partials of partitions `slot` [NB, 1] or [1] (storage index; the tail's is the last) for
-    grouped rows m [BM]: their rows' offsets and log2-sum-exp (-inf where not `live`)."""
-    base = (slot * HKV + h) * MPAD + m
-    return base, tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
+def _merge_block(
+    o_part_ptr,
+    lse_part_ptr,
+    first,
+    used,
+    m,
+    h,
+    offs_d,
+    PARTS: tl.constexpr,
+    D: tl.constexpr,
+    NB: tl.constexpr,
+    MPAD: tl.constexpr,
+    HKV: tl.constexpr,
+):
+    """Partitions first .. first + NB - 1 of those in use (< used) for grouped row m: their
+    log2-sum-exp [NB] (-inf past `used`) and, with PARTS, their partials' columns [NB, BD] (0 there)."""
+    idx = first + tl.arange(0, NB)
+    live = idx < used
+    base = (idx * HKV + h) * MPAD + m
+    lse = tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
+    if PARTS:
+        part = tl.load(
+            o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=live[:, None], other=0.0
+        )
+    else:
+        part = lse
+    return lse, part
 
 
 @triton.jit
@@ -270,59 +293,48 @@ def tree_attention_merge_kernel(
     HKV: tl.constexpr,
     BY_PREFIX: tl.constexpr,
 ):
-    """Program (grouped-row block, KV head, head-dim block): the partials' BD columns merged by lse:
-    the largest lse first, then the weighted sum of the partitions holding committed keys, NB a
-    load (partition i always in lane i % NB of load i // NB), then the tail's. A partition that saw
-    none of a row's keys (past its bound) adds exact zeros in its own lane, so a row's bits do not
-    depend on how many partitions the prefix fills past its own."""
+    """Program (BM grouped rows, KV head, head-dim block): per row, the partials' BD columns merged
+    by lse. The partitions in use are read NB at a time, partition i always in lane i % NB of read
+    i // NB (the first read together with the tail's), summed lane-wise by weight exp2(lse - the
+    largest lse), the reads in order, the tail's last. A partition that saw none of a row's keys
+    (past its bound) adds exact zeros in its own lane, so a row's bits do not depend on how many
+    partitions the prefix fills past its own, nor on BM."""
     h = tl.program_id(1)
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
     offs_d = tl.program_id(2) * BD + tl.arange(0, BD)
-    row = m // G
-    head = h * G + m % G
-    valid_m = row < R
     prefix = tl.load(prefix_ptr)
     used = tl.minimum(tl.cdiv(prefix, _partition_rows(prefix, chunk, BN, BY_PREFIX)), NSPLIT - 1)
-    lanes = tl.arange(0, NB)[:, None]
-    tail_base, tail_lse = _merge_rows(lse_part_ptr, NSPLIT - 1, valid_m, m, h, MPAD, HKV)
-    tops = tl.full([NB, BM], float("-inf"), dtype=tl.float32)
-    for first in range(0, used, NB):
-        live = (first + lanes < used) & valid_m[None, :]
-        _, part_lse = _merge_rows(lse_part_ptr, first + lanes, live, m[None, :], h, MPAD, HKV)
-        tops = tl.maximum(tops, part_lse)
-    top = tl.maximum(tl.max(tops, axis=0), tail_lse)
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
-    weight_sum = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for first in range(0, used, NB):
-        live = (first + lanes < used) & valid_m[None, :]
-        base, part_lse = _merge_rows(lse_part_ptr, first + lanes, live, m[None, :], h, MPAD, HKV)
-        w = tl.exp2(part_lse - top_safe[None, :])  # [NB, BM], 0 where not live
-        part = tl.load(
-            o_part_ptr + base.to(tl.int64)[:, :, None] * D + offs_d[None, None, :],
-            mask=live[:, :, None],
-            other=0.0,
+    for m in range(tl.program_id(0) * BM, tl.minimum(tl.program_id(0) * BM + BM, R * G)):
+        tail_base = ((NSPLIT - 1) * HKV + h) * MPAD + m
+        tail_lse = tl.load(lse_part_ptr + tail_base)
+        tail = tl.load(o_part_ptr + tail_base.to(tl.int64) * D + offs_d)
+        lse0, part0 = _merge_block(o_part_ptr, lse_part_ptr, 0, used, m, h, offs_d, True, D, NB, MPAD, HKV)
+        top = tl.maximum(tl.max(lse0, axis=0), tail_lse)  # finite: the tail holds the row's own key
+        for first in range(NB, used, NB):
+            more, _ = _merge_block(
+                o_part_ptr, lse_part_ptr, first, used, m, h, offs_d, False, D, NB, MPAD, HKV
+            )
+            top = tl.maximum(top, tl.max(more, axis=0))
+        weights = tl.exp2(lse0 - top)  # 0 past `used`
+        acc = tl.sum(weights[:, None] * part0, axis=0)
+        weight_sum = tl.sum(weights, axis=0)
+        for first in range(NB, used, NB):
+            more, part = _merge_block(
+                o_part_ptr, lse_part_ptr, first, used, m, h, offs_d, True, D, NB, MPAD, HKV
+            )
+            weights = tl.exp2(more - top)
+            acc += tl.sum(weights[:, None] * part, axis=0)
+            weight_sum += tl.sum(weights, axis=0)
+        tail_weight = tl.exp2(tail_lse - top)
+        acc += tail_weight * tail
+        weight_sum += tail_weight
+        row, head = m // G, h * G + m % G
+        tl.store(
+            o_ptr + row * stride_or + head * stride_oh + offs_d, (acc / weight_sum).to(o_ptr.dtype.element_ty)
         )
-        acc += tl.sum(w[:, :, None] * part, axis=0)
-        weight_sum += tl.sum(w, axis=0)
-    tail_w = tl.exp2(tail_lse - top_safe)
-    tail = tl.load(
-        o_part_ptr + tail_base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=valid_m[:, None], other=0.0
-    )
-    acc += tail_w[:, None] * tail
-    weight_sum += tail_w
-    weight_sum = tl.where(weight_sum == 0.0, 1.0, weight_sum)  # (0: padding rows, not stored)
-    out = acc / weight_sum[:, None]
-    lse = (top_safe + tl.log2(weight_sum)) * 0.6931471805599453  # ln 2
-    tl.store(
-        o_ptr + row[:, None] * stride_or + head[:, None] * stride_oh + offs_d[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=valid_m[:, None],
-    )
-    first_block = (
-        tl.zeros([BM], dtype=tl.int32) + tl.program_id(2)
-    ) == 0  # one head-dim block writes the lse
-    tl.store(lse_ptr + row * (HKV * G) + head, lse, mask=valid_m & first_block)
+        if tl.program_id(2) == 0:  # one head-dim block writes the lse
+            tl.store(
+                lse_ptr + row * (HKV * G) + head, (top + tl.log2(weight_sum)) * 0.6931471805599453
+            )  # ln 2
 
 
 @triton.jit
@@ -490,7 +502,7 @@ def tree_attention_(
         tree_attention_merge_kernel[(triton.cdiv(rows * group, merge_bm), hkv, dim // merge_bd)](
             o_part, lse_part, o, lse, prefix_len, rows, chunk, o.stride(0), o.stride(1), G=group, D=dim,
             BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n, NSPLIT=splits + 1,
-            MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, num_warps=4,
+            MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, num_warps=MERGE_WARPS,
         )  # fmt: skip
 
 
