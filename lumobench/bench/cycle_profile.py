@@ -16,6 +16,7 @@ model's own acceptance is the replay's, `lumobench replay corpora/demo.jsonl`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -142,6 +143,14 @@ def cycle_profile_command(
             "penalty 1.0; the forced schedule still picks the accepted path)."
         ),
     ] = "greedy",
+    draft_vocab: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Also profile MTP-5 and the tree with a draft vocabulary of this many token ids "
+            "(`lumobench bench cycle`'s mtp5-dvN and tree-dvN arms); 0: none.",
+        ),
+    ] = 0,
 ) -> None:
     """Profile the AR step, the chain MTP-5 cycle and the paper tree cycle of a model."""
     if not torch.cuda.is_available():
@@ -170,6 +179,11 @@ def cycle_profile_command(
         name = folder.name
         net = load_checkpoint(folder, dtype=dtypes[dtype], device=cuda)
     arms = [Arm("ar", ARMS["ar"], 0.0), Arm("mtp5", ARMS["mtp5"], 3.17), Arm("tree", ARMS["tree"], 4.05)]
+    if draft_vocab:
+        if draft_vocab < net.config.vocab_size:
+            arms += [replace(a, name=f"{a.name}-dv{draft_vocab}", draft_vocab=draft_vocab) for a in arms[1:]]
+        else:
+            typer.echo(f"note: --draft-vocab {draft_vocab} is the whole vocabulary: no dv arms", err=True)
     doc = {
         "model": name,
         "dtype": dtype,
