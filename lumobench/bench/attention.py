@@ -37,10 +37,13 @@ from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
 from lumotree.verify.attention import reference
 from lumotree.verify.attention.decode import (
     KEYS_PER_SPLIT,
+    SHORT_KEYS,
+    SHORT_PARTITIONS,
     STAGES,
     AttentionConfig,
     cache_partitions,
     partial_buffers,
+    short_partitions,
     tree_attention_,
 )
 from lumotree.verify.device_tree import DeviceTree
@@ -67,7 +70,8 @@ class Setting:
     def label(self) -> str:
         c = self.config
         tiles = f"BM{c.block_m} BN{c.block_n} w{c.num_warps} s{c.num_stages}"
-        return f"{tiles} waves{c.program_waves} keys{self.keys}"
+        short = f"{SHORT_PARTITIONS}x{SHORT_KEYS}+" if self.keys > SHORT_KEYS else ""
+        return f"{tiles} waves{c.program_waves} keys{short}{self.keys}"
 
 
 class Workload:
@@ -112,7 +116,7 @@ class Workload:
             tree_attention_(
                 self.q[layer], self.k[layer], self.v[layer], self.tables.bits, self.tables.prefix_len,
                 self.o[layer], self.lse[layer], o_part, lse_part, splits, 1 / math.sqrt(s.dim),
-                setting.config, stages,
+                setting.config, stages, short=short_partitions(self.capacity, setting.keys),
             )  # fmt: skip
 
     def layer_ms(self, setting: Setting, timer: Timer, stages: frozenset[str] = STAGES) -> float:

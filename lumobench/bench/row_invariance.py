@@ -41,6 +41,7 @@ from lumotree.verify.attention.decode import (
     AttentionConfig,
     cache_partitions,
     partial_buffers,
+    short_partitions,
     tree_attention_,
 )
 from lumotree.verify.device_tree import DeviceTree
@@ -128,7 +129,7 @@ def attention_once(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
     tree_attention_(
         q, k_cache, v_cache, tree.bits, tree.prefix_len, o, lse, o_part, lse_part, splits,
-        1.0 / math.sqrt(dim), config,
+        1.0 / math.sqrt(dim), config, short=short_partitions(k_cache.shape[0]),
     )  # fmt: skip
     return o
 

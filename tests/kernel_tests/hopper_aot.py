@@ -147,17 +147,17 @@ KERNELS["tree drafter assemble"] = (
     dict(num_warps=1),
 )
 # Tree attention at the 27B's heads (24 query, 4 KV, head dim 128), the engine's tiles
-TYPES |= {"bits_ptr": "*i64", "prefix_ptr": "*i64", "qk_scale": "fp32", "chunk": "i32"}
+TYPES |= {"bits_ptr": "*i64", "prefix_ptr": "*i64", "qk_scale": "fp32", "chunk": "i32", "shorts": "i32"}
 TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt", "stride_kh")}
 ATTENTION = dict(G=6, D=128, BM=64, MPAD=192, HKV=4, TAIL=attention.TAIL_KEYS)
 KERNELS["tree attention partial"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=False),
+    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
     dict(num_warps=8, num_stages=2),
 )
 KERNELS["tree attention partial, by prefix"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=True),
+    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=True, SHORT=attention.SHORT_KEYS),
     dict(num_warps=8, num_stages=2),
 )
 # the merge as the GPU launches it: a grouped row a program, 64 partitions a load
@@ -172,6 +172,7 @@ KERNELS["tree attention merge"] = (
         BN=64,
         NSPLIT=33,
         BY_PREFIX=False,
+        SHORT=attention.SHORT_KEYS,
     ),
     dict(num_warps=attention.MERGE_WARPS),
 )
@@ -187,6 +188,9 @@ KERNELS["tree attention tail"] = (
     ),
     dict(num_warps=attention.AttentionConfig().tail_warps),
 )
+TYPES |= {"k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64", "HD": "i32"}
+TYPES |= {name: "i64" for name in ("stride_kr", "stride_vr", "stride_t")}
+KERNELS["kv write"] = (attention.write_kv_kernel, dict(BD=1024, PREFIX=True), dict(num_warps=4))
 # the launcher passes an integer argument equal to 1 as a constant: a 1-row AR step compiles so
 KERNELS["skinny n64 k128 t1 split m1"] = (
     skinny_gemm.skinny_gemm_kernel,

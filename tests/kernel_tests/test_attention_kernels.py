@@ -19,6 +19,7 @@ from lumotree.verify.attention.decode import (
     publish_kv_,
     tree_attention_,
     tree_visibility_bits,
+    write_kv_,
 )
 
 from .helpers import assert_written, poisoned
@@ -28,7 +29,13 @@ CONFIG = AttentionConfig(block_m=16, block_n=16, num_warps=1)
 
 
 def _run_with_partials(
-    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int, by_prefix: bool = False
+    tree: TreeDescriptor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    splits: int,
+    by_prefix: bool = False,
+    short: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """o [R, HQ, D] and lse [R, HQ], and the partials o_part [splits + 1, HKV, MPAD, D] and
     lse_part [splits + 1, HKV, MPAD] (the cache's splits, then the tail walk's; row m of a head's
@@ -55,14 +62,22 @@ def _run_with_partials(
         1.0 / math.sqrt(DIM),
         CONFIG,
         by_prefix=by_prefix,
+        short=short,
     )
     return o, lse, o_part.view(splits + 1, HKV, -1, DIM), lse_part.view(splits + 1, HKV, -1)
 
 
 def _run(
-    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int
+    tree: TreeDescriptor, q: Tensor, k_cache: Tensor, v_cache: Tensor, splits: int, short: int = 0
 ) -> tuple[Tensor, Tensor]:
-    return _run_with_partials(tree, q, k_cache, v_cache, splits)[:2]
+    return _run_with_partials(tree, q, k_cache, v_cache, splits, short=short)[:2]
+
+
+@pytest.fixture
+def short_keys(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Short partitions of 16 rows (the engine's are 256): 2 of them, then 2 of the cache's rest."""
+    monkeypatch.setattr(decode, "SHORT_KEYS", 16)
+    return 16
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -125,6 +140,55 @@ def test_partitions_spread_over_the_prefix_match_the_reference(prefix_len: int) 
     real = tree.rows * (HQ // HKV)
     assert_written(lse_part[:written, :, :real])
     assert torch.isnan(lse_part[written:4]).all(), "a partition past the prefix was written"
+
+
+@pytest.mark.parametrize("prefix_len", [0, 9, 30, 33, 55])
+def test_short_partitions_then_long_ones_match_the_reference(short_keys: int, prefix_len: int) -> None:
+    # 2 partitions of 16 rows, then 2 sharing the rest of the cache (rows 32.. in 16-row tiles): the
+    # prefix ends inside the short ones, at their end, or in the long ones.
+    tree = random_tree("paper", random.Random(prefix_len), prefix_len=prefix_len)
+    gen = torch.Generator().manual_seed(prefix_len)
+    k_cache, v_cache = (torch.randn(prefix_len + tree.rows + 30, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(tree.rows, HQ, DIM, generator=gen)
+    o, lse = _run(tree, q, k_cache, v_cache, 4, short=2)
+    assert_written(o)
+    assert_written(lse)
+    o_ref, lse_ref = ref.tree_attention(q, k_cache, v_cache, tree)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_engine_partitions_a_cache_short_ones_first() -> None:
+    assert decode.short_partitions(40_000) == decode.SHORT_PARTITIONS == 16
+    assert decode.cache_partitions(40_000) == 16 + -(
+        -(40_000 - 16 * decode.SHORT_KEYS) // decode.KEYS_PER_SPLIT
+    )
+    assert decode.short_partitions(1000) == decode.cache_partitions(1000) == -(-1000 // decode.SHORT_KEYS)
+    assert decode.short_partitions(40_000, keys=256) == 0  # a benchmark's uniform 256-row setting
+    assert decode.cache_partitions(40_000, keys=256) == -(-40_000 // 256)
+
+
+@pytest.mark.usefixtures("dot_in_k_order")
+@pytest.mark.parametrize("prefix_len", [14, 29, 40])
+def test_rows_equal_the_one_row_steps_with_short_partitions_bitwise(short_keys: int, prefix_len: int) -> None:
+    # The chain's rows and the AR steps at their positions split their keys alike: positions 14-19
+    # lie in the short partitions, 29-34 cross their end at 32, 40-45 lie in the first long one.
+    gen = torch.Generator().manual_seed(prefix_len)
+    chain = chain_tree(list(range(6)), prefix_len=prefix_len)
+    k_cache, v_cache = (torch.randn(prefix_len + 40, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(chain.rows, HQ, DIM, generator=gen)
+    o_chain, lse_chain = _run(chain, q, k_cache, v_cache, 4, short=2)
+    for depth in range(chain.rows):
+        step = chain_tree([depth], prefix_len=prefix_len + depth)
+        o, lse = _run(step, q[depth : depth + 1], k_cache, v_cache, 4, short=2)
+        assert torch.equal(o[0], o_chain[depth]) and torch.equal(lse[0], lse_chain[depth]), depth
+
+
+def test_short_partitions_that_do_not_fit_the_cache_are_refused(short_keys: int) -> None:
+    tree = chain_tree([0], prefix_len=3)
+    k_cache = torch.randn(20, HKV, DIM)
+    with pytest.raises(ValueError, match="short partitions"):
+        _run(tree, torch.randn(1, HQ, DIM), k_cache, k_cache, 3, short=2)  # 2 x 16 rows past 20
 
 
 # prefix 43: the chain (49 keys) and its first steps (44-48 keys) would get different split sizes
@@ -226,3 +290,38 @@ def test_kv_publication_matches_reference(shape: str) -> None:
         moved = publish_kv_(*got, tree, accepted, len(path))
         assert moved == ref.publish_kv_(*expected, tree, accepted, len(path))
         assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), f"node {node}"
+
+
+@pytest.mark.parametrize("shape", ["paper", "random_order"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_the_one_launch_kv_write_matches_the_reference(shape: str, cache_dtype: torch.dtype) -> None:
+    # v a column slice of a wider projection (the fused q/k/v output), caches poisoned: the tree's
+    # rows land at prefix + slot in the cache's dtype, every other row keeps its poison.
+    tree = random_tree(shape, random.Random(12), prefix_len=7)
+    gen = torch.Generator().manual_seed(12)
+    k = torch.randn(tree.rows, HKV, DIM, generator=gen)
+    v = torch.randn(tree.rows, 3 * HKV * DIM, generator=gen)[:, HKV * DIM : 2 * HKV * DIM].view(
+        tree.rows, HKV, DIM
+    )
+    shape_ = (tree.prefix_len + tree.rows + 3, HKV, DIM)
+    got = [poisoned(shape_, cache_dtype) for _ in range(2)]
+    expected = [c.clone() for c in got]
+    prefix = torch.tensor([tree.prefix_len])
+    write_kv_(*got, k, v, tree.slot_map, prefix)
+    ref.write_tree_kv_(*expected, k, v, tree)
+    assert all(torch.equal(g.nan_to_num(7.0), e.nan_to_num(7.0)) for g, e in zip(got, expected, strict=True))
+    assert_written(got[0][tree.prefix_len : tree.prefix_len + tree.rows])
+    # without a prefix: the slots are the rows (the MTP drafter's positions)
+    rows = torch.tensor([3, 0, 5])
+    got = [poisoned(shape_, cache_dtype) for _ in range(2)]
+    write_kv_(*got, k[:3], v[:3], rows)
+    assert torch.equal(got[0][rows], k[:3].to(cache_dtype)) and torch.equal(
+        got[1][rows], v[:3].to(cache_dtype)
+    )
+    assert torch.isnan(got[0][[1, 2, 4]]).all()
+
+
+def test_the_kv_write_refuses_rows_whose_heads_are_not_contiguous() -> None:
+    k = torch.randn(2, HKV, 2 * DIM)[:, :, :DIM]
+    with pytest.raises(ValueError, match="each row contiguous"):
+        write_kv_(torch.empty(4, HKV, DIM), torch.empty(4, HKV, DIM), k, k, torch.tensor([0, 1]))

@@ -38,7 +38,7 @@ def compiled() -> dict:
         "value-major prepare", "value-major apply", "tree-parallel", "row scan", "paths scan",
         "paths scan, tree register cap", "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
-        "tree attention partial, by prefix", "tree attention tail", "tree attention merge",
+        "tree attention partial, by prefix", "tree attention tail", "tree attention merge", "kv write",
     ],
 )  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:

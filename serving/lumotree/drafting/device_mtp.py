@@ -41,7 +41,7 @@ from lumotree.model.attention import GatedAttention
 from lumotree.model.fused import ops
 from lumotree.model.model import HybridLM
 from lumotree.model.state import KVCache
-from lumotree.verify.attention.decode import check_depth
+from lumotree.verify.attention.decode import check_depth, write_kv_
 
 # (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1]) -> (o, lse)
 TreeAttention = Callable[[Tensor, Tensor, Tensor, "AttentionTables"], tuple[Tensor, Tensor]]
@@ -197,8 +197,7 @@ class DeviceMTP:
 
         def attend(attn: GatedAttention, y: Tensor) -> Tensor:
             q, k, v, gate = attn.project(y, cos, sin)
-            cache.key.index_copy_(0, positions, k[0].to(cache.key.dtype))
-            cache.value.index_copy_(0, positions, v[0].to(cache.value.dtype))
+            write_kv_(cache.key, cache.value, k[0], v[0], positions)
             o, _ = self.attention(q[0], cache.key, cache.value, tables)
             return attn.output(o[None], gate)
 

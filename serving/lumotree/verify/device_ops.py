@@ -39,7 +39,9 @@ from lumotree.verify.attention.decode import (
     cache_partitions,
     partial_buffers,
     publish_kv_device_,
+    short_partitions,
     tree_attention_,
+    write_kv_,
 )
 from lumotree.verify.conv.fused_conv import publish_conv_state_, tree_conv_
 from lumotree.verify.device_tree import DeviceTree
@@ -145,10 +147,8 @@ def gdn_verify(
 
 
 def write_tree_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, tree: DeviceTree) -> None:
-    """Write the tree's k, v [R, Hkv, D] at cache rows prefix_len + slot_map (device index)."""
-    slots = tree.prefix_len + tree.slot_map
-    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+    """Write the tree's k, v [R, Hkv, D] at cache rows prefix_len + slot_map (device index): one launch."""
+    write_kv_(k_cache, v_cache, k, v, tree.slot_map, tree.prefix_len)
 
 
 def tree_attention(
@@ -164,6 +164,7 @@ def tree_attention(
     config = AttentionConfig.for_dtype(q.dtype)  # one query tile for every row count (the MMA's shape)
     # fixed by the cache: a row's bits follow them
     splits = cache_partitions(k_cache.shape[0]) if partitions is None else partitions
+    short = short_partitions(k_cache.shape[0]) if partitions is None else 0
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
@@ -181,6 +182,7 @@ def tree_attention(
         1.0 / math.sqrt(dim),
         config,
         by_prefix=partitions is not None,
+        short=short,
     )
     return o, lse
 

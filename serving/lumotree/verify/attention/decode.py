@@ -45,13 +45,16 @@ MERGE_ROWS_INTERPRETED = 16  # grouped rows a merge program under the interprete
 MERGE_WARPS = 1  # a merge program's warps: a [MERGE_PARTITIONS, MERGE_BLOCK_D] tile, many programs
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
 STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
-# Cache partitions of KEYS_PER_SPLIT rows each, whatever the cache's size, so a short context in a
+# Cache partitions fixed by the cache's rows, whatever the cache's size, so a short context in a
 # large cache (the engine sizes it for max_model_len) still spreads over many programs; the split-K
-# programs loop over the partitions that hold committed keys, and the merge reads only those. 1024
-# rows: measured on the H200 against 256 and 512 (`lumobench bench attention --keys`,
-# results/h200/attention.md), fewer partials to write and merge at 32K outweigh the fewer programs
-# at 4K.
+# programs loop over the partitions that hold committed keys, and the merge reads only those. The
+# first SHORT_PARTITIONS hold SHORT_KEYS rows each (a 4K context over 64 programs at 4 KV heads), the
+# rest KEYS_PER_SPLIT: measured on the H200 against 256 and 512 throughout (`lumobench bench
+# attention --keys`, results/h200/attention.md), fewer partials to write and merge at 32K outweigh
+# the fewer programs at 4K; the short ones give 4K its programs back.
 KEYS_PER_SPLIT = 1024
+SHORT_KEYS = 256
+SHORT_PARTITIONS = 16
 
 
 @triton.jit
@@ -92,6 +95,19 @@ def _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G: tl.constexpr, D: tl
 
 
 @triton.jit
+def _partition_start(s, chunk, shorts, SHORT: tl.constexpr):
+    """First cache row of partition s: `shorts` partitions of SHORT rows, then `chunk` rows each."""
+    return tl.where(s < shorts, s * SHORT, shorts * SHORT + (s - shorts) * chunk)
+
+
+@triton.jit
+def _partitions_holding(n, chunk, shorts, SHORT: tl.constexpr):
+    """How many partitions (laid out as `_partition_start` says) hold cache rows [0, n)."""
+    short_rows = shorts * SHORT
+    return tl.where(n <= short_rows, tl.cdiv(n, SHORT), shorts + tl.cdiv(n - short_rows, chunk))
+
+
+@triton.jit
 def _partition_rows(prefix, chunk, BN: tl.constexpr, BY_PREFIX: tl.constexpr):
     """Cache rows a partition: `chunk`, fixed by the cache; with BY_PREFIX, `chunk` is a partition
     count and the committed prefix is spread over that many partitions in whole key tiles."""
@@ -117,6 +133,7 @@ def tree_attention_partial_kernel(
     stride_kt,
     stride_kh,
     chunk,
+    shorts,
     G: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
@@ -126,6 +143,7 @@ def tree_attention_partial_kernel(
     TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
     BY_PREFIX: tl.constexpr,
+    SHORT: tl.constexpr,
 ):
     """Program (query block, KV head, p): partitions p, p + P, ... (P programs) of those holding
     committed keys, each a range of `_partition_rows` cache rows, by online softmax over BN-key tiles."""
@@ -135,9 +153,10 @@ def tree_attention_partial_kernel(
     chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
     bound = _tail_start(bits, prefix, TAIL)  # [BM]
     offs_n = tl.arange(0, BN)
-    for s in range(tl.program_id(2), tl.cdiv(prefix, chunk), tl.num_programs(2)):
-        lo = s * chunk
-        hi = tl.minimum(lo + chunk, prefix)  # committed keys only: the tree's are in the tail
+    for s in range(tl.program_id(2), _partitions_holding(prefix, chunk, shorts, SHORT), tl.num_programs(2)):
+        lo = _partition_start(s, chunk, shorts, SHORT)
+        # committed keys only: the tree's are in the tail
+        hi = tl.minimum(_partition_start(s + 1, chunk, shorts, SHORT), prefix)
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
         acc = tl.zeros([BM, D], dtype=tl.float32)
@@ -280,6 +299,7 @@ def tree_attention_merge_kernel(
     prefix_ptr,
     R,
     chunk,
+    shorts,
     stride_or,
     stride_oh,
     G: tl.constexpr,
@@ -292,6 +312,7 @@ def tree_attention_merge_kernel(
     MPAD: tl.constexpr,
     HKV: tl.constexpr,
     BY_PREFIX: tl.constexpr,
+    SHORT: tl.constexpr,
 ):
     """Program (BM grouped rows, KV head, head-dim block): per row, the partials' BD columns merged
     by lse. The partitions in use are read NB at a time, partition i always in lane i % NB of read
@@ -302,7 +323,8 @@ def tree_attention_merge_kernel(
     h = tl.program_id(1)
     offs_d = tl.program_id(2) * BD + tl.arange(0, BD)
     prefix = tl.load(prefix_ptr)
-    used = tl.minimum(tl.cdiv(prefix, _partition_rows(prefix, chunk, BN, BY_PREFIX)), NSPLIT - 1)
+    chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
+    used = tl.minimum(_partitions_holding(prefix, chunk, shorts, SHORT), NSPLIT - 1)
     for m in range(tl.program_id(0) * BM, tl.minimum(tl.program_id(0) * BM + BM, R * G)):
         tail_base = ((NSPLIT - 1) * HKV + h) * MPAD + m
         tail_lse = tl.load(lse_part_ptr + tail_base)
@@ -335,6 +357,36 @@ def tree_attention_merge_kernel(
             tl.store(
                 lse_ptr + row * (HKV * G) + head, (top + tl.log2(weight_sum)) * 0.6931471805599453
             )  # ln 2
+
+
+@triton.jit
+def write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    prefix_ptr,
+    stride_kr,
+    stride_vr,
+    stride_t,
+    HD,
+    BD: tl.constexpr,
+    PREFIX: tl.constexpr,
+):
+    """Program (row r, column block): k[r] and v[r] ([Hkv * D] each, contiguous, the caches' dtype)
+    to cache row slot[r] (+ the prefix length with PREFIX)."""
+    r = tl.program_id(0)
+    offs = tl.program_id(1) * BD + tl.arange(0, BD)
+    mask = offs < HD
+    dst = tl.load(slot_ptr + r)
+    if PREFIX:
+        dst += tl.load(prefix_ptr)
+    dst_off = dst.to(tl.int64) * stride_t + offs
+    k = tl.load(k_ptr + r.to(tl.int64) * stride_kr + offs, mask=mask)
+    v = tl.load(v_ptr + r.to(tl.int64) * stride_vr + offs, mask=mask)
+    tl.store(k_cache_ptr + dst_off, k, mask=mask)
+    tl.store(v_cache_ptr + dst_off, v, mask=mask)
 
 
 @triton.jit
@@ -381,7 +433,7 @@ class AttentionConfig:
 
     block_m: int = 64
     block_n: int = 64
-    splits: int | None = None  # cache partitions; None: `cache_partitions` of the cache
+    splits: int | None = None  # equal cache partitions; None: `cache_partitions` of the cache
     num_warps: int = 4
     num_stages: int = 3
     tail_warps: int = 4
@@ -414,11 +466,19 @@ def check_depth(max_depth: int) -> None:
         raise ValueError(f"tree attention takes trees of depth < {TAIL_KEYS}, got depth {max_depth}")
 
 
+def short_partitions(capacity: int, keys: int = KEYS_PER_SPLIT) -> int:
+    """How many of a cache's partitions hold SHORT_KEYS rows, from its first row (none where `keys`,
+    the other partitions' rows, is not larger)."""
+    return min(SHORT_PARTITIONS, triton.cdiv(capacity, SHORT_KEYS)) if keys > SHORT_KEYS else 0
+
+
 def cache_partitions(capacity: int, keys: int = KEYS_PER_SPLIT) -> int:
     """Cache partitions that depend on the cache alone, not on the rows verified or the context, so
     that a verified row sums its keys in the same partitions as the autoregressive step at its
-    position (`keys` rows each: the engine's setting by default; the attention benchmark sweeps it)."""
-    return triton.cdiv(capacity, keys)
+    position: `short_partitions` of SHORT_KEYS rows, then `keys` rows each (the engine's setting by
+    default; the attention benchmark sweeps it). Pass both counts to `tree_attention_`."""
+    short = short_partitions(capacity, keys)
+    return short + triton.cdiv(max(capacity - short * SHORT_KEYS, 0), keys)
 
 
 def device_programs(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
@@ -457,6 +517,7 @@ def tree_attention_(
     config: AttentionConfig = AttentionConfig(),
     stages: frozenset[str] = STAGES,
     by_prefix: bool = False,
+    short: int = 0,
 ) -> None:
     """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
     and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
@@ -465,7 +526,8 @@ def tree_attention_(
     benchmarks that time them apart). by_prefix: spread the committed prefix over the `splits`
     partitions, read on the device (a short context fills every partition), instead of fixed cache
     rows: the bits then follow the prefix, so a row no longer equals the AR step at its position
-    (for callers without that contract: the MTP drafter's passes)."""
+    (for callers without that contract: the MTP drafter's passes). short: the first `short` of the
+    `splits` partitions hold SHORT_KEYS rows each (`short_partitions`), the others share the rest."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -474,19 +536,20 @@ def tree_attention_(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1))
-    # fixed partitions of the whole cache: chunk rows each, a whole number of key tiles (by_prefix:
-    # the kernels size them from the prefix)
-    chunk = (
-        splits
-        if by_prefix
-        else triton.cdiv(triton.cdiv(k_cache.shape[0], splits), config.block_n) * config.block_n
-    )
+    # fixed partitions of the whole cache: `short` of SHORT_KEYS rows, then chunk rows each, a whole
+    # number of key tiles (by_prefix: the kernels size them from the prefix)
+    if by_prefix and short:
+        raise ValueError("partitions spread over the prefix have no short ones")
+    if not 0 <= short <= splits or (short < splits and short * SHORT_KEYS >= k_cache.shape[0]):
+        raise ValueError(f"{short} short partitions of {SHORT_KEYS} rows do not fit {splits} in this cache")
+    long_rows = triton.cdiv(max(k_cache.shape[0] - short * SHORT_KEYS, 1), max(splits - short, 1))
+    chunk = splits if by_prefix else triton.cdiv(long_rows, config.block_n) * config.block_n
     if "partial" in stages:
         programs = device_programs(q.device, (mpad // bm) * hkv, config.program_waves)
         tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
-            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk,
+            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk, short,
             G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
-            PRECISION=precision, BY_PREFIX=by_prefix, num_warps=config.num_warps,
+            PRECISION=precision, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS, num_warps=config.num_warps,
             num_stages=config.num_stages,
         )  # fmt: skip
     if "tail" in stages:
@@ -500,9 +563,9 @@ def tree_attention_(
         # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
         merge_bm, merge_bd = (1 if q.is_cuda else MERGE_ROWS_INTERPRETED), min(dim, MERGE_BLOCK_D)
         tree_attention_merge_kernel[(triton.cdiv(rows * group, merge_bm), hkv, dim // merge_bd)](
-            o_part, lse_part, o, lse, prefix_len, rows, chunk, o.stride(0), o.stride(1), G=group, D=dim,
-            BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n, NSPLIT=splits + 1,
-            MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, num_warps=MERGE_WARPS,
+            o_part, lse_part, o, lse, prefix_len, rows, chunk, short, o.stride(0), o.stride(1), G=group,
+            D=dim, BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n, NSPLIT=splits + 1,
+            MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS, num_warps=MERGE_WARPS,
         )  # fmt: skip
 
 
@@ -531,6 +594,7 @@ def tree_attention(
     bm = min(config.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
     config = replace(config, block_m=bm)
     splits = config.splits or cache_partitions(k_cache.shape[0])
+    short = 0 if config.splits else short_partitions(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=device)
     o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, bm, device)
@@ -548,8 +612,28 @@ def tree_attention(
         splits,
         scale,
         config,
+        short=short,
     )
     return o, lse
+
+
+def write_kv_(
+    k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, prefix_len: Tensor | None = None
+) -> None:
+    """Graph-capturable: k, v [R, Hkv, D] (each row's heads contiguous, any row stride) into cache
+    rows slots [R] int64 (+ prefix_len [1] when given), both on the device; one launch for K and V
+    (the reference: `reference.write_tree_kv_`). Caches [T_max, Hkv, D] with rows contiguous."""
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)  # (no copy in the engine: they match)
+    rows, hkv, dim = k.shape
+    row = hkv * dim
+    for t in (k, v):
+        if t.shape != k.shape or t.stride(2) != 1 or t.stride(1) != dim:
+            raise ValueError(f"k and v must be [R, Hkv, D] with each row contiguous, got {tuple(t.shape)}")
+    block = min(1024, triton.next_power_of_2(row))
+    write_kv_kernel[(rows, triton.cdiv(row, block))](
+        k, v, k_cache, v_cache, slots, slots if prefix_len is None else prefix_len, k.stride(0), v.stride(0),
+        k_cache.stride(0), row, BD=block, PREFIX=prefix_len is not None,
+    )  # fmt: skip
 
 
 def publish_kv_device_(
