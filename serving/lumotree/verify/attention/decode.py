@@ -145,15 +145,18 @@ def tree_attention_partial_kernel(
     BY_PREFIX: tl.constexpr,
     SHORT: tl.constexpr,
 ):
-    """Program (query block, KV head, p): partitions p, p + P, ... (P programs) of those holding
-    committed keys, each a range of `_partition_rows` cache rows, by online softmax over BN-key tiles."""
+    """Program (query block, KV head, p): partitions n - 1 - p, n - 1 - p - P, ... (P programs) of the n
+    holding committed keys, each a range of cache rows (`_partition_start`), by online softmax over
+    BN-key tiles."""
     h = tl.program_id(1)
     m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
     prefix = tl.load(prefix_ptr)
     chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
     bound = _tail_start(bits, prefix, TAIL)  # [BM]
     offs_n = tl.arange(0, BN)
-    for s in range(tl.program_id(2), _partitions_holding(prefix, chunk, shorts, SHORT), tl.num_programs(2)):
+    held = _partitions_holding(prefix, chunk, shorts, SHORT)
+    for i in range(tl.program_id(2), held, tl.num_programs(2)):
+        s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
         lo = _partition_start(s, chunk, shorts, SHORT)
         # committed keys only: the tree's are in the tail
         hi = tl.minimum(_partition_start(s + 1, chunk, shorts, SHORT), prefix)
@@ -429,7 +432,9 @@ class AttentionConfig:
     attention --sweep` at Qwen3.5-27B's shapes on the H200, results/h200/attention.md); the cache
     partitions (`splits`, fixed per cache: they set the bits) and the split-K programs over them,
     `program_waves` waves over the multiprocessors, at most one a partition (free: a partition is
-    one program's whole work whichever program runs it)."""
+    one program's whole work whichever program runs it; 4 waves give the paper tree's 3 query
+    blocks x 4 KV heads a program a partition up to a 32K context's 44, which the GPU's scheduler
+    then balances, the longest first)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -437,7 +442,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 3
     tail_warps: int = 4
-    program_waves: int = 2
+    program_waves: int = 4
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype) -> AttentionConfig:
