@@ -103,6 +103,23 @@ for block_n, block_k, tiles, splits in (
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
+# the MLP's gate-up with the SwiGLU epilogue: half of a 128-wide block's columns, gate and up tiles
+for tiles in (1, 2):
+    KERNELS[f"skinny swiglu n64 k64 t{tiles}"] = (
+        skinny_gemm.skinny_gemm_kernel,
+        dict(
+            ROWS=16 * tiles,
+            BLOCK_N=64,
+            BLOCK_K=64,
+            EVEN_K=True,
+            PRECISION="tf32",
+            SPLITS=1,
+            RESIDUAL=False,
+            SWIGLU=True,
+        ),
+        dict(num_warps=4, num_stages=3),
+        SKINNY_DIVISIBLE,
+    )
 # The device tree drafter's launches at the paper geometry (5-depth spine, top-3, tail 6, rescues 4
 # and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 4096-token blocks
 TYPES |= {

@@ -10,7 +10,8 @@ import functools
 import pytest
 import torch
 
-from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear, split_counts
+from lumotree.model.fused.elementwise import silu_mul
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear, skinny_swiglu, split_counts
 from lumotree.verify.graphs import CapturedStage
 
 from .helpers import GPU_ONLY, assert_written, poisoned
@@ -112,3 +113,15 @@ def test_the_residual_epilogue_has_the_bits_of_the_product_then_the_add(n: int, 
     skinny_linear(x, w, out=y, residual=residual)
     assert_written(y)
     assert torch.equal(y, skinny_linear(x, w) + residual)
+
+
+@pytest.mark.parametrize("m", ROWS)
+def test_the_swiglu_epilogue_has_the_bits_of_the_product_then_silu_mul(m: int) -> None:
+    """The 27B MLP's gate-up projection [2 x 17408, 5120] with the SwiGLU epilogue: the bits of the
+    product (its 128-wide blocks) then silu_mul, and a row's bits whatever the rows beside it."""
+    w, x = _weights(34816, 5120), _rows(32, 5120)[:m]
+    y = poisoned((m, 17408), torch.bfloat16, CUDA)
+    skinny_swiglu(x, w, out=y)
+    assert_written(y)
+    assert torch.equal(y, silu_mul(skinny_linear(x, w)))
+    assert torch.equal(y[-1:], skinny_swiglu(x[m - 1 : m].clone(), w))

@@ -9,7 +9,14 @@ import pytest
 import torch
 from torch import Tensor
 
-from lumotree.model.fused.skinny_gemm import SkinnyConfig, beats_cublas, skinny_linear, split_counts
+from lumotree.model.fused import elementwise, ops, skinny_gemm
+from lumotree.model.fused.skinny_gemm import (
+    SkinnyConfig,
+    beats_cublas,
+    skinny_linear,
+    skinny_swiglu,
+    split_counts,
+)
 from lumotree.model.fused.skinny_gemm_reference import skinny_linear_reference
 
 from .helpers import assert_written, poisoned
@@ -184,3 +191,60 @@ def test_the_fallback_above_32_rows_adds_the_residual_too() -> None:
 def test_a_bad_residual_raises_value_error(residual: torch.Tensor, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         skinny_linear(torch.zeros(3, K), torch.zeros(8, K), config=CONFIG, residual=residual)
+
+
+def _swiglu_reference(x: Tensor, w: Tensor) -> Tensor:
+    gate, up = skinny_linear_reference(x, w).chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.usefixtures("dot_in_k_order")
+@pytest.mark.parametrize("m", [1, 6, 17, 32])
+def test_the_swiglu_epilogue_has_the_bits_of_the_product_then_silu_mul(m: int) -> None:
+    # a [gate | up] projection of 2 x 100 rows (100: not a multiple of the 32-wide halves' blocks)
+    x, w = _case(m, 200, seed=70 + m)
+    y = poisoned((m, 100), torch.float32)
+    assert skinny_swiglu(x, w, config=CONFIG, out=y) is y
+    assert_written(y)
+    torch.testing.assert_close(y, _swiglu_reference(x, w), rtol=1e-4, atol=1e-4)
+    assert torch.equal(y, elementwise.silu_mul(skinny_linear(x, w, config=CONFIG)))
+    for i in (0, m - 1):  # a row's bits do not depend on the rows beside it
+        assert torch.equal(y[i : i + 1], skinny_swiglu(x[i : i + 1], w, config=CONFIG)), f"row {i}"
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "config", "message"),
+    [
+        (torch.randn(2, K), torch.randn(101, K), CONFIG, "gate | up"),
+        (torch.randn(33, K), torch.randn(100, K), CONFIG, "1..32 rows"),
+        (torch.randn(2, K), torch.randn(100, K), replace(CONFIG, splits=2), "one K range"),
+    ],
+)
+def test_the_swiglu_epilogue_refuses_what_it_cannot_compute(
+    x: Tensor, w: Tensor, config: SkinnyConfig, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        skinny_swiglu(x, w, config=config)
+
+
+def test_the_fused_mlp_activation_takes_the_epilogue_where_k_stays_in_one_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ops.linear_silu_mul on the fused path: one launch for a wide [gate | up] projection (its
+    # for_shape config keeps K whole), the product then silu_mul for a narrow one; both the same
+    # values as the unfused activation.
+    epilogues: list[int] = []
+
+    def counted(x: Tensor, w: Tensor) -> Tensor:
+        epilogues.append(w.shape[0])
+        return skinny_swiglu(x, w)
+
+    monkeypatch.setattr(skinny_gemm, "skinny_swiglu", counted)
+    gen = torch.Generator().manual_seed(8)
+    for n, k, splits in ((2 * 16480, 256, 1), (2 * 96, 1024, 2)):  # wide halves; narrow ones split K
+        assert SkinnyConfig.for_shape(n, k, "cpu", torch.float32).splits == splits
+        x, w = torch.randn(3, k, generator=gen), torch.randn(n, k, generator=gen) * 0.05
+        with ops.kernel_mode("always"):
+            y = ops.linear_silu_mul(x, w)
+        torch.testing.assert_close(y, _swiglu_reference(x, w), rtol=1e-4, atol=1e-4)
+    assert epilogues == [2 * 16480]

@@ -62,6 +62,8 @@ SKINNY = [
     "skinny n64 k128 t1 split",
     "skinny n64 k128 t2 split",
     "skinny n64 k128 t1 split m1",
+    "skinny swiglu n64 k64 t1",
+    "skinny swiglu n64 k64 t2",
 ]
 
 

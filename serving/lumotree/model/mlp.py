@@ -28,7 +28,7 @@ class MLP(nn.Module):
         """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given (on the fused
         path the down projection adds it as it stores)."""
         if self.fused is not None and ops.kernels_for(x) and self.fused.current():
-            return ops.linear(ops.silu_mul(ops.linear(x, self.fused.weight)), self.down_proj.weight, residual)
+            return ops.linear(ops.linear_silu_mul(x, self.fused.weight), self.down_proj.weight, residual)
         out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out if residual is None else residual + out
 

@@ -68,22 +68,44 @@ def _kernels() -> ModuleType:
     return elementwise
 
 
+def _skinny_rows(x: Tensor, weight: Tensor) -> int:
+    """x's rows where the skinny Triton GEMM takes x @ weight^T under the current backend, else 0."""
+    rows = x.numel() // max(1, x.shape[-1])
+    limit = MAX_ROWS if _gemm == "exact" else SKINNY_ROWS
+    if _gemm == "cublas" or not kernels_for(x) or not 0 < rows <= limit or weight.dtype != x.dtype:
+        return 0
+    from lumotree.model.fused.skinny_gemm import beats_cublas
+
+    return rows if _gemm == "exact" or beats_cublas(*weight.shape, x.device, x.dtype) else 0
+
+
 def linear(x: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
     """x [..., in] @ weight [out, in]^T, plus `residual` [..., out] if given: the skinny Triton GEMM
     on the fused path when chosen and the rows fit it (the residual added as it stores: one launch
     where the product and the add were two, the same bits), F.linear and an add otherwise."""
-    rows = x.numel() // max(1, x.shape[-1])
-    limit = MAX_ROWS if _gemm == "exact" else SKINNY_ROWS
-    if _gemm != "cublas" and kernels_for(x) and 0 < rows <= limit and weight.dtype == x.dtype:
-        from lumotree.model.fused.skinny_gemm import beats_cublas, skinny_linear
+    rows = _skinny_rows(x, weight)
+    if rows:
+        from lumotree.model.fused.skinny_gemm import skinny_linear
 
         n, k = weight.shape
-        if _gemm == "exact" or beats_cublas(n, k, x.device, x.dtype):
-            flat = x.reshape(rows, k)
-            add = None if residual is None else residual.reshape(rows, n)
-            return skinny_linear(flat, weight.contiguous(), residual=add).view(*x.shape[:-1], n)
+        add = None if residual is None else residual.reshape(rows, n)
+        return skinny_linear(x.reshape(rows, k), weight.contiguous(), residual=add).view(*x.shape[:-1], n)
     y = F.linear(x, weight)
     return y if residual is None else residual + y
+
+
+def linear_silu_mul(x: Tensor, weight: Tensor) -> Tensor:
+    """SwiGLU of a fused [gate | up] projection weight [2I, in]: silu_mul(linear(x, weight)) [..., I].
+    One launch where the skinny GEMM takes the product and keeps K in one range (its SwiGLU
+    epilogue, `skinny_swiglu`: the 27B MLPs); the product and silu_mul otherwise."""
+    rows = _skinny_rows(x, weight)
+    if rows:
+        from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_swiglu
+
+        n2, k = weight.shape
+        if SkinnyConfig.for_shape(n2, k, x.device, x.dtype).splits == 1:
+            return skinny_swiglu(x.reshape(rows, k), weight.contiguous()).view(*x.shape[:-1], n2 // 2)
+    return silu_mul(linear(x, weight))
 
 
 class Linear(nn.Linear):

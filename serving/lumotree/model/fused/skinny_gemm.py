@@ -128,6 +128,17 @@ def _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, R
 
 
 @triton.jit
+def _store_swiglu(y_ptr, acc_gate, acc_up, rows, offs_n, M, N, stride_ym):
+    """y[rows, offs_n] = silu(gate) * up of the two products, each first rounded to y's dtype: the
+    bits of the [gate | up] product stored and then `elementwise.silu_mul`."""
+    dtype = y_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+    _store_tile(y_ptr, act * up, rows, offs_n, M, N, stride_ym)
+
+
+@triton.jit
 def _sum_splits(
     part_ptr,
     y_ptr,
@@ -174,12 +185,15 @@ def skinny_gemm_kernel(
     PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    SWIGLU: tl.constexpr = False,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
     ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
     range stores its fp32 partial sums [M, N] at part_ptr + split * M * N and counts itself in
     count_ptr[block]; the range that counts last sums all partials in split order into y and resets
-    the count to 0 (one launch, no atomics on the values, the same sums every time)."""
+    the count to 0 (one launch, no atomics on the values, the same sums every time). With SWIGLU
+    (one K range) w is a [gate | up] projection [2N, K]: a program also streams the up rows N + its
+    columns and stores silu(gate) * up (_store_swiglu)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -187,15 +201,20 @@ def skinny_gemm_kernel(
     rows = tl.arange(0, ROWS)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    up_rows = w_rows + N.to(tl.int64) * K if SWIGLU else w_rows
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None], other=0.0)
-        else:
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
+        mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
         acc = _row_tile_dot(acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
-    if SPLITS == 1:
+        if SWIGLU:
+            w_up = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0)
+            acc_up = _row_tile_dot(acc_up, w_up, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
+    if SWIGLU:
+        _store_swiglu(y_ptr, acc, acc_up, rows, offs_n, M, N, stride_ym)
+    elif SPLITS == 1:
         _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
     else:
         part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
@@ -336,4 +355,36 @@ def skinny_linear(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    return y
+
+
+def skinny_swiglu(
+    x: Tensor, w: Tensor, config: SkinnyConfig | None = None, out: Tensor | None = None
+) -> Tensor:
+    """silu(x @ gate^T) * (x @ up^T) [M, I] for a [gate | up] projection w [2I, K], one launch for
+    1..32 rows (each program streams BLOCK_N / 2 gate rows and the matching up rows, so the launch
+    reads the bytes of `for_shape(2I, K)`'s blocks); the bits of `skinny_linear` of the gate and up
+    halves then `elementwise.silu_mul`, if the MMA computes each column alike in both tile heights.
+    Shapes whose config splits K (narrow projections) are refused: use the product then silu_mul.
+    out: a contiguous [M, I] of x's dtype to write (else a new tensor)."""
+    if w.dim() != 2 or w.shape[0] % 2:
+        raise ValueError(f"w must be a [gate | up] projection [2I, K], got {tuple(w.shape)}")
+    check_skinny_operands(x, w, None)
+    if out is not None and (
+        out.shape != (x.shape[0], w.shape[0] // 2) or out.dtype != x.dtype or not out.is_contiguous()
+    ):
+        raise ValueError(f"out must be a contiguous [{x.shape[0]}, {w.shape[0] // 2}] {x.dtype}")
+    (m, k), n = x.shape, w.shape[0] // 2
+    if not 0 < m <= MAX_ROWS:
+        raise ValueError(f"the SwiGLU epilogue takes 1..{MAX_ROWS} rows, got {m}")
+    cfg = config or SkinnyConfig.for_shape(2 * n, k, x.device, x.dtype)
+    if cfg.splits != 1:
+        raise ValueError(f"the SwiGLU epilogue needs one K range, the config has {cfg.splits}")
+    block_n = max(16, cfg.block_n // 2)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    skinny_gemm_kernel[(triton.cdiv(n, block_n), 1)](
+        x, w, y, y, y, y, m, n, k, x.stride(0), y.stride(0), 0, k, ROWS=row_tile(m), BLOCK_N=block_n,
+        BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=1,
+        RESIDUAL=False, SWIGLU=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
     return y
