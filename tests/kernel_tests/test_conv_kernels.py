@@ -10,6 +10,8 @@ import torch
 from lumobench.checks.random_trees import SHAPES, random_tree
 from lumotree.verify.conv import reference as ref
 from lumotree.verify.conv.fused_conv import publish_conv_state_, tree_conv_
+from lumotree.verify.device_ops import publish_conv_layers, stacked_base
+from tests.model.conftest import perturbed_model, tiny_config
 
 from .helpers import assert_written, poisoned
 
@@ -71,3 +73,35 @@ def test_both_conv_kernels_read_a_column_slice_of_a_wider_output_in_place() -> N
     publish_conv_state_(got, x, tree.padded_path(path), len(path))
     ref.publish_conv_state_(expected, x.contiguous(), tree.padded_path(path), len(path))
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("path_len", [1, 2, 5])
+def test_every_layers_publication_in_one_launch_matches_the_reference_per_layer(path_len: int) -> None:
+    # 3 layers' conv states as views of one bank, their inputs column slices of wider outputs (as
+    # the projection's): the banked launch equals the reference layer by layer (path lengths below,
+    # at and above W-1), and states that are not a bank's views take the per-layer launches.
+    tree = random_tree("paper", random.Random(path_len))
+    node = next(n for n in range(tree.n_active) if len(tree.path_to(n)) == path_len)
+    path = tree.path_to(node)
+    gen = torch.Generator().manual_seed(path_len)
+    bank = torch.randn(3, CHANNELS, WIDTH - 1, generator=gen)
+    wide = [torch.randn(tree.rows, CHANNELS + 9, generator=gen) for _ in range(3)]
+    xs = [w[:, 9:] for w in wide]
+    accepted, length = tree.padded_path(path), torch.tensor([len(path)])
+    expected = bank.clone()
+    for layer in range(3):
+        ref.publish_conv_state_(expected[layer], xs[layer].contiguous(), accepted, len(path))
+    banked = bank.clone()
+    publish_conv_layers(list(banked), xs, accepted, length)
+    assert torch.equal(banked, expected)
+    separate = [state.clone() for state in bank]  # not views of one tensor
+    publish_conv_layers(separate, xs, accepted, length)
+    assert all(torch.equal(s, e) for s, e in zip(separate, expected, strict=True))
+
+
+def test_a_new_state_holds_its_conv_states_in_one_bank() -> None:
+    model = perturbed_model(tiny_config(vocab_size=64), seed=1)
+    state = model.new_state(16)
+    convs = [layer.conv for layer in state.layers if hasattr(layer, "conv")]
+    bank = stacked_base(convs)
+    assert bank is not None and bank.shape[0] == len(convs) >= 2

@@ -161,8 +161,12 @@ def publish_path_(
     path_len may live on the device (the walk's outputs), so this can be graph-captured."""
     gdn_states = [s for s in state.layers if isinstance(s, GDNState)]
     kernels.replay([s.recurrent for s in gdn_states], [r.operands for r in forward.gdn], accepted, path_len)
-    for layer_state, record in zip(gdn_states, forward.gdn, strict=True):
-        kernels.publish_conv(layer_state.conv, record.x, accepted, path_len)
+    if kernels.publish_conv_layers is not None:
+        convs, inputs = [s.conv for s in gdn_states], [r.x for r in forward.gdn]
+        kernels.publish_conv_layers(convs, inputs, accepted, path_len)
+    else:
+        for layer_state, record in zip(gdn_states, forward.gdn, strict=True):
+            kernels.publish_conv(layer_state.conv, record.x, accepted, path_len)
     for cache in state.layers:
         if isinstance(cache, KVCache):
             kernels.publish_kv(cache.key, cache.value, forward.tree, accepted, path_len)

@@ -43,7 +43,7 @@ from lumotree.verify.attention.decode import (
     tree_attention_,
     write_kv_,
 )
-from lumotree.verify.conv.fused_conv import publish_conv_state_, tree_conv_
+from lumotree.verify.conv.fused_conv import publish_conv_layers_, publish_conv_state_, tree_conv_
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.paths_scan import gdn_paths_
@@ -218,6 +218,20 @@ def stacked_base(states: Sequence[Tensor]) -> Tensor | None:
 def publish_conv(conv_state: Tensor, x: Tensor, accepted: Tensor, path_len: Tensor | int) -> None:
     """conv_state [C, W-1] <- the last W-1 inputs along the accepted path (fused kernel)."""
     publish_conv_state_(conv_state, x, accepted, path_len)
+
+
+def publish_conv_layers(
+    states: Sequence[Tensor], xs: Sequence[Tensor], accepted: Tensor, path_len: Tensor | int
+) -> None:
+    """Every GDN layer's conv publication: the layers' inputs stacked and one launch over the conv
+    bank when the states are its views (`HybridLM.new_state` makes them so), else one launch per layer."""
+    bank = stacked_base(states)
+    if bank is None:
+        for state, x in zip(states, xs, strict=True):
+            publish_conv_state_(state, x, accepted, path_len)
+        return
+    length = torch.as_tensor(path_len, dtype=torch.int64, device=accepted.device).reshape(1)
+    publish_conv_layers_(bank, torch.stack(list(xs)), accepted, length)
 
 
 def publish_kv(

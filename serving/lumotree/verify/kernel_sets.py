@@ -47,6 +47,9 @@ class TreeKernels:
     replay: Replay
     publish_conv: Callable[[Tensor, Tensor, Tensor, int], None]
     publish_kv: Callable[[Tensor, Tensor, TreeDescriptor, Tensor, int], bool]
+    # every GDN layer's conv publication at once (states, their inputs, accepted, path length); None:
+    # publish_conv per layer
+    publish_conv_layers: Callable[[Sequence[Tensor], Sequence[Tensor], Tensor, int], None] | None = None
 
 
 def replay_each_layer_(
@@ -94,4 +97,5 @@ def triton_kernels() -> TreeKernels:
         replay=device_ops.replay,
         publish_conv=device_ops.publish_conv,
         publish_kv=device_ops.publish_kv,
+        publish_conv_layers=device_ops.publish_conv_layers,
     )

@@ -69,11 +69,18 @@ def publish_conv_kernel(
     len_ptr,
     C,
     stride_x,
+    stride_xl,
     W: tl.constexpr,
     WP: tl.constexpr,
     BC: tl.constexpr,
 ):
+    """Program (channel block, layer): the layer's conv state [C, W-1] (layer-major after
+    state_ptr) <- its last W-1 inputs along the accepted path (x rows of the layer at x_ptr +
+    layer * stride_xl)."""
     offs_c = tl.program_id(0) * BC + tl.arange(0, BC)
+    layer = tl.program_id(1).to(tl.int64)
+    state_ptr += layer * C * (W - 1)
+    x_ptr += layer * stride_xl
     j = tl.arange(0, WP)
     n = tl.load(len_ptr)
     pos = n + j  # position in history = cat(old state columns, x[path]); keep the last W-1
@@ -146,14 +153,25 @@ def publish_conv_state_(conv_state: Tensor, x: Tensor, accepted: Tensor, path_le
         )
     length = torch.as_tensor(path_len, dtype=torch.int64, device=conv_state.device).reshape(1)
     x = dense_columns(x)
-    publish_conv_kernel[(triton.cdiv(channels, BLOCK_C),)](
-        conv_state,
-        x,
-        accepted.to(conv_state.device),
-        length,
-        channels,
-        x.stride(0),
-        W=keep + 1,
-        WP=triton.next_power_of_2(keep),
-        BC=BLOCK_C,
-    )
+    publish_conv_kernel[(triton.cdiv(channels, BLOCK_C), 1)](
+        conv_state, x, accepted.to(conv_state.device), length, channels, x.stride(0), 0, W=keep + 1,
+        WP=triton.next_power_of_2(keep), BC=BLOCK_C,
+    )  # fmt: skip
+
+
+def publish_conv_layers_(bank: Tensor, x: Tensor, accepted: Tensor, path_len: Tensor) -> None:
+    """Every layer's publication in one launch: bank [L, C, W-1] (contiguous: the layers' conv
+    states) <- the last W-1 inputs along accepted[0:path_len] of x [L, R, C] (each row's channels
+    contiguous); accepted [D+1] int64 and path_len [1] on the device."""
+    layers, channels, keep = bank.shape
+    if not bank.is_contiguous() or x.dim() != 3 or x.shape[0] != layers or x.shape[2] != channels:
+        raise ValueError(
+            f"bank must be a contiguous [L, C, W-1] and x [L, R, C], got {tuple(bank.shape)} and "
+            f"{tuple(x.shape)}"
+        )
+    if x.stride(2) != 1:
+        x = x.contiguous()
+    publish_conv_kernel[(triton.cdiv(channels, BLOCK_C), layers)](
+        bank, x, accepted, path_len, channels, x.stride(1), x.stride(0), W=keep + 1,
+        WP=triton.next_power_of_2(keep), BC=BLOCK_C,
+    )  # fmt: skip
