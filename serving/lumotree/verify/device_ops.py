@@ -17,12 +17,15 @@ Outputs are allocated per call (inside a captured graph they come from the graph
   tree's first-child decomposition: the engine's choice for chains and trees over large states,
   `GdnConfig.for_device`), or
   `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
-- tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map;
+- tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map (`decode.write_kv_`, K
+  and V in one launch);
 - tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
-  row's last keys and tree slots walked in logical order), with a query tile and a split count
-  fixed per model and cache, whatever the rows verified;
+  row's last keys and tree slots walked in logical order), with a query tile and partitions fixed
+  per model and cache, whatever the rows verified (`partitions=N` spreads the prefix instead, for
+  the MTP drafter, whose drafts need no AR bits);
 - publication: all GDN layers' replay in one launch (`replay.replay_layers_` on the stacked
-  state bank), `fused_conv.publish_conv_kernel` per layer, `decode.publish_kv_device_` per layer.
+  state bank), all their conv states in one launch (`fused_conv.publish_conv_layers_` on the conv
+  bank), `decode.publish_kv_device_` per attention layer.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ A row at logical position p (the prefix plus its depth) sees the committed keys 
 of its ancestors and itself. Its keys below p - MAX_DEPTH (all committed) go through split-K: program
 (query block, KV head, split) stages each K/V tile once for all query heads of its group (M = tree
 rows x group heads) and runs an online softmax over its split, a fixed range of physical cache rows
-(`chunk` rows from split * chunk), each row masked at its own bound. Its last TAIL_KEYS keys, the
-committed ones above that bound and then its tree slots (bit j of `bits[r]` says row r sees tree
-slot j; physical order puts a parent's slot before its children's), are gathered in logical order
-by the tail kernel, one program per (tree row, KV head), and attended in one pass: the last
-partition. A merge kernel combines the partitions by log-sum-exp, in order. The prefix length is
-read on the device, so one captured graph serves every cycle.
+(`_partition_start`: SHORT_KEYS rows each for the first ones, then `chunk`), each row masked at its
+own bound. Its last TAIL_KEYS keys, the committed ones above that bound and then its tree slots (bit
+j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot before its
+children's), are gathered in logical order by the tail kernel, one program per (tree row, KV head),
+and attended in one pass: the last partition. A merge kernel combines the partitions by
+log-sum-exp, each in its own lane of a fixed-width load, the tail's last. The prefix length is read
+on the device, so one captured graph serves every cycle.
 
 Row invariance: the AR step at position p and any tree row at p (on the spine or off it) split their
 keys at the same bound, tile the same committed keys at the same places of the same partitions, and
