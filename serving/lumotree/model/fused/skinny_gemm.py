@@ -6,7 +6,9 @@ range that finishes last sums in split order, in the same launch: a count per ou
 atomics on values), loading [BLOCK_N, BLOCK_K] weight tiles along w's
 contiguous rows and multiplying them with tl.dot against the rows of x, padded by masks to one row
 tile (16 rows for 1..16, 32 for 17..32: one dot a K step, not two 16-row ones). Accumulation is
-fp32; the output is in x's dtype.
+fp32; the output is in x's dtype. Two epilogues: a residual added as the output stores (the MLP's
+down projection), and SwiGLU (`skinny_swiglu`: a [gate | up] projection's program streams its gate
+rows and the matching up rows and stores silu(gate) * up: the MLP's gate-up projection).
 
 Batch invariance: a row's arithmetic is one dot per K step, [BLOCK_N, BLOCK_K] x [BLOCK_K, ROWS],
 in the same K order (and the same splits, summed in order) for every M, each output column its own
