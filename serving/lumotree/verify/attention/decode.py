@@ -265,33 +265,21 @@ def tree_attention_tail_kernel(
 
 
 @triton.jit
-def _merge_block(
-    o_part_ptr,
-    lse_part_ptr,
-    first,
-    used,
-    m,
-    h,
-    offs_d,
-    PARTS: tl.constexpr,
-    D: tl.constexpr,
-    NB: tl.constexpr,
-    MPAD: tl.constexpr,
-    HKV: tl.constexpr,
-):
-    """Partitions first .. first + NB - 1 of those in use (< used) for grouped row m: their
-    log2-sum-exp [NB] (-inf past `used`) and, with PARTS, their partials' columns [NB, BD] (0 there)."""
+def _merge_lse(lse_part_ptr, first, used, m, h, NB: tl.constexpr, MPAD: tl.constexpr, HKV: tl.constexpr):
+    """Partitions first .. first + NB - 1 of those in use (< used) for grouped row m: their rows in
+    the partials, which are in use, and their log2-sum-exp [NB] (-inf past `used`)."""
     idx = first + tl.arange(0, NB)
     live = idx < used
     base = (idx * HKV + h) * MPAD + m
-    lse = tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
-    if PARTS:
-        part = tl.load(
-            o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=live[:, None], other=0.0
-        )
-    else:
-        part = lse
-    return lse, part
+    return base, live, tl.load(lse_part_ptr + base, mask=live, other=float("-inf"))
+
+
+@triton.jit
+def _merge_parts(o_part_ptr, base, live, offs_d, D: tl.constexpr):
+    """The partials' columns offs_d [NB, BD] at rows `base` (0 where not `live`)."""
+    return tl.load(
+        o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=live[:, None], other=0.0
+    )
 
 
 @triton.jit
@@ -333,20 +321,18 @@ def tree_attention_merge_kernel(
         tail_base = ((NSPLIT - 1) * HKV + h) * MPAD + m
         tail_lse = tl.load(lse_part_ptr + tail_base)
         tail = tl.load(o_part_ptr + tail_base.to(tl.int64) * D + offs_d)
-        lse0, part0 = _merge_block(o_part_ptr, lse_part_ptr, 0, used, m, h, offs_d, True, D, NB, MPAD, HKV)
+        base, live, lse0 = _merge_lse(lse_part_ptr, 0, used, m, h, NB, MPAD, HKV)
+        part0 = _merge_parts(o_part_ptr, base, live, offs_d, D)
         top = tl.maximum(tl.max(lse0, axis=0), tail_lse)  # finite: the tail holds the row's own key
         for first in range(NB, used, NB):
-            more, _ = _merge_block(
-                o_part_ptr, lse_part_ptr, first, used, m, h, offs_d, False, D, NB, MPAD, HKV
-            )
+            _, _, more = _merge_lse(lse_part_ptr, first, used, m, h, NB, MPAD, HKV)
             top = tl.maximum(top, tl.max(more, axis=0))
         weights = tl.exp2(lse0 - top)  # 0 past `used`
         acc = tl.sum(weights[:, None] * part0, axis=0)
         weight_sum = tl.sum(weights, axis=0)
         for first in range(NB, used, NB):
-            more, part = _merge_block(
-                o_part_ptr, lse_part_ptr, first, used, m, h, offs_d, True, D, NB, MPAD, HKV
-            )
+            rows, in_use, more = _merge_lse(lse_part_ptr, first, used, m, h, NB, MPAD, HKV)
+            part = _merge_parts(o_part_ptr, rows, in_use, offs_d, D)
             weights = tl.exp2(more - top)
             acc += tl.sum(weights[:, None] * part, axis=0)
             weight_sum += tl.sum(weights, axis=0)
