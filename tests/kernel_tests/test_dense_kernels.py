@@ -73,6 +73,8 @@ def test_norm_rope_matches_reference_on_a_strided_query(
     got = kernels.norm_rope(q, w, EPS, cos, sin)
     torch.testing.assert_close(got, ref.norm_rope(q, w, EPS, cos, sin), **TOL[dtype])
     assert_written(poisoned_outputs[-1])
+    table = torch.stack([cos[0], sin[0]], dim=1)  # [T, 2, rot]: cos/sin as row-strided views
+    assert torch.equal(kernels.norm_rope(q, w, EPS, table[None, :, 0], table[None, :, 1]), got)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -85,6 +87,33 @@ def test_silu_mul_and_sigmoid_mul_match_reference(dtype: torch.dtype, poisoned_o
     torch.testing.assert_close(kernels.sigmoid_mul(attn, gate), ref.sigmoid_mul(attn, gate), **TOL[dtype])
     for out in poisoned_outputs:
         assert_written(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mtp_inputs_gathers_and_normalises_both_halves_like_the_reference(
+    dtype: torch.dtype, poisoned_outputs: list[Tensor]
+) -> None:
+    gen = torch.Generator().manual_seed(6)
+    table = torch.randn(50, 48, generator=gen).to(dtype)
+    tokens = torch.tensor([[49, 0, 7, 7, 23]])
+    hidden = _columns(gen, 5, 48, 9, dtype)  # strided rows, as the drafter's queued rows may be
+    w_e, w_h = (torch.randn(48, generator=gen).to(dtype) for _ in range(2))
+    got = kernels.mtp_inputs(table, tokens, hidden, w_e, w_h, EPS)
+    want = ref.mtp_inputs(table, tokens, hidden, w_e, w_h, EPS)
+    assert got.shape == (1, 5, 96)
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    # each half has the bits of the rms_norm kernel on its rows
+    assert torch.equal(got[..., :48], kernels.rms_norm(table[tokens], w_e, EPS))
+    assert torch.equal(got[..., 48:], kernels.rms_norm(hidden, w_h, EPS))
+    assert_written(poisoned_outputs[0])
+
+
+def test_mtp_inputs_refuses_operands_that_do_not_match() -> None:
+    table, hidden, w = torch.randn(10, 8), torch.randn(1, 2, 8), torch.zeros(8)
+    with pytest.raises(ValueError, match="do not match"):
+        kernels.mtp_inputs(table, torch.tensor([[1, 2, 3]]), hidden, w, w, EPS)
+    with pytest.raises(ValueError, match="do not match"):
+        kernels.mtp_inputs(table.half(), torch.tensor([[1, 2]]), hidden, w, w, EPS)
 
 
 def _row_by_row(op: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

@@ -58,6 +58,23 @@ def test_the_fused_path_computes_the_same_hidden_rows(tiny_model: HybridLM, gemm
     torch.testing.assert_close(tree.hidden, want[4:7], rtol=1e-4, atol=1e-4)
 
 
+def _mtp_pass(model: HybridLM, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return model.mtp_hidden(hidden, tokens, model.new_mtp_state(16))
+
+
+def test_the_fused_path_computes_the_same_mtp_rows(tiny_model: HybridLM) -> None:
+    """The MTP pass (its fc input in one kernel: `ops.mtp_inputs`) on both paths."""
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(5, tiny_model.config.hidden_size, generator=gen)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (5,), generator=gen)
+    with torch.inference_mode(), kernel_mode("off"):
+        want = _mtp_pass(tiny_model, hidden, tokens)
+    fuse_projections_(tiny_model)
+    with torch.inference_mode(), kernel_mode("always"):
+        got = _mtp_pass(tiny_model, hidden, tokens)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_moved_model_leaves_the_stale_fusion_unused(tiny_model: HybridLM) -> None:
     fuse_projections_(tiny_model)
     tokens = torch.arange(6)

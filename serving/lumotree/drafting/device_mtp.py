@@ -14,9 +14,10 @@ With a draft vocabulary (`draft_ids`, sorted token ids: `draft_vocab.py`) each p
 rows of the vocabulary projection, a gathered copy of them, and the ranking kernel writes their
 token ids: the proposal the whole-vocabulary ranking would give with every other logit at -inf.
 
-A cycle's passes launch few kernels besides the layer's own: cos/sin are gathered from tables
-built once (the values `model.rotary` gives at each position), the speculative passes' positions
-and rotations once per cycle, and the ranking writes token ids itself. The drafter's attention
+A cycle's passes launch few kernels besides the layer's own: every pass's cos/sin come from one
+gather of a table built once (the values `model.rotary` gives at each position), each pass's fc
+input (the embedding gather, both pre-fc norms and their concatenation) from one kernel
+(`ops.mtp_inputs`), and the ranking writes token ids itself. The drafter's attention
 (`attention`) need not give an AR step's bits (drafts are checked, not trusted): the device runner
 spreads the MTP prefix over ATTENTION_PARTITIONS partitions, so a short context still fills the GPU.
 
@@ -95,8 +96,10 @@ class DeviceMTP:
         self._own_bit = torch.ones(1, **i64)
         self._next = torch.zeros(1, **i64)
         self._steps = torch.arange(depth - 1, **i64)  # the speculative passes' offsets from _next
+        # a cycle's positions: pass 1's queued rows, then the speculative passes'
+        self._positions = torch.zeros(queue_rows + depth - 1, **i64)
         cos, sin = model.rotary(torch.arange(capacity, **i64)[None])  # [1, capacity, rotary_dim] fp32
-        self._cos, self._sin = cos[0], sin[0]
+        self._rotations = torch.stack([cos[0], sin[0]], dim=1)  # [capacity, 2, rotary_dim]: one gather
         self.draft_ids = None if draft_ids is None else draft_ids.to(dev)
         self._head: Tensor | None = None  # the draft vocabulary's rows of the vocabulary projection
         ranked = model.config.vocab_size
@@ -155,17 +158,18 @@ class DeviceMTP:
     @torch.inference_mode()
     def propose_(self) -> None:
         """depth MTP passes into `spine` / `topk`; commits the queued rows. Graph-capturable."""
-        queued = self.committed + self._rows
-        out = self._pass(self.queue_hidden, self.queue_tokens, queued, self._chain_bits)
+        queued, steps = self._positions[: self._rows.numel()], self._positions[self._rows.numel() :]
+        torch.add(self.committed, self._rows, out=queued)
+        torch.add(self.committed, self.queue_len, out=self._next)
+        torch.add(self._next, self._steps, out=steps)
+        rotations = self._rotations.index_select(0, self._positions)  # every pass's cos/sin at once
+        out = self._pass(self.queue_hidden, self.queue_tokens, queued, self._chain_bits, rotations)
         last = out.index_select(0, self.queue_len - 1)  # [1, H]
-        self._next.copy_(self.committed + self.queue_len)
         self._rank(last, 0)
-        steps = self._next + self._steps  # the speculative rows' positions, and their rotations
-        rotations = self._cos.index_select(0, steps), self._sin.index_select(0, steps)
         for d in range(1, self.depth):
+            row = self._rows.numel() + d - 1
             step = slice(d - 1, d)
-            rotation = rotations[0][step], rotations[1][step]
-            last = self._pass(last, self.spine[step], steps[step], self._own_bit, rotation)
+            last = self._pass(last, self.spine[step], steps[step], self._own_bit, rotations[row : row + 1])
             self._rank(last, d)
         self.committed.copy_(self._next)
 
@@ -180,18 +184,16 @@ class DeviceMTP:
         tokens: Tensor,
         positions: Tensor,
         bits: Tensor,
-        rotation: tuple[Tensor, Tensor] | None = None,
+        rotations: Tensor,
     ) -> Tensor:
         """MTP rows hidden [T, H] with their next tokens [T] at consecutive positions [T] (device;
-        cos/sin [T, rotary_dim] of them in `rotation`, else gathered here): write their KV, attend to
+        rotations [T, 2, rotary_dim]: their cos and sin): write their KV, attend to
         [0, positions[0]) and the chain ancestors set in bits -> [T, H]."""
         model, mtp = self.model, self.model.mtp
         assert mtp is not None
         rows = hidden.shape[0]
         positions = positions[:rows]
-        if rotation is None:
-            rotation = self._cos.index_select(0, positions), self._sin.index_select(0, positions)
-        cos, sin = rotation[0][None], rotation[1][None]
+        cos, sin = rotations[None, :rows, 0], rotations[None, :rows, 1]
         cache = self.cache
         tables = AttentionTables(bits[:rows], positions[:1])
 
@@ -201,4 +203,4 @@ class DeviceMTP:
             o, _ = self.attention(q[0], cache.key, cache.value, tables)
             return attn.output(o[None], gate)
 
-        return mtp.step(hidden[None], model.embed(tokens[None]), attend)[0]
+        return mtp.step(hidden[None], tokens[None], model.model.embed_tokens.weight, attend)[0]

@@ -181,7 +181,7 @@ class HybridLM(nn.Module):
         mtp = self._require_mtp()
         positions = torch.arange(start, start + hidden.shape[1], device=hidden.device)[None]
         cos, sin = self.rotary(positions)
-        return mtp(hidden, self.embed(next_tokens), cos, sin)
+        return mtp(hidden, next_tokens, self.model.embed_tokens.weight, cos, sin)
 
     def mtp_hidden(
         self, hidden: torch.Tensor, tokens: torch.Tensor, mtp_state: ModelState, step_idx: int = 0
@@ -198,7 +198,8 @@ class HybridLM(nn.Module):
         cache = mtp_state.layers[step_idx % len(mtp_state.layers)]
         assert isinstance(cache, KVCache)
         attend = chain_attention(cache, start, cos, sin)
-        out = mtp.step(hidden[None], self.embed(tokens.reshape(1, -1)), attend, step_idx)[0]
+        table = self.model.embed_tokens.weight
+        out = mtp.step(hidden[None], tokens.reshape(1, -1), table, attend, step_idx)[0]
         mtp_state.length = start + seq
         return out
 

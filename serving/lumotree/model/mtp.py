@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -44,21 +43,28 @@ class MTP(nn.Module):
         )
         self.norm = RMSNorm(hidden, eps=config.rms_norm_eps)
 
-    def _inputs(self, hidden: Tensor, embeds: Tensor) -> Tensor:
-        return self.fc(
-            torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
-        )
+    def _inputs(self, hidden: Tensor, tokens: Tensor, table: Tensor) -> Tensor:
+        """fc([norm(embedding of tokens), norm(hidden)]): the gather, both norms and the
+        concatenation are one op (`ops.mtp_inputs`)."""
+        e, h = self.pre_fc_norm_embedding, self.pre_fc_norm_hidden
+        assert e.eps == h.eps
+        return self.fc(ops.mtp_inputs(table, tokens, hidden, e.weight, h.weight, e.eps))
 
-    def forward(self, hidden: Tensor, embeds: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Whole sequences (training, scoring): hidden, embeds [B, T, hidden], the rows attending
-        causally among themselves -> post-norm MTP hidden [B, T, hidden]."""
-        return self.norm(self.layers[0](self._inputs(hidden, embeds), cos, sin))
+    def forward(self, hidden: Tensor, tokens: Tensor, table: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Whole sequences (training, scoring): hidden [B, T, hidden] and their next tokens [B, T]
+        (embedded by `table`, the model's embedding weight), the rows attending causally among
+        themselves -> post-norm MTP hidden [B, T, hidden]."""
+        return self.norm(self.layers[0](self._inputs(hidden, tokens, table), cos, sin))
 
-    def step(self, hidden: Tensor, embeds: Tensor, attend: Attend, step_idx: int = 0) -> Tensor:
-        """One cached pass over rows hidden, embeds [1, T, hidden] -> post-norm MTP hidden [1, T,
-        hidden]. Draft step `step_idx` uses layer step_idx % num_layers (as vLLM does)."""
+    def step(
+        self, hidden: Tensor, tokens: Tensor, table: Tensor, attend: Attend, step_idx: int = 0
+    ) -> Tensor:
+        """One cached pass over rows hidden [1, T, hidden] with their next tokens [1, T] (embedded by
+        `table`) -> post-norm MTP hidden [1, T, hidden]. Draft step `step_idx` uses layer
+        step_idx % num_layers (as vLLM does)."""
         layer = self.layers[step_idx % len(self.layers)]
-        return self.norm(layer.with_mixer(self._inputs(hidden, embeds), lambda y: attend(layer.self_attn, y)))
+        mixed = layer.with_mixer(self._inputs(hidden, tokens, table), lambda y: attend(layer.self_attn, y))
+        return self.norm(mixed)
 
 
 def chain_attention(cache: KVCache, start: int, cos: Tensor, sin: Tensor) -> Attend:

@@ -61,6 +61,37 @@ def _rms_norm_kernel(
 
 
 @triton.jit
+def _mtp_inputs_kernel(
+    table_ptr,
+    tokens_ptr,
+    h_ptr,
+    sh_r,
+    we_ptr,
+    wh_ptr,
+    y_ptr,
+    D,
+    eps,
+    BLOCK_D: tl.constexpr,
+):
+    """Program (row r, half): half 0 normalises the embedding-table row of token r, half 1 hidden
+    row r; each is `_rms_norm_kernel`'s arithmetic, stored at y[r, half * D:]."""
+    r = tl.program_id(0).to(tl.int64)
+    half = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_D)
+    m = offs < D
+    if half == 0:
+        token = tl.load(tokens_ptr + r).to(tl.int64)
+        x = tl.load(table_ptr + token * D + offs, mask=m, other=0.0)
+        w = tl.load(we_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(h_ptr + r * sh_r + offs, mask=m, other=0.0)
+        w = tl.load(wh_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    xf = x.to(tl.float32)
+    rstd = _inv_rms(xf, D, eps)
+    tl.store(y_ptr + (2 * r + half) * D + offs, (xf * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _gated_rms_norm_kernel(
     x_ptr,
     z_ptr,
@@ -96,7 +127,9 @@ def _norm_rope_kernel(
     sx_h,
     w_ptr,
     cos_ptr,
+    sc_r,
     sin_ptr,
+    ss_r,
     y_ptr,
     D,
     eps,
@@ -121,8 +154,8 @@ def _norm_rope_kernel(
     wp = tl.load(w_ptr + partner, mask=m & rot, other=0.0).to(tl.float32)
     yp = (xp * rstd * (1.0 + wp)).to(dtype).to(tl.float32)
     rotated = tl.where(offs < half, -yp, yp)
-    c = tl.load(cos_ptr + r * ROT + offs, mask=rot, other=0.0).to(dtype).to(tl.float32)
-    s = tl.load(sin_ptr + r * ROT + offs, mask=rot, other=0.0).to(dtype).to(tl.float32)
+    c = tl.load(cos_ptr + r * sc_r + offs, mask=rot, other=0.0).to(dtype).to(tl.float32)
+    s = tl.load(sin_ptr + r * ss_r + offs, mask=rot, other=0.0).to(dtype).to(tl.float32)
     turned = ((y.to(tl.float32) * c).to(dtype).to(tl.float32) + (rotated * s).to(dtype).to(tl.float32)).to(
         dtype
     )
@@ -161,6 +194,11 @@ def _rows_heads(x: Tensor) -> Tensor:
     return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
+def _unit_stride(x: Tensor) -> Tensor:
+    """x [rows, D] with its last dim contiguous (a copy only where it is not)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _block(d: int) -> int:
     return triton.next_power_of_2(d)
 
@@ -197,6 +235,27 @@ def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     return total, y
 
 
+def mtp_inputs(
+    table: Tensor, tokens: Tensor, hidden: Tensor, w_embed: Tensor, w_hidden: Tensor, eps: float
+) -> Tensor:
+    """reference.mtp_inputs in one launch: tokens [...] (int), hidden [..., D] -> [..., 2D] in
+    hidden's dtype (the embedding rows gathered by the kernel; each half normalised as `rms_norm`)."""
+    d = hidden.shape[-1]
+    if table.shape[-1] != d or table.dtype != hidden.dtype or tokens.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"table {tuple(table.shape)} {table.dtype}, tokens {tuple(tokens.shape)} and hidden "
+            f"{tuple(hidden.shape)} {hidden.dtype} do not match"
+        )
+    hs = _rows_heads(hidden[..., None, :])
+    y = _empty((*hidden.shape[:-1], 2 * d), hidden)
+    block = _block(d)
+    _mtp_inputs_kernel[(hs.shape[0], 2)](
+        table.contiguous(), tokens.reshape(-1), hs, hs.stride(0), w_embed, w_hidden, y, d, eps,
+        BLOCK_D=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return y
+
+
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """reference.gated_rms_norm per head: x, gate [..., H, D] -> [..., H, D] in x's dtype."""
     xs, zs = _rows_heads(x.contiguous()), _rows_heads(gate)
@@ -212,15 +271,16 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
 
 
 def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
-    """reference.norm_rope: x [B, T, H, D], cos/sin [B or 1, T, rot] fp32 -> [B, T, H, D]."""
+    """reference.norm_rope: x [B, T, H, D], cos/sin [B or 1, T, rot] fp32 -> [B, T, H, D] (cos/sin
+    rows read through their stride: views of a wider table need no copy)."""
     bsz, seq, heads, d = x.shape
     rot = cos.shape[-1]
-    cos, sin = (t.expand(bsz, seq, rot).reshape(bsz * seq, rot).float().contiguous() for t in (cos, sin))
+    cos, sin = (_unit_stride(t.expand(bsz, seq, rot).reshape(bsz * seq, rot).float()) for t in (cos, sin))
     xs = _rows_heads(x)
     y = _empty(x.shape, x)
     block = _block(d)
     _norm_rope_kernel[(xs.shape[0], heads)](
-        xs, xs.stride(0), xs.stride(1), weight, cos, sin, y, d, eps,
+        xs, xs.stride(0), xs.stride(1), weight, cos, cos.stride(0), sin, sin.stride(0), y, d, eps,
         ROT=rot, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y

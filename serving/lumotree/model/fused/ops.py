@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -126,6 +127,17 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Residual add and pre-norm (reference.add_rms_norm)."""
     return (_kernels() if kernels_for(h) else reference).add_rms_norm(h, delta, weight, eps)
+
+
+def mtp_inputs(
+    table: Tensor, tokens: Tensor, hidden: Tensor, w_embed: Tensor, w_hidden: Tensor, eps: float
+) -> Tensor:
+    """The MTP fc's input (reference.mtp_inputs): one launch on the fused path, where the embedding
+    gather, two norms and a concatenation were four. The reference wherever autograd would track
+    the table or the norm weights (the kernel has no backward)."""
+    tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (table, w_embed, w_hidden))
+    ops = _kernels() if kernels_for(hidden) and not tracked else reference
+    return ops.mtp_inputs(table, tokens, hidden, w_embed, w_hidden, eps)
 
 
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -27,6 +27,15 @@ def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     return total, rms_norm(total, weight, eps)
 
 
+def mtp_inputs(
+    table: Tensor, tokens: Tensor, hidden: Tensor, w_embed: Tensor, w_hidden: Tensor, eps: float
+) -> Tensor:
+    """The MTP module's fc input: [rms_norm(embedding of tokens), rms_norm(hidden)] along the last
+    dim; table [vocab, D] is the (shared) embedding, tokens [...] int, hidden [..., D]."""
+    embeds = F.embedding(tokens, table)
+    return torch.cat([rms_norm(embeds, w_embed, eps), rms_norm(hidden, w_hidden, eps)], dim=-1)
+
+
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """GDN output norm per value head: w * (x / rms(x)) * silu(gate), cast points of the checkpoint."""
     dtype = x.dtype
