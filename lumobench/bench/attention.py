@@ -33,6 +33,7 @@ from lumobench.bench.kernels.decode import AttentionShape
 from lumobench.bench.output import command_line
 from lumobench.bench.timing import Timer, copy_bandwidth
 from lumobench.checks.random_trees import paper_tree
+from lumotree.drafting.device_mtp import ATTENTION_PARTITIONS
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
 from lumotree.verify.attention import reference
 from lumotree.verify.attention.decode import (
@@ -58,20 +59,30 @@ SWEEP_TILES = [
 ]
 SPLIT_RULES = [(2, 256), (1, 256), (4, 256), (2, 128), (2, 512), (2, 1024)]  # (program waves, keys a split)
 SWEEP_FINALISTS = 3
+DRAFTER_PARTITIONS = (16, 32, 64, 128)  # the prefix spread over this many partitions
+DRAFTER_ROW_SETS = ("ar", "chain")  # a speculative pass's one row, pass 1's queued chain
 
 
 @dataclass(frozen=True)
 class Setting:
-    """Tiles, split-K program waves (in the config) and the cache rows a partition."""
+    """Tiles, split-K program waves (in the config) and the cache rows a partition; or, with
+    `prefix_partitions`, the committed prefix spread over that many (the MTP drafter's form)."""
 
     config: AttentionConfig
     keys: int = KEYS_PER_SPLIT
+    prefix_partitions: int = 0
 
     def label(self) -> str:
         c = self.config
         tiles = f"BM{c.block_m} BN{c.block_n} w{c.num_warps} s{c.num_stages}"
+        if self.prefix_partitions:
+            return f"{tiles} prefix over {self.prefix_partitions}"
         short = f"{SHORT_PARTITIONS}x{SHORT_KEYS}+" if self.keys > SHORT_KEYS else ""
         return f"{tiles} waves{c.program_waves} keys{short}{self.keys}"
+
+    def short(self, capacity: int) -> int:
+        """Short partitions of a cache of `capacity` rows (none when spread over the prefix)."""
+        return 0 if self.prefix_partitions else short_partitions(capacity, self.keys)
 
 
 class Workload:
@@ -104,7 +115,7 @@ class Workload:
         self.tables = DeviceTree(tree.rows, MAX_DEPTH, device).load_(tree)
 
     def splits(self, setting: Setting) -> int:
-        return cache_partitions(self.capacity, setting.keys)
+        return setting.prefix_partitions or cache_partitions(self.capacity, setting.keys)
 
     def run(self, setting: Setting, stages: frozenset[str] = STAGES) -> None:
         """Every layer's attention, in order (one scratch shared, as the engine's graph pool does)."""
@@ -116,7 +127,8 @@ class Workload:
             tree_attention_(
                 self.q[layer], self.k[layer], self.v[layer], self.tables.bits, self.tables.prefix_len,
                 self.o[layer], self.lse[layer], o_part, lse_part, splits, 1 / math.sqrt(s.dim),
-                setting.config, stages, short=short_partitions(self.capacity, setting.keys),
+                setting.config, stages, by_prefix=bool(setting.prefix_partitions),
+                short=setting.short(self.capacity),
             )  # fmt: skip
 
     def layer_ms(self, setting: Setting, timer: Timer, stages: frozenset[str] = STAGES) -> float:
@@ -182,6 +194,41 @@ def stage_rows(setting: Setting, workloads: dict[tuple[int, str], Workload], tim
         for (ctx, kind), work in workloads.items()
         for stage in ("partial", "tail", "merge")
     ]
+
+
+def drafter_settings() -> list[Setting]:
+    """The MTP drafter's attention (`drafting/device_mtp.py`): the engine's tiles over its
+    ATTENTION_PARTITIONS, then a 16-row query tile (a pass has 6 to 36 grouped rows) over
+    DRAFTER_PARTITIONS."""
+    engine = Setting(AttentionConfig(), prefix_partitions=ATTENTION_PARTITIONS)
+    return [engine, *(Setting(AttentionConfig(block_m=16), prefix_partitions=p) for p in DRAFTER_PARTITIONS)]
+
+
+def measure_drafter(
+    settings: list[Setting], workloads: dict[tuple[int, str], Workload], timer: Timer, bandwidth: float
+) -> list[dict]:
+    """`measure` over the drafter's row sets (its one-row passes and MTP-5's queued chain), each
+    setting's error checked on the first context's chain."""
+    first = min(ctx for ctx, _ in workloads)
+    rows = measure(settings, workloads, timer, bandwidth)
+    errors = {s.label(): workloads[(first, "chain")].max_error(s) for s in settings}
+    return [r | {"max_error": errors[r["setting"]]} for r in rows]
+
+
+def render_drafter(rows: list[dict], contexts: list[int]) -> str:
+    """The drafter's settings by context and row set (us a layer, over the KV-read floor)."""
+    kinds = DRAFTER_ROW_SETS
+    by = {(r["setting"], r["context"], r["rows"]): r for r in rows}
+    head = " | ".join(f"{kind} {ctx} us (x floor)" for ctx in contexts for kind in kinds)
+    lines = [f"| setting | {head} | max error |", "|---" * (2 + len(contexts) * len(kinds)) + "|"]
+    for label in dict.fromkeys(r["setting"] for r in rows):
+        cells = [
+            f"{r['layer_ms'] * 1e3:.1f} ({r['over_floor']:.2f}x)" if "layer_ms" in r else "error"
+            for r in (by.get((label, ctx, kind), {}) for ctx in contexts for kind in kinds)
+        ]
+        error = next(r["max_error"] for r in rows if r["setting"] == label)
+        lines.append(f"| {label} | {' | '.join(cells)} | {error:.2e} |")
+    return "\n".join(lines) + "\n"
 
 
 def rank(rows: list[dict], contexts: list[int]) -> list[str]:
@@ -253,6 +300,10 @@ def attention_command(
             "e.g. 128/64/8/2."
         ),
     ] = "",
+    drafter: Annotated[
+        bool,
+        typer.Option(help="Also time the MTP drafter's form (the prefix spread over partitions, by tile)."),
+    ] = True,
     iters: int = 30,
     warmup: int = 5,
 ) -> None:
@@ -295,6 +346,10 @@ def attention_command(
     rows = measure([engine], workloads, timer, bandwidth)
     stages = stage_rows(engine, workloads, timer)
     write(out, meta, rows, stages, ctxs)  # after each phase: a time limit keeps what was measured
+    if drafter:
+        drafting = {key: work for key, work in workloads.items() if key[1] in DRAFTER_ROW_SETS}
+        meta["drafter"] = measure_drafter(drafter_settings(), drafting, timer, bandwidth)
+        write(out, meta, rows, stages, ctxs)
     if extra:
         rows += measure([Setting(c) for c in extra], workloads, timer, bandwidth)
         write(out, meta, rows, stages, ctxs)
@@ -329,9 +384,11 @@ def parse_tiles(text: str) -> list[AttentionConfig]:
 def write(out: Path, meta: dict, rows: list[dict], stages: list[dict], contexts: list[int]) -> None:
     """attention.json (every number) and attention.md (the tables) under `out`."""
     (out / "attention.json").write_text(json.dumps(meta | {"results": rows, "stages": stages}, indent=2))
-    (out / "attention.md").write_text(
-        meta["head"] + "\n\n" + render(rows, stages, rank(rows, contexts), contexts)
-    )
+    text = meta["head"] + "\n\n" + render(rows, stages, rank(rows, contexts), contexts)
+    if meta.get("drafter"):
+        text += "\nThe MTP drafter's attention (one layer; its prefix spread over partitions):\n\n"
+        text += render_drafter(meta["drafter"], contexts)
+    (out / "attention.md").write_text(text)
 
 
 if __name__ == "__main__":

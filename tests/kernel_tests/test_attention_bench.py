@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumobench.bench.attention import ROW_SETS, Setting, Workload, parse_tiles, rank, render, row_set
+from lumobench.bench.attention import (
+    ROW_SETS,
+    Setting,
+    Workload,
+    parse_tiles,
+    rank,
+    render,
+    render_drafter,
+    row_set,
+)
 from lumobench.bench.kernels.decode import AttentionShape
 from lumotree.verify.attention.decode import AttentionConfig
 
@@ -70,3 +79,28 @@ def test_a_128_row_query_tile_matches_the_reference() -> None:
         row_set("tree", 40), SHAPE, torch.device("cpu"), 2, capacity=100, layers=1, dtype=torch.float32
     )
     assert work.max_error(Setting(AttentionConfig(block_m=128, block_n=16, num_warps=8), keys=16)) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["ar", "chain"])
+def test_the_drafters_form_spreads_the_prefix_and_matches_the_reference(kind: str) -> None:
+    """The MTP drafter's form: the committed prefix over a partition count, whatever the cache."""
+    work = Workload(
+        row_set(kind, 40), SHAPE, torch.device("cpu"), 3, capacity=100, layers=1, dtype=torch.float32
+    )
+    setting = Setting(AttentionConfig(block_m=16, block_n=16, num_warps=1), prefix_partitions=3)
+    assert work.splits(setting) == 3 and setting.short(100) == 0
+    assert work.max_error(setting) < 1e-5
+    work.tables.prefix_len.fill_(30)  # tables that disagree with the row set: the check must see it
+    assert work.max_error(setting) > 1e-3
+
+
+def test_the_drafter_table_shows_each_setting_once_with_its_error() -> None:
+    rows = [
+        _row("BM16 prefix over 32", ctx, kind, 0.004) | {"max_error": 1e-6}
+        for ctx in (4096, 32768)
+        for kind in ("ar", "chain")
+    ]
+    rows.append(_row("BM64 prefix over 32", 4096, "ar", None) | {"max_error": 2e-6})
+    table = render_drafter(rows, [4096, 32768])
+    assert table.count("| BM16 prefix over 32 |") == 1
+    assert "4.0 (0.40x)" in table and "| BM64 prefix over 32 | error |" in table
