@@ -2,7 +2,7 @@
 
 Run with TRITON_INTERPRET unset (the interpreter replaces @triton.jit functions). Prints one JSON
 object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX),
-"griddepcontrol": bool (a PDL wait in its PTX), "prefetch": bool (an L2 prefetch), "registers": int,
+"griddepcontrol": bool (a PDL wait in its PTX), "registers": int,
 "spill_bytes": int (spill stores, from Triton's ptxas run again with -v)}.
 """
 
@@ -217,11 +217,10 @@ KERNELS["skinny n64 k128 t1 split m1"] = (
     tuple(a for a in SKINNY_DIVISIBLE if a != "M"),
 )
 
-# under PDL (`launch.py`): the wait compiled in, the first weight tiles prefetched into L2 before it
+# under PDL (`launch.py`): the wait compiled in, the first weight tiles loaded before it
 for name in ("skinny n128 k64 t1", "skinny n64 k128 t2 split", "skinny swiglu n64 k64 t2"):
     kernel, constexprs, options, divisible = KERNELS[name]
-    pdl = dict(GDC=True, PREFETCH=skinny_gemm.PREFETCH_STEPS)
-    KERNELS[f"{name} pdl"] = (kernel, constexprs | pdl, options, divisible)
+    KERNELS[f"{name} pdl"] = (kernel, constexprs | dict(GDC=True, PRELOAD=True), options, divisible)
 TYPES |= {"sx_r": "i64", "sx_h": "i64", "sd_r": "i64", "sd_h": "i64", "D": "i32", "eps": "fp32"}
 KERNELS["add rms norm pdl"] = (
     elementwise._rms_norm_kernel,
@@ -233,9 +232,8 @@ KERNELS["add rms norm pdl"] = (
 def compile_for_hopper(
     kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
 ) -> dict:
-    """{"ok", "error", "wgmma", "griddepcontrol", "prefetch", "registers", "spill_bytes"} for one
-    kernel at the given constexprs and compile options, the `divisible` arguments marked as
-    multiples of 16."""
+    """{"ok", "error", "wgmma", "griddepcontrol", "registers", "spill_bytes"} for one kernel at the
+    given constexprs and compile options, the `divisible` arguments marked as multiples of 16."""
     declared = inspect.signature(kernel.fn).parameters
     defaults = {p.name: p.default for p in declared.values() if p.default is not inspect.Parameter.empty}
     constexprs = defaults | constexprs  # constexprs left at their defaults (GDC, PRELOAD: off)
@@ -247,14 +245,10 @@ def compile_for_hopper(
     try:
         compiled = triton.compile(source, target=HOPPER, options=options)
     except Exception as exc:  # the test reports the compiler's message
-        found = dict.fromkeys(("wgmma", "griddepcontrol", "prefetch"), False)
-        return {"ok": False, "error": str(exc)[-2000:], **found, "registers": -1, "spill_bytes": -1}
+        failed = {"wgmma": False, "griddepcontrol": False, "registers": -1, "spill_bytes": -1}
+        return {"ok": False, "error": str(exc)[-2000:], **failed}
     ptx = compiled.asm["ptx"]
-    found = {
-        "wgmma": "wgmma.mma_async" in ptx,
-        "griddepcontrol": "griddepcontrol.wait" in ptx,
-        "prefetch": "prefetch.global.L2" in ptx,
-    }
+    found = {"wgmma": "wgmma.mma_async" in ptx, "griddepcontrol": "griddepcontrol.wait" in ptx}
     return {"ok": True, "error": "", **found, **resource_usage(ptx)}
 
 
