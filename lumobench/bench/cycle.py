@@ -27,9 +27,7 @@ Variants, side by side in the one process: "fused" is the product's path (fused 
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
 to 32 rows: row-invariant), "fused-skinny" the skinny GEMM only where it beat cuBLAS, up to 16 rows
 (the fastest mix, not row-invariant), "fused-cublas" cuBLAS for every projection, "unfused" the
-engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops), "fused-nopdl"
-the product's path with every kernel launched plainly (the others launch the GEMMs and the dense
-kernels with programmatic dependent launch: `lumotree/model/fused/launch.py`). The first variant
+engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
 named is timed at every context, the others at the first; each variant's AR cycle is also
 profiled once eagerly (kernel count, GEMM time against the rest).
 
@@ -45,8 +43,6 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -63,7 +59,6 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.engine.runner import CycleResult
-from lumotree.model.fused.launch import pdl_mode
 from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
@@ -77,23 +72,12 @@ from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
-VARIANTS: dict[str, tuple[KernelMode, GemmBackend, bool]] = {  # kernels, GEMM, PDL launches
-    "fused": ("auto", "exact", True),
-    "fused-nopdl": ("auto", "exact", False),
-    "fused-skinny": ("auto", "skinny", True),
-    "fused-cublas": ("auto", "cublas", True),
-    "unfused": ("off", "cublas", False),
+VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
+    "fused": ("auto", "exact"),
+    "fused-skinny": ("auto", "skinny"),
+    "fused-cublas": ("auto", "cublas"),
+    "unfused": ("off", "cublas"),
 }
-
-
-@contextmanager
-def variant_mode(variant: str) -> Iterator[None]:
-    """Build (and capture) runners inside: the variant's kernel mode, GEMM and PDL launches."""
-    mode, gemm, pdl = VARIANTS[variant]
-    with kernel_mode(mode, gemm), pdl_mode(pdl):
-        yield
-
-
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -436,7 +420,7 @@ def bench(
             bench_skinny_gemm(iters=iters, warmup=warmup, neighbours=False, bandwidth=bandwidth)
         )
     for variant in variants:
-        with variant_mode(variant):
+        with kernel_mode(*VARIANTS[variant]):
             runner = build_runner(model, 4096, arms[0], graphs=False)
             fill_state_(runner, 4096)
             hidden = torch.zeros(1, model.config.hidden_size, device=device, dtype=model.dtype)
@@ -448,7 +432,7 @@ def bench(
         row: dict = {}
         for variant in variants if ctx == contexts[0] else variants[:1]:
             for arm in arms if variant == variants[0] else arms[:3]:
-                with variant_mode(variant):
+                with kernel_mode(*VARIANTS[variant]):
                     runner = build_runner(model, ctx, arm, graphs=True, cycles=iters + warmup)
                 fill_state_(runner, ctx)
                 name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"

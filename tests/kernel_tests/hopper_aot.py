@@ -1,8 +1,7 @@
 """Compile Triton kernels for Hopper (sm_90) ahead of time, without a GPU; run as a script.
 
 Run with TRITON_INTERPRET unset (the interpreter replaces @triton.jit functions). Prints one JSON
-object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX),
-"griddepcontrol": bool (a PDL wait in its PTX), "registers": int,
+object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX), "registers": int,
 "spill_bytes": int (spill stores, from Triton's ptxas run again with -v)}.
 """
 
@@ -21,7 +20,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
-from lumotree.model.fused import elementwise, skinny_gemm
+from lumotree.model.fused import skinny_gemm
 from lumotree.verify import device_ops
 from lumotree.verify.attention import decode as attention
 from lumotree.verify.gdn import paths_scan, row_scan, tree_scan, tree_value_major
@@ -217,27 +216,13 @@ KERNELS["skinny n64 k128 t1 split m1"] = (
     tuple(a for a in SKINNY_DIVISIBLE if a != "M"),
 )
 
-# under PDL (`launch.py`): the wait compiled in, the first weight tiles loaded before it
-for name in ("skinny n128 k64 t1", "skinny n64 k128 t2 split", "skinny swiglu n64 k64 t2"):
-    kernel, constexprs, options, divisible = KERNELS[name]
-    KERNELS[f"{name} pdl"] = (kernel, constexprs | dict(GDC=True, PRELOAD=True), options, divisible)
-TYPES |= {"sx_r": "i64", "sx_h": "i64", "sd_r": "i64", "sd_h": "i64", "D": "i32", "eps": "fp32"}
-KERNELS["add rms norm pdl"] = (
-    elementwise._rms_norm_kernel,
-    dict(ADD=True, BLOCK_D=8192, GDC=True),
-    dict(num_warps=16),
-)
-
 
 def compile_for_hopper(
     kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
 ) -> dict:
-    """{"ok", "error", "wgmma", "griddepcontrol", "registers", "spill_bytes"} for one kernel at the
-    given constexprs and compile options, the `divisible` arguments marked as multiples of 16."""
-    declared = inspect.signature(kernel.fn).parameters
-    defaults = {p.name: p.default for p in declared.values() if p.default is not inspect.Parameter.empty}
-    constexprs = defaults | constexprs  # constexprs left at their defaults (GDC, PRELOAD: off)
-    params = list(declared)
+    """{"ok", "error", "wgmma", "registers", "spill_bytes"} for one kernel at the given constexprs and
+    compile options, the `divisible` arguments marked as multiples of 16."""
+    params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "*fp32") for p in params}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}
     constants = {(params.index(k),): v for k, v in constexprs.items()}
@@ -245,11 +230,9 @@ def compile_for_hopper(
     try:
         compiled = triton.compile(source, target=HOPPER, options=options)
     except Exception as exc:  # the test reports the compiler's message
-        failed = {"wgmma": False, "griddepcontrol": False, "registers": -1, "spill_bytes": -1}
-        return {"ok": False, "error": str(exc)[-2000:], **failed}
+        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1}
     ptx = compiled.asm["ptx"]
-    found = {"wgmma": "wgmma.mma_async" in ptx, "griddepcontrol": "griddepcontrol.wait" in ptx}
-    return {"ok": True, "error": "", **found, **resource_usage(ptx)}
+    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in ptx, **resource_usage(ptx)}
 
 
 def resource_usage(ptx: str) -> dict:

@@ -152,27 +152,6 @@ def test_split_k_sums_the_ranges_in_order_and_leaves_its_counts_zeroed() -> None
     assert torch.equal(again, y)
 
 
-@pytest.mark.usefixtures("dot_in_k_order")
-@pytest.mark.parametrize(
-    ("config", "m"),
-    [(CONFIG, 1), (CONFIG, 20), (SPLIT, 6), (replace(SPLIT, splits=4), 3)],  # 4 splits: the last range empty
-)
-def test_preloading_the_first_weight_tiles_keeps_the_bits(config: SkinnyConfig, m: int) -> None:
-    """What a PDL launch does (`launch.py`): the first K step's weights loaded before the wait, then
-    the same K steps; also with a residual, and the SwiGLU epilogue."""
-    x, w = _case(m, 150, seed=90 + m)
-    residual = torch.randn(m, 150, generator=torch.Generator().manual_seed(m))
-    plain = skinny_linear(x, w, config=config, residual=residual, preload=False)
-    y = poisoned((m, 150), torch.float32)
-    skinny_linear(x, w, out=y, config=config, residual=residual, preload=True)
-    assert_written(y)
-    assert torch.equal(y, plain)
-    torch.testing.assert_close(y, skinny_linear_reference(x, w) + residual, rtol=1e-5, atol=1e-5)
-    if config.splits == 1:  # w as a [gate | up] projection of 2 x 75 rows
-        preloaded = skinny_swiglu(x, w, config=config, preload=True)
-        assert torch.equal(preloaded, skinny_swiglu(x, w, config=config, preload=False))
-
-
 def test_the_skinny_kernel_is_chosen_only_where_it_beat_cublas() -> None:
     cpu = torch.device("cpu")
     for n, k in ((16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 17408)):

@@ -64,9 +64,6 @@ SKINNY = [
     "skinny n64 k128 t1 split m1",
     "skinny swiglu n64 k64 t1",
     "skinny swiglu n64 k64 t2",
-    "skinny n128 k64 t1 pdl",
-    "skinny n64 k128 t2 split pdl",
-    "skinny swiglu n64 k64 t2 pdl",
 ]
 
 
@@ -83,14 +80,3 @@ def test_skinny_gemm_configs_compile_without_spills(compiled: dict, kernel: str)
 @pytest.mark.parametrize("kernel", ["skinny n128 k64 t1", "skinny n128 k64 t2", "skinny n64 k128 t1"])
 def test_skinny_gemm_wide_tiles_run_on_wgmma(compiled: dict, kernel: str) -> None:
     assert compiled[kernel]["wgmma"]
-
-
-@pytest.mark.parametrize(
-    "kernel", ["skinny n128 k64 t1", "skinny n64 k128 t2 split", "skinny swiglu n64 k64 t2"]
-)
-def test_pdl_launches_compile_their_wait_in(compiled: dict, kernel: str) -> None:
-    """GDC=True puts griddepcontrol.wait in the PTX (model/fused/launch.py); the plain build has none."""
-    assert compiled[f"{kernel} pdl"]["griddepcontrol"]
-    assert not compiled[kernel]["griddepcontrol"]
-    norm = compiled["add rms norm pdl"]
-    assert norm["ok"] and norm["griddepcontrol"], norm["error"]

@@ -15,8 +15,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.model.fused.launch import launch_options, wait_for_predecessor
-
 ELEMENTS_PER_PROGRAM = 2048  # silu_mul's column block
 
 
@@ -45,9 +43,7 @@ def _rms_norm_kernel(
     eps,
     ADD: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    GDC: tl.constexpr = False,
 ):
-    wait_for_predecessor(GDC)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     out = (r * tl.num_programs(1) + h) * D
@@ -76,11 +72,9 @@ def _mtp_inputs_kernel(
     D,
     eps,
     BLOCK_D: tl.constexpr,
-    GDC: tl.constexpr = False,
 ):
     """Program (row r, half): half 0 normalises the embedding-table row of token r, half 1 hidden
     row r; each is `_rms_norm_kernel`'s arithmetic, stored at y[r, half * D:]."""
-    wait_for_predecessor(GDC)
     r = tl.program_id(0).to(tl.int64)
     half = tl.program_id(1)
     offs = tl.arange(0, BLOCK_D)
@@ -109,9 +103,7 @@ def _gated_rms_norm_kernel(
     eps,
     ROUND_WEIGHTED: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    GDC: tl.constexpr = False,
 ):
-    wait_for_predecessor(GDC)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     row = (r * tl.num_programs(1) + h) * D
@@ -143,9 +135,7 @@ def _norm_rope_kernel(
     eps,
     ROT: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    GDC: tl.constexpr = False,
 ):
-    wait_for_predecessor(GDC)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     src = x_ptr + r * sx_r + h * sx_h
@@ -173,8 +163,7 @@ def _norm_rope_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr, GDC: tl.constexpr = False):
-    wait_for_predecessor(GDC)
+def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -186,8 +175,7 @@ def _silu_mul_kernel(gu_ptr, s_row, y_ptr, N, BLOCK: tl.constexpr, GDC: tl.const
 
 
 @triton.jit
-def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr, GDC: tl.constexpr = False):
-    wait_for_predecessor(GDC)
+def _sigmoid_mul_kernel(x_ptr, g_ptr, sg_r, sg_h, y_ptr, D, BLOCK_D: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     row = (r * tl.num_programs(1) + h) * D
@@ -227,9 +215,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     d = x.shape[-1]
     block = _block(d)
     _rms_norm_kernel[(xs.shape[0], 1)](
-        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps, ADD=False, BLOCK_D=block,
-        num_warps=_warps(block), **launch_options(x.device),
-    )  # fmt: skip
+        xs, xs.stride(0), 0, xs, 0, 0, y, weight, y, d, eps, ADD=False, BLOCK_D=block, num_warps=_warps(block)
+    )
     return y
 
 
@@ -243,7 +230,7 @@ def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     block = _block(d)
     _rms_norm_kernel[(hs.shape[0], 1)](
         hs, hs.stride(0), 0, ds, ds.stride(0), 0, total, weight, y, d, eps,
-        ADD=True, BLOCK_D=block, num_warps=_warps(block), **launch_options(h.device),
+        ADD=True, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return total, y
 
@@ -264,7 +251,7 @@ def mtp_inputs(
     block = _block(d)
     _mtp_inputs_kernel[(hs.shape[0], 2)](
         table.contiguous(), tokens.reshape(-1), hs, hs.stride(0), w_embed, w_hidden, y, d, eps,
-        BLOCK_D=block, num_warps=_warps(block), **launch_options(hidden.device),
+        BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y
 
@@ -278,7 +265,7 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     block = _block(d)
     _gated_rms_norm_kernel[(xs.shape[0], xs.shape[1])](
         xs, zs, zs.stride(0), zs.stride(1), weight, y, d, eps,
-        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, num_warps=_warps(block), **launch_options(x.device),
+        ROUND_WEIGHTED=round_weighted, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y
 
@@ -294,7 +281,7 @@ def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -
     block = _block(d)
     _norm_rope_kernel[(xs.shape[0], heads)](
         xs, xs.stride(0), xs.stride(1), weight, cos, cos.stride(0), sin, sin.stride(0), y, d, eps,
-        ROT=rot, BLOCK_D=block, num_warps=_warps(block), **launch_options(x.device),
+        ROT=rot, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
     return y
 
@@ -305,9 +292,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     gu = _rows_heads(gate_up[..., None, :])
     y = _empty((*gate_up.shape[:-1], n), gate_up)
     block = min(ELEMENTS_PER_PROGRAM, _block(n))
-    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](
-        gu, gu.stride(0), y, n, BLOCK=block, num_warps=4, **launch_options(gate_up.device)
-    )
+    _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](gu, gu.stride(0), y, n, BLOCK=block, num_warps=4)
     return y
 
 
@@ -318,14 +303,6 @@ def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
     d = x.shape[-1]
     block = _block(d)
     _sigmoid_mul_kernel[(xs.shape[0], xs.shape[1])](
-        xs,
-        gs,
-        gs.stride(0),
-        gs.stride(1),
-        y,
-        d,
-        BLOCK_D=block,
-        num_warps=_warps(block),
-        **launch_options(x.device),
+        xs, gs, gs.stride(0), gs.stride(1), y, d, BLOCK_D=block, num_warps=_warps(block)
     )
     return y

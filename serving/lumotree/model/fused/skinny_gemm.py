@@ -31,8 +31,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.model.fused.launch import launch_options, wait_for_predecessor
-
 MAX_ROWS = 32
 ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
 HOPPER_SMS = 132
@@ -190,8 +188,6 @@ def skinny_gemm_kernel(
     SPLITS: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SWIGLU: tl.constexpr = False,
-    GDC: tl.constexpr = False,
-    PRELOAD: tl.constexpr = False,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
     ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
@@ -199,9 +195,7 @@ def skinny_gemm_kernel(
     count_ptr[block]; the range that counts last sums all partials in split order into y and resets
     the count to 0 (one launch, no atomics on the values, the same sums every time). With SWIGLU
     (one K range) w is a [gate | up] projection [2N, K]: a program also streams the up rows N + its
-    columns and stores silu(gate) * up (_store_swiglu). GDC: the wait of `launch.py`; PRELOAD: the
-    range's first weight tiles are loaded before it (weights are constant), so under PDL the stream
-    starts while the previous kernel finishes; the sums are the same either way."""
+    columns and stores silu(gate) * up (_store_swiglu)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -212,24 +206,7 @@ def skinny_gemm_kernel(
     up_rows = w_rows + N.to(tl.int64) * K if SWIGLU else w_rows
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
-    first = k_lo
-    if PRELOAD:  # the first K step, its weights (masked to the range: it may be empty) before the wait
-        first_k = k_lo + tl.arange(0, BLOCK_K)
-        first_mask = mask_n[:, None] & (first_k[None, :] < k_hi)
-        w_first = tl.load(w_rows + first_k[None, :], mask=first_mask, other=0.0)
-        if SWIGLU:
-            up_first = tl.load(up_rows + first_k[None, :], mask=first_mask, other=0.0)
-            wait_for_predecessor(GDC)
-            acc_up = _row_tile_dot(
-                acc_up, up_first, x_ptr, rows, first_k, stride_xm, M, k_hi, False, PRECISION
-            )
-        else:
-            wait_for_predecessor(GDC)
-        acc = _row_tile_dot(acc, w_first, x_ptr, rows, first_k, stride_xm, M, k_hi, False, PRECISION)
-        first += BLOCK_K
-    else:
-        wait_for_predecessor(GDC)
-    for k0 in range(first, k_hi, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
         w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
@@ -329,13 +306,6 @@ def _wide_linear(x: Tensor, w: Tensor) -> Tensor:
     return torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda else F.linear(x.float(), w.float())
 
 
-def _launch(device: torch.device, preload: bool | None) -> dict[str, bool]:
-    """The PDL options of a launch (`launch.launch_options`) and whether its programs load their
-    first weight tiles before the wait (None: where the launch waits)."""
-    options = launch_options(device)
-    return options | {"PRELOAD": options["GDC"] if preload is None else preload}
-
-
 def skinny_linear(
     x: Tensor,
     w: Tensor,
@@ -343,13 +313,11 @@ def skinny_linear(
     config: SkinnyConfig | None = None,
     out_dtype: torch.dtype | None = None,
     residual: Tensor | None = None,
-    preload: bool | None = None,
 ) -> Tensor:
     """x[M, K] @ w[N, K]^T into `out` (or a new tensor of `out_dtype`: x's dtype, or float32 for
     the fp32 accumulators unrounded), plus `residual` [M, N] of the output dtype if given (the
     product rounded to the output dtype, then added: the bits of `skinny_linear(x, w) + residual`);
-    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows. preload: the
-    first weight tiles before the PDL wait (None: when launched with PDL; the same bits either way)."""
+    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows."""
     check_skinny_operands(x, w, out, out_dtype)
     (m, k), n = x.shape, w.shape[0]
     dtype = out.dtype if out is not None else out_dtype or x.dtype
@@ -388,24 +356,19 @@ def skinny_linear(
         RESIDUAL=residual is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **_launch(x.device, preload),
     )
     return y
 
 
 def skinny_swiglu(
-    x: Tensor,
-    w: Tensor,
-    config: SkinnyConfig | None = None,
-    out: Tensor | None = None,
-    preload: bool | None = None,
+    x: Tensor, w: Tensor, config: SkinnyConfig | None = None, out: Tensor | None = None
 ) -> Tensor:
     """silu(x @ gate^T) * (x @ up^T) [M, I] for a [gate | up] projection w [2I, K], one launch for
     1..32 rows (each program streams BLOCK_N / 2 gate rows and the matching up rows, so the launch
     reads the bytes of `for_shape(2I, K)`'s blocks); the bits of `skinny_linear` of the gate and up
     halves then `elementwise.silu_mul`, if the MMA computes each column alike in both tile heights.
     Shapes whose config splits K (narrow projections) are refused: use the product then silu_mul.
-    out: a contiguous [M, I] of x's dtype to write (else a new tensor); preload as `skinny_linear`."""
+    out: a contiguous [M, I] of x's dtype to write (else a new tensor)."""
     if w.dim() != 2 or w.shape[0] % 2:
         raise ValueError(f"w must be a [gate | up] projection [2I, K], got {tuple(w.shape)}")
     check_skinny_operands(x, w, None)
@@ -425,6 +388,5 @@ def skinny_swiglu(
         x, w, y, y, y, y, m, n, k, x.stride(0), y.stride(0), 0, k, ROWS=row_tile(m), BLOCK_N=block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=1,
         RESIDUAL=False, SWIGLU=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_launch(x.device, preload),
     )  # fmt: skip
     return y
