@@ -12,7 +12,6 @@ slots past the committed prefix (prefix_len + slot_map), where publication finds
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, TypeAlias
@@ -20,7 +19,9 @@ from typing import TYPE_CHECKING, TypeAlias
 from torch import Tensor
 
 from lumotree.model.attention import GatedAttention
+from lumotree.model.fused import ops
 from lumotree.model.gdn import GatedDeltaNet
+from lumotree.model.layers import Mixer
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
@@ -54,7 +55,8 @@ class TreeForward:
 
 def _gdn_tree(
     mixer: GatedDeltaNet,
-    x: Tensor,
+    x: Tensor | ops.NormedRows,
+    residual: Tensor,
     *,
     state: GDNState,
     tree: TreeTables,
@@ -67,12 +69,13 @@ def _gdn_tree(
     inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
     result = kernels.gdn_verify(inputs, state.recurrent, tree)
     records.append(GdnRecord(mixed_qkv[0], result.operands))
-    return mixer.output(result.o[None], z)
+    return mixer.output(result.o[None], z, residual)
 
 
 def _attention_tree(
     attn: GatedAttention,
-    x: Tensor,
+    x: Tensor | ops.NormedRows,
+    residual: Tensor,
     *,
     cos: Tensor,
     sin: Tensor,
@@ -83,7 +86,7 @@ def _attention_tree(
     q, k, v, gate = attn.project(x, cos, sin)
     kernels.write_tree_kv(cache.key, cache.value, k[0], v[0], tree)
     o, _ = kernels.tree_attention(q[0], cache.key, cache.value, tree)
-    return attn.output(o[None], gate)
+    return attn.output(o[None], gate, residual)
 
 
 def verify_tree(
@@ -114,7 +117,7 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
     h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
     for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
-        mixer: Callable[[Tensor], Tensor]
+        mixer: Mixer
         if layer.is_linear:
             assert isinstance(layer_state, GDNState)
             mixer = partial(
