@@ -109,11 +109,16 @@ def _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _norm_operands(x_ptr, nw_ptr, rows, offs_k, stride_xm, M, K):
-    """x[rows, offs_k]^T and 1 + the norm weight at offs_k (fp32), masked to K: what a pre-normed
-    K step reads, loaded a step ahead (the loop's pipelining covers only the dot's own operands)."""
-    xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, False)
-    return xt, 1.0 + tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+def _normed_x_tile(
+    x_ptr, rows, offs_k, stride_xm, M, K, nw_ptr, gram, EVEN_K: tl.constexpr, PRECISION: tl.constexpr
+):
+    """The x tile of a pre-normed product: x times (1 + norm weight), rounded to x's dtype; the
+    tile's Gram matrix added into `gram` [ROWS, ROWS] by the MMA (its diagonal: each row's sum of
+    squares, computed alike whatever the rows beside it, as the product's columns are)."""
+    xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
+    gram = tl.dot(tl.trans(xt), xt, gram, input_precision=PRECISION)
+    scale = 1.0 + tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    return (xt.to(tl.float32) * scale[:, None]).to(xt.dtype), gram
 
 
 @triton.jit
@@ -204,9 +209,8 @@ def skinny_gemm_kernel(
     the count to 0 (one launch, no atomics on the values, the same sums every time). With SWIGLU
     (one K range) w is a [gate | up] projection [2N, K]: a program also streams the up rows N + its
     columns and stores silu(gate) * up (_store_swiglu). With NORM (one K range) the rows are first
-    normalised by the zero-centred RMSNorm of weight nw: the product of the rows times the norm
-    weight, scaled at the end by each row's 1 / rms, from the diagonal of the rows' Gram matrix the
-    MMA accumulates (computed alike whatever the rows beside it, as the product's columns are)."""
+    normalised by the zero-centred RMSNorm of weight nw (`_normed_x_tile`): the product of the rows
+    times the norm weight, scaled by each row's 1 / rms at the end."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -218,19 +222,12 @@ def skinny_gemm_kernel(
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     gram = tl.zeros([ROWS, ROWS], dtype=tl.float32)
-    if NORM:  # the first step's rows and norm weight (each step loads the next one's)
-        x_next, scale_next = _norm_operands(
-            x_ptr, nw_ptr, rows, k_lo + tl.arange(0, BLOCK_K), stride_xm, M, K
-        )
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
         w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
-        if NORM:  # the rows times the norm weight; their Gram matrix gives each row's sum of squares
-            x_raw, scale = x_next, scale_next
-            x_next, scale_next = _norm_operands(x_ptr, nw_ptr, rows, offs_k + BLOCK_K, stride_xm, M, K)
-            gram = tl.dot(tl.trans(x_raw), x_raw, gram, input_precision=PRECISION)
-            xt = (x_raw.to(tl.float32) * scale[:, None]).to(x_raw.dtype)
+        if NORM:
+            xt, gram = _normed_x_tile(x_ptr, rows, offs_k, stride_xm, M, K, nw_ptr, gram, EVEN_K, PRECISION)
         else:
             xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
         acc = tl.dot(w, xt, acc, input_precision=PRECISION)
