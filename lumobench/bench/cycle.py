@@ -27,9 +27,7 @@ Variants, side by side in the one process: "fused" is the product's path (fused 
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
 to 32 rows: row-invariant), "fused-skinny" the skinny GEMM only where it beat cuBLAS, up to 16 rows
 (the fastest mix, not row-invariant), "fused-cublas" cuBLAS for every projection, "unfused" the
-engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops), "fused-norms" the
-product's path with each layer's pre-norms as launches of their own (the others fold them into the
-projections that read them: `ops.deferred_rms_norm`). The first variant
+engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
 named is timed at every context, the others at the first; each variant's AR cycle is also
 profiled once eagerly (kernel count, GEMM time against the rest).
 
@@ -74,12 +72,11 @@ from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GdnInputs
 
 MAX_DEPTH = 11
-VARIANTS: dict[str, tuple[KernelMode, GemmBackend, bool]] = {  # kernels, GEMM, pre-norms folded
-    "fused": ("auto", "exact", True),
-    "fused-norms": ("auto", "exact", False),
-    "fused-skinny": ("auto", "skinny", True),
-    "fused-cublas": ("auto", "cublas", True),
-    "unfused": ("off", "cublas", False),
+VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
+    "fused": ("auto", "exact"),
+    "fused-skinny": ("auto", "skinny"),
+    "fused-cublas": ("auto", "cublas"),
+    "unfused": ("off", "cublas"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
 

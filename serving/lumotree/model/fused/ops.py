@@ -40,28 +40,23 @@ SKINNY_ROWS = 16
 MAX_ROWS = 32  # skinny_gemm.MAX_ROWS (not imported here: CPU-only installs may lack Triton)
 _mode: KernelMode = "auto"
 _gemm: GemmBackend = "exact"
-_fold_norms = True
 
 
 @contextmanager
-def kernel_mode(
-    mode: KernelMode, gemm: GemmBackend | None = None, fold_norms: bool | None = None
-) -> Iterator[None]:
-    """Run the enclosed code with the dense kernels in `mode`, the projections' GEMM `gemm` and
-    pre-norms folded into the GEMMs that read them or not (`deferred_rms_norm`; None: unchanged);
-    all restored afterwards."""
-    global _mode, _gemm, _fold_norms
+def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[None]:
+    """Run the enclosed code with the dense kernels in `mode` and the projections' GEMM `gemm`
+    (None: unchanged); both restored afterwards."""
+    global _mode, _gemm
     if mode not in ("auto", "off", "always"):
         raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
     if gemm is not None and gemm not in GEMM_BACKENDS:
         raise ValueError(f"gemm must be one of {', '.join(GEMM_BACKENDS)}, got {gemm!r}")
-    previous = _mode, _gemm, _fold_norms
+    previous = _mode, _gemm
     _mode, _gemm = mode, gemm or _gemm
-    _fold_norms = _fold_norms if fold_norms is None else fold_norms
     try:
         yield
     finally:
-        _mode, _gemm, _fold_norms = previous
+        _mode, _gemm = previous
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,9 +78,8 @@ class NormedRows:
 
 
 def deferred_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | NormedRows:
-    """rms_norm(x) for projections to read: deferred on the fused path (NormedRows) unless folding
-    is off (`kernel_mode`), else computed."""
-    return NormedRows(x, weight, eps) if _fold_norms and kernels_for(x) else rms_norm(x, weight, eps)
+    """rms_norm(x) for projections to read: deferred on the fused path (NormedRows), else computed."""
+    return NormedRows(x, weight, eps) if kernels_for(x) else rms_norm(x, weight, eps)
 
 
 def materialized(x: Tensor | NormedRows) -> Tensor:
