@@ -120,16 +120,6 @@ for tiles in (1, 2):
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
-# the pre-normed forms (the mixers' input projections, the MLP's gate-up)
-TYPES |= {"nw_ptr": "*bf16", "eps": "fp32"}
-for name in (
-    "skinny n128 k64 t1",
-    "skinny n128 k64 t2",
-    "skinny swiglu n64 k64 t1",
-    "skinny swiglu n64 k64 t2",
-):
-    kernel, constexprs, options, divisible = KERNELS[name]
-    KERNELS[f"{name} norm"] = (kernel, constexprs | dict(NORM=True), options, divisible)
 # The device tree drafter's launches at the paper geometry (5-depth spine, top-3, tail 6, rescues 4
 # and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 4096-token blocks
 TYPES |= {
@@ -232,14 +222,7 @@ def compile_for_hopper(
 ) -> dict:
     """{"ok", "error", "wgmma", "registers", "spill_bytes"} for one kernel at the given constexprs and
     compile options, the `divisible` arguments marked as multiples of 16."""
-    declared = inspect.signature(kernel.fn).parameters
-    defaults = {  # constexprs left out take their defaults (NORM: off)
-        p.name: p.default
-        for p in declared.values()
-        if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)
-    }
-    constexprs = defaults | constexprs
-    params = list(declared)
+    params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "*fp32") for p in params}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}
     constants = {(params.index(k),): v for k, v in constexprs.items()}

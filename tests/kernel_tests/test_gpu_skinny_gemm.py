@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from lumotree.model.fused.elementwise import silu_mul
-from lumotree.model.fused.reference import rms_norm
-from lumotree.model.fused.skinny_gemm import PreNorm, SkinnyConfig, skinny_linear, skinny_swiglu, split_counts
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear, skinny_swiglu, split_counts
 from lumotree.verify.graphs import CapturedStage
 
 from .helpers import GPU_ONLY, assert_written, poisoned
@@ -126,25 +125,3 @@ def test_the_swiglu_epilogue_has_the_bits_of_the_product_then_silu_mul(m: int) -
     assert_written(y)
     assert torch.equal(y, silu_mul(skinny_linear(x, w)))
     assert torch.equal(y[-1:], skinny_swiglu(x[m - 1 : m].clone(), w))
-
-
-@pytest.mark.parametrize(("n", "k"), [(16480, 5120), (14336, 5120), (34816, 5120)])
-@pytest.mark.parametrize("m", ROWS)
-def test_a_pre_norm_folds_into_the_product_and_keeps_row_invariance(n: int, k: int, m: int) -> None:
-    """The input projections with their pre-norm inside (PreNorm: each row's 1 / rms from the Gram
-    matrix the MMA accumulates): against the normed rows' float64 product, a row's bits whatever
-    the rows beside it (its first and last row against the one-row calls); the MLP's gate-up form too."""
-    w, x = _weights(n, k), _rows(32, k)[:m] * 4
-    gen = torch.Generator(device=CUDA).manual_seed(k)
-    norm = PreNorm((torch.randn(k, generator=gen, device=CUDA) * 0.1).to(torch.bfloat16), 1e-6)
-    y = poisoned((m, n), torch.bfloat16, CUDA)
-    skinny_linear(x, w, out=y, norm=norm)
-    assert_written(y)
-    expected = rms_norm(x.double(), norm.weight.double(), norm.eps) @ w.double().t()
-    error = torch.linalg.norm(y.double() - expected) / torch.linalg.norm(expected)
-    assert error < 1e-2, f"relative Frobenius error {float(error):.2e}"
-    for row in (0, m - 1):
-        assert torch.equal(y[row : row + 1], skinny_linear(x[row : row + 1].clone(), w, norm=norm))
-    if n == 34816:
-        act = skinny_swiglu(x, w, norm=norm)
-        assert torch.equal(act[-1:], skinny_swiglu(x[m - 1 : m].clone(), w, norm=norm))

@@ -10,9 +10,7 @@ import torch
 from torch import Tensor
 
 from lumotree.model.fused import elementwise, ops, skinny_gemm
-from lumotree.model.fused import reference as dense_reference
 from lumotree.model.fused.skinny_gemm import (
-    PreNorm,
     SkinnyConfig,
     beats_cublas,
     skinny_linear,
@@ -250,59 +248,3 @@ def test_the_fused_mlp_activation_takes_the_epilogue_where_k_stays_in_one_range(
             y = ops.linear_silu_mul(x, w)
         torch.testing.assert_close(y, _swiglu_reference(x, w), rtol=1e-4, atol=1e-4)
     assert epilogues == [2 * 16480]
-
-
-EPS = 1e-6
-
-
-def _norm_case(m: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    """x [m, K] at a residual stream's scale, a norm weight [K] and a weight [150, K]."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, K, generator=gen) * 3
-    return x, torch.randn(K, generator=gen) * 0.2, torch.randn(150, K, generator=gen)
-
-
-@pytest.mark.parametrize("m", [1, 6, 32])
-def test_a_pre_norm_launch_is_the_product_of_the_normed_rows(m: int) -> None:
-    x, nw, w = _norm_case(m, seed=m)
-    y = poisoned((m, 150), torch.float32)
-    skinny_linear(x, w, out=y, config=CONFIG, norm=PreNorm(nw, EPS))
-    assert_written(y)
-    torch.testing.assert_close(
-        y, skinny_linear_reference(dense_reference.rms_norm(x, nw, EPS), w), rtol=1e-5, atol=1e-4
-    )
-    y = skinny_swiglu(x, w[:100], config=CONFIG, norm=PreNorm(nw, EPS))
-    want = elementwise.silu_mul(skinny_linear_reference(dense_reference.rms_norm(x, nw, EPS), w[:100]))
-    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.usefixtures("dot_in_k_order")
-@pytest.mark.parametrize("m", [6, 17, 32])
-def test_a_pre_normed_row_equals_the_one_row_call_bitwise(m: int) -> None:
-    """A row's 1 / rms comes from the Gram matrix the MMA accumulates: like its product, it does not
-    depend on the rows beside it (the plain product and the SwiGLU epilogue)."""
-    x, nw, w = _norm_case(m, seed=40 + m)
-    norm = PreNorm(nw, EPS)
-    y, act = (
-        skinny_linear(x, w, config=CONFIG, norm=norm),
-        skinny_swiglu(x, w[:100], config=CONFIG, norm=norm),
-    )
-    for i in (0, m // 2, m - 1):
-        row = x[i : i + 1]
-        assert torch.equal(y[i : i + 1], skinny_linear(row, w, config=CONFIG, norm=norm)), f"row {i}"
-        assert torch.equal(act[i : i + 1], skinny_swiglu(row, w[:100], config=CONFIG, norm=norm)), f"row {i}"
-
-
-@pytest.mark.parametrize(
-    ("m", "norm", "config", "message"),
-    [
-        (33, PreNorm(torch.zeros(K), EPS), CONFIG, "1..32 rows"),
-        (2, PreNorm(torch.zeros(K), EPS), SPLIT, "one K range"),
-        (2, PreNorm(torch.zeros(K + 1), EPS), CONFIG, "norm weight"),
-    ],
-)
-def test_a_pre_norm_that_does_not_fit_is_refused(
-    m: int, norm: PreNorm, config: SkinnyConfig, message: str
-) -> None:
-    with pytest.raises(ValueError, match=message):
-        skinny_linear(torch.randn(m, K), torch.randn(64, K), config=config, norm=norm)

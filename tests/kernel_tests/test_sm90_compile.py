@@ -64,10 +64,6 @@ SKINNY = [
     "skinny n64 k128 t1 split m1",
     "skinny swiglu n64 k64 t1",
     "skinny swiglu n64 k64 t2",
-    "skinny n128 k64 t1 norm",
-    "skinny n128 k64 t2 norm",
-    "skinny swiglu n64 k64 t1 norm",
-    "skinny swiglu n64 k64 t2 norm",
 ]
 
 

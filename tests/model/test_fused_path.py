@@ -75,27 +75,6 @@ def test_the_fused_path_computes_the_same_mtp_rows(tiny_model: HybridLM) -> None
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_fused_path_folds_each_layers_pre_norms_into_its_projections(
-    tiny_model: HybridLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Verification on the fused path: the input norm and the post-mixer norm of every layer run
-    inside the GEMMs that read them (skinny_gemm.PreNorm); the final norm is the only norm launch."""
-    from lumotree.model.fused import elementwise
-
-    launches: list[str] = []
-    for name in ("rms_norm", "add_rms_norm"):
-        original = getattr(elementwise, name)
-        monkeypatch.setattr(elementwise, name, lambda *a, _f=original, _n=name: launches.append(_n) or _f(*a))
-    fuse_projections_(tiny_model)
-    state = tiny_model.new_state(32)
-    with torch.inference_mode():
-        tiny_model.prefill(torch.arange(4), state)
-        launches.clear()
-        with kernel_mode("always"):
-            verify_tree(tiny_model, state, chain_tree([5, 6, 7], prefix_len=4))
-    assert launches == ["rms_norm"]
-
-
 def test_a_moved_model_leaves_the_stale_fusion_unused(tiny_model: HybridLM) -> None:
     fuse_projections_(tiny_model)
     tokens = torch.arange(6)

@@ -197,10 +197,10 @@ class DeviceMTP:
         cache = self.cache
         tables = AttentionTables(bits[:rows], positions[:1])
 
-        def attend(attn: GatedAttention, y: Tensor | ops.NormedRows, residual: Tensor) -> Tensor:
+        def attend(attn: GatedAttention, y: Tensor) -> Tensor:
             q, k, v, gate = attn.project(y, cos, sin)
             write_kv_(cache.key, cache.value, k[0], v[0], positions)
             o, _ = self.attention(q[0], cache.key, cache.value, tables)
-            return attn.output(o[None], gate, residual)
+            return attn.output(o[None], gate)
 
         return mtp.step(hidden[None], tokens[None], model.model.embed_tokens.weight, attend)[0]

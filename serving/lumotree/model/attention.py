@@ -38,10 +38,9 @@ class GatedAttention(nn.Module):
         self.fused: FusedProjection | None = None  # [q_proj | k_proj | v_proj], set by fuse_projections_
 
     def project(
-        self, h: torch.Tensor | ops.NormedRows, cos: torch.Tensor, sin: torch.Tensor
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [B, T, hidden] (a deferred norm: folded into the fused projection, else computed);
-        cos/sin: [B or 1, T, rotary_dim] for each row's position.
+        """h: [B, T, hidden]; cos/sin: [B or 1, T, rotary_dim] for each row's position.
 
         Returns q [B, T, Hq, D] (normed, rotated), k [B, T, Hkv, D] (normed, rotated), v [B, T, Hkv, D],
         gate [B, T, Hq, D] (pre-sigmoid; may be a strided view).
@@ -50,7 +49,6 @@ class GatedAttention(nn.Module):
         if self.fused is not None and ops.kernels_for(h) and self.fused.current():
             q_gate, k, v = self.fused(h)
         else:
-            h = ops.materialized(h)
             q_gate, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         q, gate = q_gate.view(bsz, seq, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = ops.norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
@@ -78,13 +76,10 @@ class GatedAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return out.transpose(1, 2)
 
-    def output(
-        self, attn: torch.Tensor, gate: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """attn, gate: [B, T, Hq, D] -> [B, T, hidden], plus `residual` if given (added as the
-        output projection stores)."""
+    def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """attn, gate: [B, T, Hq, D] -> [B, T, hidden]."""
         bsz, seq = attn.shape[:2]
-        return ops.linear(ops.sigmoid_mul(attn, gate).reshape(bsz, seq, -1), self.o_proj.weight, residual)
+        return self.o_proj(ops.sigmoid_mul(attn, gate).reshape(bsz, seq, -1))
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:

@@ -53,16 +53,12 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = ops.Linear(self.value_dim, hidden)
         self.fused: FusedProjection | None = None  # [qkv | z | b | a], set by fuse_projections_
 
-    def project(
-        self, h: torch.Tensor | ops.NormedRows
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [B, T, hidden] (a deferred norm: folded into the fused projection, else computed) ->
-        (conv inputs [B, T, C], z [B, T, HV, V], a [B, T, HV], b [B, T, HV])."""
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h: [B, T, hidden] -> (conv inputs [B, T, C], z [B, T, HV, V], a [B, T, HV], b [B, T, HV])."""
         bsz, seq, _ = h.shape
         if self.fused is not None and ops.kernels_for(h) and self.fused.current():
             qkv, z, b, a = self.fused(h)  # column slices of one GEMM
         else:
-            h = ops.materialized(h)
             qkv, z, b, a = self.in_proj_qkv(h), self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)
         return qkv, z.view(bsz, seq, self.num_v_heads, self.head_v_dim), a, b
 
@@ -108,11 +104,10 @@ class GatedDeltaNet(nn.Module):
             o, new_state = gdn_ops.chunk_gated_delta_rule(qn, kn, v, g, beta, state)
         return o.to(v.dtype), new_state
 
-    def output(self, o: torch.Tensor, z: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """o, z: [B, T, HV, V] -> gated RMSNorm per head -> out_proj -> [B, T, hidden], plus
-        `residual` if given (added as out_proj stores)."""
+    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o, z: [B, T, HV, V] -> gated RMSNorm per head -> out_proj -> [B, T, hidden]."""
         bsz, seq = o.shape[:2]
-        return ops.linear(self.norm(o, z).reshape(bsz, seq, self.value_dim), self.out_proj.weight, residual)
+        return self.out_proj(self.norm(o, z).reshape(bsz, seq, self.value_dim))
 
     def forward(
         self, h: torch.Tensor, conv_state: torch.Tensor | None = None, state: torch.Tensor | None = None

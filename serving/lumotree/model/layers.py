@@ -15,9 +15,6 @@ from lumotree.model.mlp import MLP, SparseMoE
 from lumotree.model.norms import RMSNorm
 from lumotree.model.state import GDNState, KVCache
 
-#: (the pre-norm rows, maybe deferred; the residual h) -> h + the token mixer's output
-Mixer = Callable[[torch.Tensor | ops.NormedRows, torch.Tensor], torch.Tensor]
-
 
 class DecoderLayer(nn.Module):
     """Checkpoint names: input_layernorm, linear_attn | self_attn, post_attention_layernorm, mlp."""
@@ -84,15 +81,10 @@ class DecoderLayer(nn.Module):
             mixed = self.self_attn.output(attn, gate)
         return self._residual_mlp(h, mixed)
 
-    def with_mixer(self, h: torch.Tensor, mixer: Mixer) -> torch.Tensor:
+    def with_mixer(self, h: torch.Tensor, mixer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """`forward`'s structure with the token mixer swapped (tree verification, MTP drafting):
-        pre-norm mixer, pre-norm MLP, both residual. The mixer takes the normed rows and h and
-        returns h plus its output (its output projection adds h as it stores); each pre-norm is
-        deferred to the projection that reads it (`ops.deferred_rms_norm`: on the fused path the
-        GEMM normalises the rows, so neither norm is a launch of its own)."""
-        norm, post = self.input_layernorm, self.post_attention_layernorm
-        total = mixer(ops.deferred_rms_norm(h, norm.weight, norm.eps), h)
-        return self.mlp(ops.deferred_rms_norm(total, post.weight, post.eps), residual=total)
+        pre-norm mixer, pre-norm MLP, both residual."""
+        return self._residual_mlp(h, mixer(self.input_layernorm(h)))
 
     def _residual_mlp(self, h: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         """h + mixed, then the pre-norm MLP on that sum, residual (the add and the norm fused; the

@@ -24,13 +24,11 @@ class MLP(nn.Module):
         self.down_proj = ops.Linear(intermediate_size, hidden_size)
         self.fused: FusedProjection | None = None  # [gate | up], set by fuse_projections_
 
-    def forward(self, x: torch.Tensor | ops.NormedRows, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [..., hidden] (a deferred norm: folded into the gate-up GEMM on the fused path) ->
-        [..., hidden], plus `residual` [..., hidden] if given (on the fused path the down
-        projection adds it as it stores)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given (on the fused
+        path the down projection adds it as it stores)."""
         if self.fused is not None and ops.kernels_for(x) and self.fused.current():
             return ops.linear(ops.linear_silu_mul(x, self.fused.weight), self.down_proj.weight, residual)
-        x = ops.materialized(x)
         out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out if residual is None else residual + out
 
@@ -60,9 +58,8 @@ class SparseMoE(nn.Module):
         self.shared_expert = MLP(hidden_size, shared_size)
         self.shared_expert_gate = ops.Linear(hidden_size, 1)
 
-    def forward(self, x: torch.Tensor | ops.NormedRows, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given."""
-        x = ops.materialized(x)
         flat = x.reshape(-1, x.shape[-1])
         probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float)
         weights, chosen = probs.topk(self.top_k, dim=-1)  # [N, k]

@@ -24,9 +24,8 @@ from lumotree.model.layers import DecoderLayer
 from lumotree.model.norms import RMSNorm
 from lumotree.model.state import KVCache
 
-#: (the MTP layer's attention module, its normed input rows [1, T, H] (maybe deferred: a
-#: `ops.NormedRows`), the residual rows [1, T, H]) -> the residual plus the mixed rows [1, T, H]
-Attend = Callable[[GatedAttention, Tensor | ops.NormedRows, Tensor], Tensor]
+#: (the MTP layer's attention module, its normed input rows [1, T, H]) -> the mixed rows [1, T, H]
+Attend = Callable[[GatedAttention, Tensor], Tensor]
 
 
 class MTP(nn.Module):
@@ -64,9 +63,7 @@ class MTP(nn.Module):
         `table`) -> post-norm MTP hidden [1, T, hidden]. Draft step `step_idx` uses layer
         step_idx % num_layers (as vLLM does)."""
         layer = self.layers[step_idx % len(self.layers)]
-        mixed = layer.with_mixer(
-            self._inputs(hidden, tokens, table), lambda y, h: attend(layer.self_attn, y, h)
-        )
+        mixed = layer.with_mixer(self._inputs(hidden, tokens, table), lambda y: attend(layer.self_attn, y))
         return self.norm(mixed)
 
 
@@ -74,12 +71,12 @@ def chain_attention(cache: KVCache, start: int, cos: Tensor, sin: Tensor) -> Att
     """Rows at positions start.. (cos/sin for them): write their KV rows into `cache` and attend
     causally over rows [0, start + T), grouped-query heads without repeating the KV heads."""
 
-    def attend(attn: GatedAttention, y: Tensor | ops.NormedRows, residual: Tensor) -> Tensor:
+    def attend(attn: GatedAttention, y: Tensor) -> Tensor:
         q, k, v, gate = attn.project(y, cos, sin)
         end = start + y.shape[1]
         cache.key[start:end] = k[0]
         cache.value[start:end] = v[0]
-        mask = None if y.shape[1] == 1 else causal_mask(y.shape[1], end, residual.device)
+        mask = None if y.shape[1] == 1 else causal_mask(y.shape[1], end, y.device)
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             cache.key[None, :end].transpose(1, 2),
@@ -87,6 +84,6 @@ def chain_attention(cache: KVCache, start: int, cos: Tensor, sin: Tensor) -> Att
             attn_mask=mask,
             enable_gqa=True,
         )
-        return attn.output(o.transpose(1, 2), gate, residual)
+        return attn.output(o.transpose(1, 2), gate)
 
     return attend

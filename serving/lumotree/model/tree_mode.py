@@ -12,6 +12,7 @@ slots past the committed prefix (prefix_len + slot_map), where publication finds
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, TypeAlias
@@ -19,9 +20,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from torch import Tensor
 
 from lumotree.model.attention import GatedAttention
-from lumotree.model.fused import ops
 from lumotree.model.gdn import GatedDeltaNet
-from lumotree.model.layers import Mixer
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
@@ -55,8 +54,7 @@ class TreeForward:
 
 def _gdn_tree(
     mixer: GatedDeltaNet,
-    x: Tensor | ops.NormedRows,
-    residual: Tensor,
+    x: Tensor,
     *,
     state: GDNState,
     tree: TreeTables,
@@ -69,13 +67,12 @@ def _gdn_tree(
     inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
     result = kernels.gdn_verify(inputs, state.recurrent, tree)
     records.append(GdnRecord(mixed_qkv[0], result.operands))
-    return mixer.output(result.o[None], z, residual)
+    return mixer.output(result.o[None], z)
 
 
 def _attention_tree(
     attn: GatedAttention,
-    x: Tensor | ops.NormedRows,
-    residual: Tensor,
+    x: Tensor,
     *,
     cos: Tensor,
     sin: Tensor,
@@ -86,7 +83,7 @@ def _attention_tree(
     q, k, v, gate = attn.project(x, cos, sin)
     kernels.write_tree_kv(cache.key, cache.value, k[0], v[0], tree)
     o, _ = kernels.tree_attention(q[0], cache.key, cache.value, tree)
-    return attn.output(o[None], gate, residual)
+    return attn.output(o[None], gate)
 
 
 def verify_tree(
@@ -117,7 +114,7 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
     h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
     for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
-        mixer: Mixer
+        mixer: Callable[[Tensor], Tensor]
         if layer.is_linear:
             assert isinstance(layer_state, GDNState)
             mixer = partial(

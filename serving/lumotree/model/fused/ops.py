@@ -20,18 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lumotree.model.fused import reference
-
-if TYPE_CHECKING:  # the kernels' module imports Triton, which CPU-only installs may lack
-    from lumotree.model.fused.skinny_gemm import PreNorm
 
 KernelMode = Literal["auto", "off", "always"]
 GemmBackend = Literal["exact", "skinny", "cublas"]
@@ -59,38 +55,8 @@ def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[N
         _mode, _gemm = previous
 
 
-@dataclass(frozen=True, eq=False)
-class NormedRows:
-    """rms_norm(x, weight, eps) left for the projection that reads it (`linear`, `linear_silu_mul`)
-    to fold into its GEMM: the skinny kernel normalises the rows itself (`skinny_gemm.PreNorm`),
-    one launch fewer. Any other reader takes `materialized` rows."""
-
-    x: Tensor
-    weight: Tensor
-    eps: float
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x.shape
-
-    def materialize(self) -> Tensor:
-        return rms_norm(self.x, self.weight, self.eps)
-
-
-def deferred_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | NormedRows:
-    """rms_norm(x) for projections to read: deferred on the fused path (NormedRows), else computed."""
-    return NormedRows(x, weight, eps) if kernels_for(x) else rms_norm(x, weight, eps)
-
-
-def materialized(x: Tensor | NormedRows) -> Tensor:
-    """The rows themselves (a deferred norm computed now)."""
-    return x.materialize() if isinstance(x, NormedRows) else x
-
-
-def kernels_for(x: Tensor | NormedRows) -> bool:
+def kernels_for(x: Tensor) -> bool:
     """Whether ops on `x` take the fused path (kernels and fused projections)."""
-    if isinstance(x, NormedRows):
-        x = x.x
     if _mode == "off" or x.requires_grad:
         return False
     return _mode == "always" or x.is_cuda
@@ -114,35 +80,10 @@ def _skinny_rows(x: Tensor, weight: Tensor) -> int:
     return rows if _gemm == "exact" or beats_cublas(*weight.shape, x.device, x.dtype) else 0
 
 
-def _pre_norm(x: NormedRows, weight: Tensor, out: int) -> tuple[int, Tensor, PreNorm] | None:
-    """(rows, x's rows [rows, in], the kernel's PreNorm) where the skinny GEMM of `out` columns
-    takes x's norm in (its rows fit and it keeps K in one range), else None."""
-    rows = _skinny_rows(x.x, weight)
-    if not rows:
-        return None
-    from lumotree.model.fused.skinny_gemm import PreNorm, SkinnyConfig
-
-    k = weight.shape[1]
-    if SkinnyConfig.for_shape(out, k, x.x.device, x.x.dtype).splits != 1:
-        return None
-    return rows, x.x.reshape(rows, k), PreNorm(x.weight, x.eps)
-
-
-def linear(x: Tensor | NormedRows, weight: Tensor, residual: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
     """x [..., in] @ weight [out, in]^T, plus `residual` [..., out] if given: the skinny Triton GEMM
     on the fused path when chosen and the rows fit it (the residual added as it stores: one launch
-    where the product and the add were two, the same bits), F.linear and an add otherwise. A
-    deferred norm (NormedRows) is folded into the skinny GEMM where it keeps K whole."""
-    if isinstance(x, NormedRows):
-        folded = _pre_norm(x, weight, weight.shape[0])
-        if folded is not None:
-            from lumotree.model.fused.skinny_gemm import skinny_linear
-
-            rows, xs, norm = folded
-            add = None if residual is None else residual.reshape(rows, weight.shape[0])
-            y = skinny_linear(xs, weight.contiguous(), residual=add, norm=norm)
-            return y.view(*x.shape[:-1], weight.shape[0])
-        x = x.materialize()
+    where the product and the add were two, the same bits), F.linear and an add otherwise."""
     rows = _skinny_rows(x, weight)
     if rows:
         from lumotree.model.fused.skinny_gemm import skinny_linear
@@ -154,20 +95,10 @@ def linear(x: Tensor | NormedRows, weight: Tensor, residual: Tensor | None = Non
     return y if residual is None else residual + y
 
 
-def linear_silu_mul(x: Tensor | NormedRows, weight: Tensor) -> Tensor:
+def linear_silu_mul(x: Tensor, weight: Tensor) -> Tensor:
     """SwiGLU of a fused [gate | up] projection weight [2I, in]: silu_mul(linear(x, weight)) [..., I].
     One launch where the skinny GEMM takes the product and keeps K in one range (its SwiGLU
-    epilogue, `skinny_swiglu`: the 27B MLPs), a deferred norm folded in too; the product and
-    silu_mul otherwise."""
-    if isinstance(x, NormedRows):
-        folded = _pre_norm(x, weight, weight.shape[0])
-        if folded is not None:
-            from lumotree.model.fused.skinny_gemm import skinny_swiglu
-
-            rows, xs, norm = folded
-            y = skinny_swiglu(xs, weight.contiguous(), norm=norm)
-            return y.view(*x.shape[:-1], weight.shape[0] // 2)
-        x = x.materialize()
+    epilogue, `skinny_swiglu`: the 27B MLPs); the product and silu_mul otherwise."""
     rows = _skinny_rows(x, weight)
     if rows:
         from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_swiglu

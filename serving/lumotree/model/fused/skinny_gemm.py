@@ -100,25 +100,15 @@ def _sm_count(device: torch.device) -> int:
 
 
 @triton.jit
-def _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr):
-    """x[rows, offs_k]^T as a [BLOCK_K, ROWS] tile (the dot's right operand), rows >= M as zeros."""
+def _row_tile_dot(
+    acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr, PRECISION: tl.constexpr
+):
+    """acc[BLOCK_N, 16] += w[BLOCK_N, BLOCK_K] @ x[rows, offs_k]^T, padding rows >= M with zeros."""
     mask = rows[None, :] < M
     if not EVEN_K:
         mask = mask & (offs_k[:, None] < K)
-    return tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None], mask=mask, other=0.0)
-
-
-@triton.jit
-def _normed_x_tile(
-    x_ptr, rows, offs_k, stride_xm, M, K, nw_ptr, gram, EVEN_K: tl.constexpr, PRECISION: tl.constexpr
-):
-    """The x tile of a pre-normed product: x times (1 + norm weight), rounded to x's dtype; the
-    tile's Gram matrix added into `gram` [ROWS, ROWS] by the MMA (its diagonal: each row's sum of
-    squares, computed alike whatever the rows beside it, as the product's columns are)."""
-    xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
-    gram = tl.dot(tl.trans(xt), xt, gram, input_precision=PRECISION)
-    scale = 1.0 + tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-    return (xt.to(tl.float32) * scale[:, None]).to(xt.dtype), gram
+    xt = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None], mask=mask, other=0.0)
+    return tl.dot(w, xt, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -198,9 +188,6 @@ def skinny_gemm_kernel(
     SPLITS: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SWIGLU: tl.constexpr = False,
-    nw_ptr=None,
-    eps=0.0,
-    NORM: tl.constexpr = False,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
     ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
@@ -208,9 +195,7 @@ def skinny_gemm_kernel(
     count_ptr[block]; the range that counts last sums all partials in split order into y and resets
     the count to 0 (one launch, no atomics on the values, the same sums every time). With SWIGLU
     (one K range) w is a [gate | up] projection [2N, K]: a program also streams the up rows N + its
-    columns and stores silu(gate) * up (_store_swiglu). With NORM (one K range) the rows are first
-    normalised by the zero-centred RMSNorm of weight nw (`_normed_x_tile`): the product of the rows
-    times the norm weight, scaled by each row's 1 / rms at the end."""
+    columns and stores silu(gate) * up (_store_swiglu)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -221,24 +206,14 @@ def skinny_gemm_kernel(
     up_rows = w_rows + N.to(tl.int64) * K if SWIGLU else w_rows
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
-    gram = tl.zeros([ROWS, ROWS], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
         w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
-        if NORM:
-            xt, gram = _normed_x_tile(x_ptr, rows, offs_k, stride_xm, M, K, nw_ptr, gram, EVEN_K, PRECISION)
-        else:
-            xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
-        acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+        acc = _row_tile_dot(acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
         if SWIGLU:
             w_up = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0)
-            acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
-    if NORM:  # each row's 1 / rms from the Gram matrix's diagonal (picked exactly: one term a column)
-        diagonal = rows[:, None] == rows[None, :]
-        inv_rms = 1.0 / tl.sqrt(tl.sum(tl.where(diagonal, gram, 0.0), axis=0) / K + eps)
-        acc = acc * inv_rms[None, :]
-        acc_up = acc_up * inv_rms[None, :]
+            acc_up = _row_tile_dot(acc_up, w_up, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
     if SWIGLU:
         _store_swiglu(y_ptr, acc, acc_up, rows, offs_n, M, N, stride_ym)
     elif SPLITS == 1:
@@ -331,27 +306,6 @@ def _wide_linear(x: Tensor, w: Tensor) -> Tensor:
     return torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda else F.linear(x.float(), w.float())
 
 
-@dataclass(frozen=True, eq=False)
-class PreNorm:
-    """The zero-centred RMSNorm (`reference.rms_norm`: weight [K], eps) a launch applies to x's
-    rows before the product."""
-
-    weight: Tensor
-    eps: float
-
-    def check(self, x: Tensor, config: SkinnyConfig) -> None:
-        """ValueError unless this norm fits a launch over x [M, K] (1..32 rows, one K range)."""
-        m, k = x.shape
-        if not 0 < m <= MAX_ROWS or config.splits != 1:
-            raise ValueError(f"a pre-norm needs 1..{MAX_ROWS} rows and one K range, got {m}, {config.splits}")
-        if self.weight.shape != (k,) or self.weight.device != x.device:
-            raise ValueError(f"the norm weight must be [{k}] on {x.device}, got {tuple(self.weight.shape)}")
-
-    def arguments(self) -> dict:
-        """The kernel's pre-norm arguments."""
-        return dict(nw_ptr=self.weight, eps=self.eps, NORM=True)
-
-
 def skinny_linear(
     x: Tensor,
     w: Tensor,
@@ -359,25 +313,21 @@ def skinny_linear(
     config: SkinnyConfig | None = None,
     out_dtype: torch.dtype | None = None,
     residual: Tensor | None = None,
-    norm: PreNorm | None = None,
 ) -> Tensor:
     """x[M, K] @ w[N, K]^T into `out` (or a new tensor of `out_dtype`: x's dtype, or float32 for
     the fp32 accumulators unrounded), plus `residual` [M, N] of the output dtype if given (the
     product rounded to the output dtype, then added: the bits of `skinny_linear(x, w) + residual`);
-    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows. norm: x's rows
-    normalised first, in the kernel (1..32 rows, a config of one K range)."""
+    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows."""
     check_skinny_operands(x, w, out, out_dtype)
     (m, k), n = x.shape, w.shape[0]
     dtype = out.dtype if out is not None else out_dtype or x.dtype
     check_residual(residual, m, n, dtype, x.device)
-    cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
-    if norm is not None:
-        norm.check(x, cfg)
     if m == 0 or m > MAX_ROWS:
         y = F.linear(x, w) if dtype == x.dtype else _wide_linear(x, w)
         y = y if residual is None else y + residual
         return y if out is None else out.copy_(y)
     y = torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
+    cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     split = cfg.splits > 1
     blocks = triton.cdiv(n, cfg.block_n)
@@ -406,24 +356,19 @@ def skinny_linear(
         RESIDUAL=residual is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **({} if norm is None else norm.arguments()),
     )
     return y
 
 
 def skinny_swiglu(
-    x: Tensor,
-    w: Tensor,
-    config: SkinnyConfig | None = None,
-    out: Tensor | None = None,
-    norm: PreNorm | None = None,
+    x: Tensor, w: Tensor, config: SkinnyConfig | None = None, out: Tensor | None = None
 ) -> Tensor:
     """silu(x @ gate^T) * (x @ up^T) [M, I] for a [gate | up] projection w [2I, K], one launch for
     1..32 rows (each program streams BLOCK_N / 2 gate rows and the matching up rows, so the launch
     reads the bytes of `for_shape(2I, K)`'s blocks); the bits of `skinny_linear` of the gate and up
     halves then `elementwise.silu_mul`, if the MMA computes each column alike in both tile heights.
     Shapes whose config splits K (narrow projections) are refused: use the product then silu_mul.
-    out: a contiguous [M, I] of x's dtype to write (else a new tensor); norm as `skinny_linear`."""
+    out: a contiguous [M, I] of x's dtype to write (else a new tensor)."""
     if w.dim() != 2 or w.shape[0] % 2:
         raise ValueError(f"w must be a [gate | up] projection [2I, K], got {tuple(w.shape)}")
     check_skinny_operands(x, w, None)
@@ -437,14 +382,11 @@ def skinny_swiglu(
     cfg = config or SkinnyConfig.for_shape(2 * n, k, x.device, x.dtype)
     if cfg.splits != 1:
         raise ValueError(f"the SwiGLU epilogue needs one K range, the config has {cfg.splits}")
-    if norm is not None:
-        norm.check(x, cfg)
     block_n = max(16, cfg.block_n // 2)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     skinny_gemm_kernel[(triton.cdiv(n, block_n), 1)](
         x, w, y, y, y, y, m, n, k, x.stride(0), y.stride(0), 0, k, ROWS=row_tile(m), BLOCK_N=block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=1,
         RESIDUAL=False, SWIGLU=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({} if norm is None else norm.arguments()),
     )  # fmt: skip
     return y
