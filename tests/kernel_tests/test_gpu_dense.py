@@ -65,6 +65,12 @@ def test_dense_kernels_match_their_references_at_27b_shapes(
     _close(kernels.sigmoid_mul(attn, gate), ref.sigmoid_mul(attn.float(), gate.float()), dtype)
     gate_up = randn(1, rows, 2 * 17408)
     _close(kernels.silu_mul(gate_up), ref.silu_mul(gate_up.float()), dtype)
+    # the MTP fc's input: embedding rows of a 248,320-token table and hidden rows, each half normed
+    table, tokens = randn(248320, 5120), torch.randint(0, 248320, (1, rows), generator=gen, device=CUDA)
+    got = kernels.mtp_inputs(table, tokens, h, w, w * 2, EPS)
+    _close(got, ref.mtp_inputs(table.float(), tokens, h.float(), w.float(), 2 * w.float(), EPS), dtype)
+    assert torch.equal(got[..., :5120], kernels.rms_norm(table[tokens], w, EPS))
+    assert torch.equal(got[..., 5120:], kernels.rms_norm(h, w * 2, EPS))
     for out in poisoned_outputs:
         assert_written(out)
 
