@@ -18,6 +18,7 @@
 #   CONTEXTS   committed contexts of the cycle benchmark                         default 4096,32768
 #   VARIANTS   cycle variants, the headline first                 default fused,fused-cublas,unfused
 #   ITERS      timed cycles per median                                           default 50
+#   DRAFT_VOCAB  ids of the draft-vocabulary arms (the cycle benchmark's default: 32768)
 #   ATTN_SWEEP set: the attention benchmark sweeps its grid                      default unset
 #   DENSE_S, CYCLE_S, GEMM_S, ENGINE_S, ATTN_S   time limits in seconds (0 skips)
 #                                                      default 120, 300, 90, 110, 0
@@ -40,7 +41,7 @@ step "${DENSE_S:-120}" dense-tests.log python3 -m pytest -q -m gpu -p no:cachepr
     -k "dense or skinny or fused or attention"
 step "${CYCLE_S:-300}" cycle.log python3 -m lumobench.bench.cycle --out "$OUT" \
     --contexts "${CONTEXTS:-4096,32768}" --variants "${VARIANTS:-fused,fused-cublas,unfused}" \
-    --iters "${ITERS:-50}" --warmup 10
+    --iters "${ITERS:-50}" --warmup 10 ${DRAFT_VOCAB:+--draft-vocab "$DRAFT_VOCAB"}
 step "${GEMM_S:-90}" cycle.log python3 -m lumobench.bench.skinny_gemm --out "$OUT"
 step "${ENGINE_S:-110}" engine-gpu-tests.log python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/engine/test_device_path_gpu.py
