@@ -325,3 +325,31 @@ def test_the_kv_write_refuses_rows_whose_heads_are_not_contiguous() -> None:
     k = torch.randn(2, HKV, 2 * DIM)[:, :, :DIM]
     with pytest.raises(ValueError, match="each row contiguous"):
         write_kv_(torch.empty(4, HKV, DIM), torch.empty(4, HKV, DIM), k, k, torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize(("rows", "partitions", "tile"), [(1, 3, 16), (6, 3, 16), (12, 3, 32), (6, None, 64)])
+def test_the_drafters_device_attention_fits_its_query_tile_and_matches_the_reference(
+    rows: int, partitions: int | None, tile: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`device_ops.tree_attention(partitions=N)` (the MTP drafter's passes): the prefix spread over
+    N partitions and a query tile as tall as the grouped rows need (2, 12 and 24 of them here); the
+    cache's partitions (the verification, row-invariant) keep the engine's 64 rows whatever the
+    rows. Both against the reference."""
+    from lumotree.verify import device_ops
+    from lumotree.verify.device_tree import DeviceTree
+
+    tiles: list[int] = []
+    launch = device_ops.tree_attention_
+    monkeypatch.setattr(
+        device_ops, "tree_attention_", lambda *a, **kw: tiles.append(a[11].block_m) or launch(*a, **kw)
+    )
+    gen = torch.Generator().manual_seed(rows)
+    tree = chain_tree(list(range(rows)), prefix_len=45)
+    q = torch.randn(rows, HQ, DIM, generator=gen)
+    k_cache, v_cache = (torch.randn(80, HKV, DIM, generator=gen) for _ in range(2))
+    tables = DeviceTree(rows, 11, torch.device("cpu")).load_(tree)
+    o, lse = device_ops.tree_attention(q, k_cache, v_cache, tables, partitions=partitions)
+    o_ref, lse_ref = ref.tree_attention(q, k_cache, v_cache, tree)
+    torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-4)
+    assert tiles == [tile]

@@ -473,6 +473,12 @@ def cache_partitions(capacity: int, keys: int = KEYS_PER_SPLIT) -> int:
     return short + triton.cdiv(max(capacity - short * SHORT_KEYS, 0), keys)
 
 
+def fitted_query_tile(config: AttentionConfig, grouped_rows: int) -> AttentionConfig:
+    """config with a query tile no taller than `grouped_rows` need (16 up to its own block_m): for
+    callers without the row-invariance contract, whose bits may follow the row count."""
+    return replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(grouped_rows))))
+
+
 def device_programs(device: torch.device, programs_per_split: int, waves: int = 1) -> int:
     """Split-K programs per (query block, KV head) that fill every multiprocessor `waves` times."""
     if device.type != "cuda":
@@ -583,13 +589,12 @@ def tree_attention(
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     config = config or AttentionConfig.for_dtype(q.dtype)
     device = q.device
-    bm = min(config.block_m, max(16, triton.next_power_of_2(rows * (hq // hkv))))
-    config = replace(config, block_m=bm)
+    config = fitted_query_tile(config, rows * (hq // hkv))
     splits = config.splits or cache_partitions(k_cache.shape[0])
     short = 0 if config.splits else short_partitions(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=device)
-    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, bm, device)
+    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, device)
     prefix = torch.tensor([tree.prefix_len], dtype=torch.int32, device=device)
     tree_attention_(
         q.contiguous(),
