@@ -37,7 +37,6 @@ TYPES = {
     "count_ptr": "*i32",
 }
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}
-TYPES["k_stride"] = "i32"
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
 TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "r_ptr")}
 TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym", "stride_rm", "k_per_split")}

@@ -69,7 +69,7 @@ PATHS_MIN_ROWS = 2
 # resident an SM, the same arithmetic): the paper tree at 27B 1.406 ms against 1.462 uncapped, MTP-5's
 # chain 0.496 against 0.488 (results/h200/gdn-forms.md, session 14), so chains stay uncapped.
 PATHS_TREE_ROWS = 16
-PATHS_TREE_REGISTERS = 168
+PATHS_TREE_REGISTERS = 128
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,6 @@ from lumotree.verify.gdn.scan import (
     _read,
     _record,
     _step,
-    state_tile,
 )
 
 
@@ -73,7 +72,7 @@ def _leaf_children(
         leaf = following
 
 
-@triton.jit(do_not_specialize=["k_stride"])
+@triton.jit
 def gdn_paths_kernel(
     q_ptr,
     k_ptr,
@@ -98,7 +97,6 @@ def gdn_paths_kernel(
     stride_qk,
     stride_v,
     stride_ab,
-    k_stride,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -126,12 +124,12 @@ def gdn_paths_kernel(
     n_paths = tl.sum((ends >= 0).to(tl.int32), axis=0)
     neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-    tile = state_tile(hv, offs_v, offs_k, k_stride, V, K)
+    tile = offs_v[:, None] * K + offs_k[None, :]
     for p in range(first_path, n_paths, PATHS):
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
         start = tl.load(start_ptr + p)  # R: a walk to a parent for its leaf children
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
-        S = tl.load(state_ptr + tile)
+        S = tl.load(state_ptr + hv * V * K + tile)
         node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
         rq, rk, rv, ra, rb = _issue_loads(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v,
@@ -186,7 +184,7 @@ def gdn_paths_(
     x, strides = row_strided(x)
     gdn_paths_kernel[(hv * (dv // bv), tables.paths)](
         *x.tensors(), state, tables.ancestry, tables.n_active, tables.path_end, tables.path_start,
-        tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides, 1,
+        tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides,
         H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), PATHS=tables.paths,
         num_warps=DEFAULT_REPLAY_WARPS, maxnreg=max_registers,
     )  # fmt: skip

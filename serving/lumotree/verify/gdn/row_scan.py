@@ -26,7 +26,7 @@ from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
-from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step, state_tile
+from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
 
 
 def row_strided(x: GdnInputs) -> tuple[GdnInputs, tuple[int, int, int]]:
@@ -77,7 +77,7 @@ def carry_down(
     return o, q, k, v, g, beta
 
 
-@triton.jit(do_not_specialize=["k_stride"])
+@triton.jit
 def gdn_rows_kernel(
     q_ptr,
     k_ptr,
@@ -99,7 +99,6 @@ def gdn_rows_kernel(
     stride_qk,
     stride_v,
     stride_ab,
-    k_stride,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -122,7 +121,7 @@ def gdn_rows_kernel(
         # the row's ancestry (itself included) in registers, walked root first
         offs_r = tl.arange(0, RP)
         on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
-        S = tl.load(state_ptr + state_tile(hv, offs_v, offs_k, k_stride, V, K))
+        S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
         o, q, k, v, g, beta = carry_down(
             q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, S, on_path, offs_r, h, hv,
             offs_v, offs_k, neg_a, dt_bias, K, V, BV, RP,
@@ -146,6 +145,6 @@ def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, op
     x, strides = row_strided(x)
     gdn_rows_kernel[(hv * (dv // bv), rows)](
         *x.tensors(), state, tables.ancestry, tables.n_active, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
-        rows, *strides, 1, H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows),
+        rows, *strides, H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows),
         num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip

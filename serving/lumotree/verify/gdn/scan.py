@@ -1,8 +1,8 @@
 """Gated DeltaNet tree verification in Triton: the path scan beside `reference.py`.
 
-One program per (path, value head, value tile) carries an fp32 state tile through its path
-(state layout V-first, [HV, V, K]: a program's slab is BV*K contiguous floats, held as a [K, BV]
-tile: `state_tile`). Per step it normalises q/k and evaluates the gates in-kernel from the raw inputs, applies the exact recurrence
+One program per (path, value head, value tile) carries an fp32 state tile [BV, K] through its path
+(state layout V-first, [HV, V, K]: a program's slab is BV*K contiguous floats). Per step it
+normalises q/k and evaluates the gates in-kernel from the raw inputs, applies the exact recurrence
 (decay, predict with the decayed state, rank-1 write, read), writes the node's output and records
 its operands (normalised q/k, v, g, beta) for replay, exports the tile where the node is a cut, and
 evaluates the node's leaf children from the tile without a state of their own. The loads of the
@@ -154,41 +154,22 @@ def _touch(
 
 
 @triton.jit
-def state_tile(hv, offs_v, offs_k, k_stride, V: tl.constexpr, K: tl.constexpr):
-    """Element offsets [K, BV] of value head hv's rows offs_v in a state [HV, V, K]: the tile is held
-    K-major, and k_stride (1, a runtime argument the kernels do not specialize) hides the K axis's
-    contiguity from the compiler, which then lays a warp's lanes 8 along the values and 4 along K: a
-    thread holds 32 elements of one value row, so each 128-wide dot sums 32 products in the thread and
-    then over 4 lanes (2 shuffles; lanes along K took 5 shuffles for each of 8 rows)."""
-    return hv * V * K + offs_k[:, None] * k_stride + offs_v[None, :] * K
-
-
-@triton.jit
-def _sum_k(P):
-    """A [K, BV] tile summed over K: in the thread as 4 chains of 8 (the reshape keeps the layout),
-    then its 4 partial sums, then over the 4 lanes along K."""
-    KK: tl.constexpr = P.shape[0]
-    BV: tl.constexpr = P.shape[1]
-    return tl.sum(tl.sum(tl.reshape(P, [8, KK // 8, BV]), axis=0), axis=0)
-
-
-@triton.jit
 def _advance(S, k, v, g, beta):
-    """One recurrence update of a [K, BV] tile: decay, predict with the decayed state, rank-1 write."""
+    """One recurrence update of a [BV, K] tile: decay, predict with the decayed state, rank-1 write."""
     S = S * tl.exp(g)
-    u = (v - _sum_k(S * k[:, None])) * beta
-    return S + u[None, :] * k[:, None]
+    u = (v - tl.sum(S * k[None, :], axis=1)) * beta
+    return S + u[:, None] * k[None, :]
 
 
 @triton.jit
 def _read(S, q):
-    """A [K, BV] tile's read S q [BV]."""
-    return _sum_k(S * q[:, None])
+    """A tile's read S q [BV]."""
+    return tl.sum(S * q[None, :], axis=1)
 
 
 @triton.jit
 def _step(S, q, k, v, g, beta):
-    """One recurrence step of a [K, BV] tile (`_advance`); returns the new tile and its read S q."""
+    """One recurrence step of a [BV, K] tile (`_advance`); returns the new tile and its read S q."""
     S = _advance(S, k, v, g, beta)
     return S, _read(S, q)
 
@@ -233,7 +214,7 @@ def _record(
     tl.store(rk_ptr + (n * H + h) * K + offs_k, k, mask=mk)
 
 
-@triton.jit(do_not_specialize=["k_stride"])
+@triton.jit
 def gdn_scan_kernel(
     q_ptr,
     k_ptr,
@@ -261,7 +242,6 @@ def gdn_scan_kernel(
     nactive_ptr,
     path_offset,
     R,
-    k_stride,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -284,7 +264,7 @@ def gdn_scan_kernel(
     h = hv // GROUP
     offs_v = vt * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, K)
-    tile = state_tile(hv, offs_v, offs_k, k_stride, V, K)
+    tile = hv * V * K + offs_v[:, None] * K + offs_k[None, :]
     slab: tl.constexpr = HV * V * K
 
     neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
@@ -292,7 +272,7 @@ def gdn_scan_kernel(
     n_steps = tl.load(steps_ptr + p)
     start = tl.load(start_ptr + p)
     # Start tile: the durable state or a cut state (two masked loads; the unused one moves no data).
-    from_durable = (tl.zeros([K, BV], dtype=tl.int32) + start) < 0
+    from_durable = (tl.zeros([BV, K], dtype=tl.int32) + start) < 0
     S = tl.load(state_ptr + tile, mask=from_durable, other=0.0) + tl.load(
         cut_ptr + tl.maximum(start, 0).to(tl.int64) * slab + tile, mask=~from_durable, other=0.0
     )
@@ -406,7 +386,7 @@ def gdn_scan_kernel(
             GROUP,
         )
         slot = tl.load(cutslot_ptr + node)
-        cut_mask = (tl.zeros([K, BV], dtype=tl.int32) + tl.where(own, slot, -1)) >= 0
+        cut_mask = (tl.zeros([BV, K], dtype=tl.int32) + tl.where(own, slot, -1)) >= 0
         tl.store(cut_ptr + tl.maximum(slot, 0).to(tl.int64) * slab + tile, S, mask=cut_mask)
 
         for li in range(lo, hi):
@@ -470,7 +450,7 @@ def gdn_scan_kernel(
             )
             if STORE_LEAF_STATES:
                 lslot = tl.load(cutslot_ptr + tl.maximum(leaf, 0))
-                lmask = (tl.zeros([K, BV], dtype=tl.int32) + lslot) >= 0
+                lmask = (tl.zeros([BV, K], dtype=tl.int32) + lslot) >= 0
                 tl.store(cut_ptr + tl.maximum(lslot, 0).to(tl.int64) * slab + tile, SL, mask=lmask)
 
         q2, k2, v2, g2, beta2 = _prepare(rq2, rk2, rv2, ra2, rb2, neg_a, dt_bias, K)
@@ -542,11 +522,11 @@ def gdn_scan_(
     )
     programs = hv * (dv // bv)
     if tables.schedule == "recompute":
-        gdn_scan_kernel[(programs, tables.paths)](*args, 0, rows, 1, **meta)
+        gdn_scan_kernel[(programs, tables.paths)](*args, 0, rows, **meta)
         return
-    gdn_scan_kernel[(programs, 1)](*args, 0, rows, 1, **meta)
+    gdn_scan_kernel[(programs, 1)](*args, 0, rows, **meta)
     if tables.paths > 1:
-        gdn_scan_kernel[(programs, tables.paths - 1)](*args, 1, rows, 1, **meta)
+        gdn_scan_kernel[(programs, tables.paths - 1)](*args, 1, rows, **meta)
 
 
 def gdn_verify(x: GdnInputs, state: Tensor, tree: TreeDescriptor, schedule: str = "cut") -> GdnVerifyResult:
