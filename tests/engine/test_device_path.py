@@ -6,19 +6,24 @@ token counts stay small). The GPU runs of the same path are in test_device_path_
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from lumobench.checks.random_trees import random_tree
 from lumotree.drafting.draft_vocab import save_draft_vocab
 from lumotree.drafting.mtp import MTPProposal
 from lumotree.engine import EngineConfig, GenerationRequest, LLMEngine
 from lumotree.model import save_checkpoint
+from lumotree.model.tree_mode import GdnRecord, TreeForward, publish_path_, tree_forward
 from lumotree.sampling import SamplingParams
-from lumotree.tree import TreeTopology
-from lumotree.verify.device_ops import stacked_base
+from lumotree.tree import MAX_DEPTH, TreeTopology
+from lumotree.verify.device_ops import stacked_view
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.kernel_sets import triton_kernels
 from tests.engine.helpers import output_tokens, run_requests
 from tests.model.conftest import perturbed_model, tiny_config
 
@@ -108,9 +113,48 @@ def test_device_tree_seeded_sampling_equals_the_reference_engine(checkpoint: Pat
 def test_replay_finds_the_stacked_state_bank(checkpoint: Path) -> None:
     engine = _engine(checkpoint, "reference", "ar")
     states = [s.recurrent for s in engine.runner.state.layers if hasattr(s, "recurrent")]
-    assert stacked_base(states) is engine.runner.state.gdn_bank
-    assert stacked_base([s.clone() for s in states]) is None
-    assert stacked_base(states[::-1]) is None
+    bank = engine.runner.state.gdn_bank
+    view = stacked_view(states)
+    assert view is not None and view.shape == bank.shape and view.data_ptr() == bank.data_ptr()
+    assert stacked_view([s.clone() for s in states]) is None
+    assert stacked_view(states[::-1]) is None
+
+
+def test_the_device_forward_keeps_the_gdn_records_in_banks_that_publish_in_place() -> None:
+    """The Triton set's forward writes every GDN layer's conv inputs and operands into slices of
+    stacked banks (publication then reads them without stacking), and publishing from the banks
+    gives the bits of publishing from per-layer copies of the same records."""
+    model = perturbed_model(tiny_config(vocab_size=64), seed=2)
+    kernels = triton_kernels()
+    tree = random_tree("deep_and_wide", random.Random(4), prefix_len=6, rows=16)
+    with torch.inference_mode():
+        start = model.new_state(32)
+        model.prefill(torch.tensor(PROMPT[:6]), start)
+        tables = DeviceTree(tree.rows, MAX_DEPTH, "cpu").load_(tree)
+        forward = tree_forward(model, start, tables, kernels)
+        records = forward.gdn
+        assert len(records) >= 2
+        assert stacked_view([r.x for r in records]) is not None
+        for field in ("q", "k", "v", "g", "beta"):
+            assert stacked_view([getattr(r.operands, field) for r in records]) is not None, field
+        copies = TreeForward(
+            forward.tree,
+            forward.hidden,
+            [GdnRecord(r.x.clone(), r.operands.map(torch.clone)) for r in records],
+        )
+        assert stacked_view([r.x for r in copies.gdn]) is None
+        node = max(range(tree.n_active), key=lambda n: len(tree.path_to(n)))
+        path = tree.path_to(node)
+        accepted = tree.padded_path(path)
+        banked, copied = model.new_state(32), model.new_state(32)
+        for state in (banked, copied):
+            model.prefill(torch.tensor(PROMPT[:6]), state)
+        publish_path_(banked, forward, accepted, len(path), kernels)
+        publish_path_(copied, copies, accepted, len(path), kernels)
+    for a, b in zip(banked.layers, copied.layers, strict=True):
+        for name in ("recurrent", "conv", "key", "value"):
+            if hasattr(a, name):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
 @pytest.mark.parametrize("penalty", [1.0, 1.3])

@@ -145,6 +145,35 @@ def test_the_paths_scan_matches_the_reference() -> None:
     assert_gdn_matches_reference(o, ops, case)
 
 
+def test_records_given_to_the_engine_verification_are_written_there_or_refused() -> None:
+    # A layer's slices of [2, R, ...] banks receive its records (each equal to the records of a
+    # call that allocates its own); records of another shape or dtype are refused.
+    tree = random_tree("paper", random.Random(6))
+    case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(6))
+    x, state = case.inputs(torch.float32)
+    tables = DeviceTree(tree.rows, tree.max_depth, CPU).load_(tree)
+    own = device_ops.gdn_verify(x, state, tables)
+    one = empty_operands(tree.rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, CPU)
+    banks = GdnOperands(*(poisoned((2, *t.shape), torch.float32) for t in vars(one).values()))
+    given = banks.map(lambda t: t[1])
+    result = device_ops.gdn_verify(x, state, tables, records=given)
+    active = tree.n_active
+    for field in RECORDS:
+        written = getattr(banks, field)[1, :active]
+        assert written.data_ptr() == getattr(result.operands, field)[:active].data_ptr(), field
+        assert torch.equal(written, getattr(own.operands, field)[:active]), field
+        assert getattr(banks, field)[0].isnan().all(), f"layer 0's {field} slice was written"
+    assert torch.equal(result.o, own.o)
+    with pytest.raises(ValueError, match="records v"):
+        device_ops.gdn_verify(
+            x, state, tables, records=GdnOperands(given.q, given.k, given.v[:, :1], given.g, given.beta)
+        )
+    with pytest.raises(ValueError, match="records g must be float32"):
+        device_ops.gdn_verify(
+            x, state, tables, records=GdnOperands(given.q, given.k, given.v, given.g.double(), given.beta)
+        )
+
+
 def _owners(parents: list[int], n_active: int) -> list[int]:
     """Which walk evaluates each active node, as the kernel decides it: a walk owns the nodes of its
     end's ancestry from its start down; a walk owning none (start R) evaluates its end's leaves."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, TypeAlias
 
+import torch
 from torch import Tensor
 
 from lumotree.model.attention import GatedAttention
@@ -52,6 +53,34 @@ class TreeForward:
     gdn: list[GdnRecord]
 
 
+class RecordBanks:
+    """Every GDN layer's records of one forward in stacked banks (conv inputs [L, R, C], operands
+    [L, R, ...] fp32), allocated at the first layer from its shapes: layer i writes its slices, and
+    publication reads each bank whole instead of stacking the layers' records."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+        self.inputs: Tensor | None = None
+        self.operands: GdnOperands | None = None
+
+    def conv_input(self, layer: int, x: Tensor) -> Tensor:
+        """Layer `layer`'s slice for its conv inputs x [R, C]."""
+        if self.inputs is None:
+            self.inputs = x.new_empty((self.layers, *x.shape))
+        return self.inputs[layer]
+
+    def layer_operands(self, layer: int, x: GdnInputs) -> GdnOperands:
+        """Layer `layer`'s record slices for the operands of x."""
+        if self.operands is None:
+            rows, heads, dk = x.q.shape
+            hv, dv = x.v.shape[1], x.v.shape[2]
+            shapes = ((rows, heads, dk), (rows, heads, dk), (rows, hv, dv), (rows, hv), (rows, hv))
+            self.operands = GdnOperands(
+                *(torch.empty((self.layers, *s), dtype=torch.float32, device=x.q.device) for s in shapes)
+            )
+        return self.operands.map(lambda t: t[layer])
+
+
 def _gdn_tree(
     mixer: GatedDeltaNet,
     x: Tensor,
@@ -60,13 +89,24 @@ def _gdn_tree(
     tree: TreeTables,
     kernels: TreeKernels,
     records: list[GdnRecord],
+    banks: RecordBanks | None,
 ) -> Tensor:
     mixed_qkv, z, a, b = mixer.project(x)
-    conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, mixer.conv1d.weight[:, 0], None, tree)
+    weight, layer = mixer.conv1d.weight[:, 0], len(records)
+    if banks is None:
+        x_record = mixed_qkv[0]
+        conv_out = kernels.tree_conv(x_record, state.conv, weight, None, tree)
+    else:
+        x_record = banks.conv_input(layer, mixed_qkv[0])
+        conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, weight, None, tree, record=x_record)
     q, k, v = mixer.split_qkv(conv_out[None])
     inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
-    result = kernels.gdn_verify(inputs, state.recurrent, tree)
-    records.append(GdnRecord(mixed_qkv[0], result.operands))
+    if banks is None:
+        result = kernels.gdn_verify(inputs, state.recurrent, tree)
+    else:
+        own = banks.layer_operands(layer, inputs)
+        result = kernels.gdn_verify(inputs, state.recurrent, tree, records=own)
+    records.append(GdnRecord(x_record, result.operands))
     return mixer.output(result.o[None], z)
 
 
@@ -113,12 +153,20 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
     cos, sin = model.rotary(tables.position[None])
     h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
+    linear = sum(1 for layer in model.model.layers if layer.is_linear)
+    banks = RecordBanks(linear) if kernels.banked_records else None
     for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
         mixer: Callable[[Tensor], Tensor]
         if layer.is_linear:
             assert isinstance(layer_state, GDNState)
             mixer = partial(
-                _gdn_tree, layer.linear_attn, state=layer_state, tree=tables, kernels=kernels, records=records
+                _gdn_tree,
+                layer.linear_attn,
+                state=layer_state,
+                tree=tables,
+                kernels=kernels,
+                records=records,
+                banks=banks,
             )
         else:
             assert isinstance(layer_state, KVCache)

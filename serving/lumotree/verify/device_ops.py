@@ -49,7 +49,7 @@ from lumotree.verify.attention.decode import (
 )
 from lumotree.verify.conv.fused_conv import publish_conv_layers_, publish_conv_state_, tree_conv_
 from lumotree.verify.device_tree import DeviceTree
-from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.common import check_records, empty_operands
 from lumotree.verify.gdn.paths_scan import gdn_paths_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
@@ -105,9 +105,17 @@ class GdnConfig:
             raise ValueError(f"the GDN form must be one of {', '.join(GDN_FORMS)}, got {self.form!r}")
 
 
-def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: DeviceTree) -> Tensor:
+def tree_conv(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    tree: DeviceTree,
+    record: Tensor | None = None,
+) -> Tensor:
     """x [R, C] pre-conv inputs (rows may be strided), conv_state [C, W-1], weight [C, W] -> y [R, C]
-    (x's dtype, contiguous)."""
+    (x's dtype, contiguous). `record` (contiguous [R, C]), if given, receives x's rows for
+    publication (a layer's slice of a stacked bank: `publish_conv_layers` then reads it in place)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tree_conv_(
         x,
@@ -116,19 +124,26 @@ def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None
         None if bias is None else bias.contiguous(),
         tree.conv_gather,
         y,
+        record,
     )
     return y
 
 
 def gdn_verify(
-    x: GdnInputs, state: Tensor, tree: DeviceTree, config: GdnConfig | None = None
+    x: GdnInputs,
+    state: Tensor,
+    tree: DeviceTree,
+    config: GdnConfig | None = None,
+    records: GdnOperands | None = None,
 ) -> GdnVerifyResult:
     """One layer's verification (the row scan, the paths scan or the tree WY kernel: `config.form`):
-    records every row's operands (fp32), no cut states (publication replays from the records)."""
+    records every row's operands (fp32; into `records` if given, e.g. a layer's slices of stacked
+    banks that `replay` then reads in place), no cut states (publication replays from the records)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     cfg = config or GdnConfig.for_device(x.q.device, rows, state.numel() * state.element_size())
-    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
+    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device) if records is None else records
+    check_records(ops, rows, heads, hv, dk, dv)
     o = torch.empty_like(x.v)
     if cfg.form == "rows":  # the scans read column slices of the conv and projection outputs in place
         gdn_rows_(x, state.contiguous(), tree.gdn, o, ops)
@@ -200,27 +215,42 @@ def replay(
 ) -> None:
     """Publish every GDN layer: one launch over the stacked bank when the states are its views
     (`HybridLM.new_state` makes them so), else one launch per layer."""
-    bank = stacked_base(states)
+    bank = stacked_view(states)
     length = torch.as_tensor(path_len, dtype=torch.int64, device=accepted.device).reshape(1)
     if bank is None:
         for state, ops in zip(states, operands, strict=True):
             replay_accepted_(state, ops, accepted, length)
         return
-    k, v, g, beta = (torch.stack([getattr(ops, f) for ops in operands]) for f in ("k", "v", "g", "beta"))
+    k, v, g, beta = (stacked([getattr(ops, f) for ops in operands]) for f in ("k", "v", "g", "beta"))
     replay_layers_(bank, GdnOperands(k, k, v, g, beta), accepted, length)  # replay never reads q
 
 
-def stacked_base(states: Sequence[Tensor]) -> Tensor | None:
-    """The contiguous tensor whose consecutive leading-dim slices are `states`, if there is one."""
-    base = states[0]._base if states else None
-    if (
-        base is None
-        or not base.is_contiguous()
-        or base.shape[0] != len(states)
-        or any(s._base is not base or s.data_ptr() != base[i].data_ptr() for i, s in enumerate(states))
-    ):
+def stacked(tensors: Sequence[Tensor]) -> Tensor:
+    """The tensors as one [N, ...] tensor: the bank they are consecutive slices of (no copy), else
+    their torch.stack."""
+    bank = stacked_view(tensors)
+    return torch.stack(list(tensors)) if bank is None else bank
+
+
+def stacked_view(tensors: Sequence[Tensor]) -> Tensor | None:
+    """A [N, ...] view of the memory that `tensors` tile as consecutive equal contiguous slices (a
+    bank's leading-dim slices, in order), if they do: writes through it reach the tensors. Found
+    from their storage, not from autograd's view tracking, which inference mode switches off."""
+    if not tensors or not tensors[0].is_contiguous():
         return None
-    return base
+    first = tensors[0]
+    storage, step = first.untyped_storage().data_ptr(), first.numel() * first.element_size()
+    for i, t in enumerate(tensors):
+        if (
+            t.shape != first.shape
+            or t.dtype != first.dtype
+            or t.device != first.device
+            or not t.is_contiguous()
+            or t.untyped_storage().data_ptr() != storage
+            or t.data_ptr() != first.data_ptr() + i * step
+        ):
+            return None
+    return first.as_strided((len(tensors), *first.shape), (first.numel(), *first.stride()))
 
 
 def publish_conv(conv_state: Tensor, x: Tensor, accepted: Tensor, path_len: Tensor | int) -> None:
@@ -233,13 +263,13 @@ def publish_conv_layers(
 ) -> None:
     """Every GDN layer's conv publication: the layers' inputs stacked and one launch over the conv
     bank when the states are its views (`HybridLM.new_state` makes them so), else one launch per layer."""
-    bank = stacked_base(states)
+    bank = stacked_view(states)
     if bank is None:
         for state, x in zip(states, xs, strict=True):
             publish_conv_state_(state, x, accepted, path_len)
         return
     length = torch.as_tensor(path_len, dtype=torch.int64, device=accepted.device).reshape(1)
-    publish_conv_layers_(bank, torch.stack(list(xs)), accepted, length)
+    publish_conv_layers_(bank, stacked(xs), accepted, length)
 
 
 def publish_kv(

@@ -7,7 +7,8 @@ op folder: the tree WY form of GDN verification (`gdn/tree_wy.py`), the stacked 
 (`gdn/stacked_replay.py`) and grouped-query tree attention (`attention/gqa.py`); tests prove each
 equal to its reference. Conv and the conv/KV publication are cheap already and use the references.
 Every kernel has the signature of the reference it stands for, except `replay`, which publishes all
-GDN layers of a model in one call (so a variant may batch them).
+GDN layers of a model in one call (so a variant may batch them), and the optional record outputs of
+a set with `banked_records`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class TreeKernels:
     # every GDN layer's conv publication at once (states, their inputs, accepted, path length); None:
     # publish_conv per layer
     publish_conv_layers: Callable[[Sequence[Tensor], Sequence[Tensor], Tensor, int], None] | None = None
+    # tree_conv takes `record=` (a [R, C] slice to copy its inputs into) and gdn_verify `records=` (the
+    # layer's record buffers): the forward then keeps every GDN layer's records in stacked banks,
+    # which publication reads without stacking them
+    banked_records: bool = False
 
 
 def replay_each_layer_(
@@ -98,4 +103,5 @@ def triton_kernels() -> TreeKernels:
         publish_conv=device_ops.publish_conv,
         publish_kv=device_ops.publish_kv,
         publish_conv_layers=device_ops.publish_conv_layers,
+        banked_records=True,
     )

@@ -34,15 +34,20 @@ def tree_conv_kernel(
     bias_ptr,
     gather_ptr,
     y_ptr,
+    record_ptr,
     C,
     stride_x,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    RECORD: tl.constexpr,
     BC: tl.constexpr,
 ):
     r = tl.program_id(0)
     offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
     mc = offs_c < C
+    if RECORD:  # the row's own input, kept for publication in a contiguous [R, C] record
+        own = tl.load(x_ptr + r.to(tl.int64) * stride_x + offs_c, mask=mc)
+        tl.store(record_ptr + r * C + offs_c, own, mask=mc)
     if HAS_BIAS:
         acc = tl.load(bias_ptr + offs_c, mask=mc, other=0.0).to(tl.float32)
     else:
@@ -100,14 +105,28 @@ def publish_conv_kernel(
 
 
 def tree_conv_(
-    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, gather: Tensor, y: Tensor
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    gather: Tensor,
+    y: Tensor,
+    record: Tensor | None = None,
 ) -> None:
     """x [R, C] (rows may be strided: a column slice of the projection), conv_state [C, W-1] (x's
     dtype), weight [C, W], bias [C] or None, gather [R, W] int64 device (tree.conv_gather) -> y [R, C]
-    in x's dtype (caller-owned). All else contiguous."""
+    in x's dtype (caller-owned). All else contiguous. `record` (contiguous [R, C], x's dtype), if
+    given, receives a copy of x's rows, written by the same launch."""
     x = dense_columns(x)
     rows, channels = x.shape
     width = weight.shape[1]
+    if record is not None and (
+        record.shape != x.shape or record.dtype != x.dtype or not record.is_contiguous()
+    ):
+        raise ValueError(
+            f"the conv input record must be a contiguous {list(x.shape)} {x.dtype}, got "
+            f"{list(record.shape)} {record.dtype} (contiguous: {record.is_contiguous()})"
+        )
     grid = (rows, triton.cdiv(channels, BLOCK_C))
     tree_conv_kernel[grid](
         x,
@@ -116,10 +135,12 @@ def tree_conv_(
         weight if bias is None else bias,
         gather,
         y,
+        y if record is None else record,
         channels,
         x.stride(0),
         W=width,
         HAS_BIAS=bias is not None,
+        RECORD=record is not None,
         BC=BLOCK_C,
         enable_fp_fusion=False,
     )

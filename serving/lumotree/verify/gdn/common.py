@@ -5,8 +5,9 @@ In-kernel (`@triton.jit`): `softplus` (torch's, with its threshold of 20), `inst
 every operand pointer to one GDN instance of a stacked launch), `record_rows` (store prepared
 operands for replay), `ancestry_masks` (the tree-parallel forms' masks from the ancestry table).
 Host side: the input checks of the reference-signature wrappers (`check_verify_inputs`) and of the
-stacked forms (`check_stacked`), fp32 record buffers (`empty_operands`), and the adapters that run a
-stacked tree kernel on one layer (`one_instance_`, `verify_one_layer`).
+stacked forms (`check_stacked`), fp32 record buffers (`empty_operands`) and their checks
+(`check_records`), and the adapters that run a stacked tree kernel on one layer (`one_instance_`,
+`verify_one_layer`).
 """
 
 from __future__ import annotations
@@ -161,6 +162,20 @@ def empty_operands(
         g=torch.empty((rows, v_heads), **f32),
         beta=torch.empty((rows, v_heads), **f32),
     )
+
+
+def check_records(ops: GdnOperands, rows: int, heads: int, v_heads: int, dk: int, dv: int) -> None:
+    """ValueError unless `ops` are contiguous fp32 records of one layer of these shapes."""
+    for name, t, shape in (
+        ("q", ops.q, (rows, heads, dk)),
+        ("k", ops.k, (rows, heads, dk)),
+        ("v", ops.v, (rows, v_heads, dv)),
+        ("g", ops.g, (rows, v_heads)),
+        ("beta", ops.beta, (rows, v_heads)),
+    ):
+        _check_layout(f"records {name}", t, shape)
+        if t.dtype != torch.float32:
+            raise ValueError(f"records {name} must be float32, got {t.dtype}")
 
 
 def check_verify_inputs(x: GdnInputs, state: Tensor, tree: TreeDescriptor) -> None:
