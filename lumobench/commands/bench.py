@@ -13,6 +13,7 @@ from lumobench.bench.cycle_profile import cycle_profile_command
 from lumobench.bench.draft_vocab import draft_vocab_command
 from lumobench.bench.engine import engine_command
 from lumobench.bench.gdn_forms import gdn_forms_command
+from lumobench.bench.gdn_variants import gdn_variants_app
 from lumobench.bench.kernels.ablate_gdn import ablate_gdn_command
 from lumobench.bench.kernels.command import kernels_command
 from lumobench.bench.loop import loop_app
@@ -44,6 +45,7 @@ bench_app.command("cycle")(cycle_command)
 bench_app.command("cycle-profile")(cycle_profile_command)
 bench_app.command("row-invariance")(row_invariance_command)
 bench_app.command("gdn-forms")(gdn_forms_command)
+bench_app.add_typer(gdn_variants_app, name="gdn-variants")  # git revisions' scans side by side
 # the real loop through the server and harness against its device cycle
 bench_app.add_typer(loop_app, name="loop")
 # servers: an arm's resident memory, the LumoTree server under large bodies, /metrics deltas

@@ -1,0 +1,248 @@
+"""The GDN scans of several git revisions side by side in one process (CUDA only for the timing).
+
+`stage` copies the step-loop GDN modules (scan, row scan, paths scan, replay) of each named git
+revision into `.stage/gdn_variants/NAME/` with their imports of each other pointed at the copy, so one
+process can load every revision's kernels (the device machine's staged tree has no repository, so
+this runs here). `time` (on the GPU) swaps each revision's row and paths scans into the engine's
+GDN verification in turn and times, in model order at the random-weight 27B's shapes: the paper tree
+(the paths scan under the register caps asked for, and the row scan), MTP-5's chain, the one-row
+step and a 6-node publication of 48 layers; two rounds, revisions interleaved; each revision's paths
+scan checked against its row scan's bits on random trees.
+
+    lumobench bench gdn-variants stage before=HEAD~1 after=HEAD
+    lumobench bench gdn-variants time before,after --out $OUT/gdn-variants   (device; carry .stage)
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from lumobench.bench.cycle import gdn_model_order
+from lumobench.bench.gdn_forms import scans_match_rows
+from lumobench.bench.output import command_line, current_commit, write_tables
+from lumobench.bench.timing import Timer
+from lumobench.checks.random_trees import paper_tree
+from lumotree.drafting.geometry import GeometryConfig
+from lumotree.model.model import HybridLM
+from lumotree.model.random_weights import preset_config, random_model
+from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
+from lumotree.verify import device_ops
+from lumotree.verify.gdn.reference import GdnOperands
+
+STAGE = Path(".stage")
+PACKAGE = "gdn_variants"
+MODULES = ("scan", "row_scan", "paths_scan", "replay")
+SOURCE = "serving/lumotree/verify/gdn"
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+ROUNDS = 2
+PUBLISHED = 6  # nodes of the timed publication: MTP-5's root and five drafts
+
+gdn_variants_app = typer.Typer(
+    help="The GDN scans of several git revisions side by side in one process.", no_args_is_help=True
+)
+
+
+def stage_variant(name: str, revision: str, source: dict[str, str], stage: Path = STAGE) -> Path:
+    """Write the modules `source` ({module: its text}) of `revision` as package `gdn_variants.NAME`
+    under `stage`, their imports of one another pointed at the copies, the revision in its REVISION
+    file; returns the package folder."""
+    folder = stage / PACKAGE / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (stage / PACKAGE / "__init__.py").touch()
+    (folder / "__init__.py").touch()
+    (folder / "REVISION").write_text(revision + "\n")
+    own = "|".join(MODULES)
+    for module, text in source.items():
+        text = re.sub(rf"lumotree\.verify\.gdn\.({own})\b", rf"{PACKAGE}.{name}.\1", text)
+        (folder / f"{module}.py").write_text(text)
+    return folder
+
+
+def resolve(revision: str) -> str:
+    """A git revision of this checkout as its short commit hash (ValueError if git knows none)."""
+    parsed = subprocess.run(
+        ["git", "rev-parse", "--short", f"{revision}^{{commit}}"], capture_output=True, text=True
+    )
+    if parsed.returncode:
+        raise ValueError(f"git knows no commit {revision!r}")
+    return parsed.stdout.strip()
+
+
+def revision_source(revision: str) -> dict[str, str]:
+    """The modules' text at a git revision of this checkout (ValueError if git cannot show one)."""
+    source = {}
+    for module in MODULES:
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:{SOURCE}/{module}.py"], capture_output=True, text=True
+        )
+        if shown.returncode:
+            raise ValueError(f"git cannot show {SOURCE}/{module}.py at {revision!r}: {shown.stderr.strip()}")
+        source[module] = shown.stdout
+    return source
+
+
+@gdn_variants_app.command("stage")
+def stage_command(
+    variants: Annotated[list[str], typer.Argument(help="NAME=REVISION pairs (NAME: lower-case, digits, _).")],
+) -> None:
+    """Copy each revision's GDN scan modules into .stage/gdn_variants/NAME (carry .stage to the device)."""
+    pairs = [pair.partition("=") for pair in variants]
+    for pair, (name, _, revision) in zip(variants, pairs, strict=True):
+        if not NAME.fullmatch(name) or not revision:
+            typer.echo(f"error: {pair!r} is not NAME=REVISION with a lower-case NAME", err=True)
+            raise typer.Exit(2)
+    try:
+        commits = [(name, resolve(revision)) for name, _, revision in pairs]
+        for name, commit in commits:
+            typer.echo(f"{name}: {commit} -> {stage_variant(name, commit, revision_source(commit))}")
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def load_variant(name: str, stage: Path = STAGE) -> dict[str, object]:
+    """The staged revision `name`'s row_scan, paths_scan and replay modules."""
+    if not (stage / PACKAGE / name).is_dir():
+        raise ValueError(f"no staged variant {name!r} under {stage / PACKAGE} (run `stage` first)")
+    if str(stage.resolve()) not in sys.path:
+        sys.path.insert(0, str(stage.resolve()))
+    return {m: importlib.import_module(f"{PACKAGE}.{name}.{m}") for m in ("row_scan", "paths_scan", "replay")}
+
+
+def publication_ms(replay_module: object, timer: Timer, device: torch.device) -> float:
+    """Median ms of one replay launch publishing PUBLISHED nodes into 48 layers of 27B GDN states."""
+    layers, rows, heads, v_heads, dim = 48, 32, 16, 48, 128
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, device=device, generator=gen)
+
+    states = randn(layers, v_heads, dim, dim) * 0.1
+    keys = randn(layers, rows, heads, dim)
+    ops = GdnOperands(keys, keys, randn(layers, rows, v_heads, dim), -randn(layers, rows, v_heads).abs(),
+                      randn(layers, rows, v_heads).sigmoid())  # fmt: skip
+    accepted = torch.full((MAX_DEPTH + 1,), -1, dtype=torch.int64, device=device)
+    accepted[:PUBLISHED] = torch.arange(PUBLISHED, device=device)
+    length = torch.tensor([PUBLISHED], device=device)
+    publish = replay_module.replay_layers_  # type: ignore[attr-defined]
+    publish(states, ops, accepted, length)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        publish(states, ops, accepted, length)
+    return timer(graph.replay).median_ms
+
+
+def markdown(doc: dict) -> str:
+    caps = doc["register_caps"]
+    cap_cols = [f"paths, {c or 'no'} cap" for c in caps]
+    lines = [
+        f"# The GDN scans of {len(doc['variants'])} revisions side by side ({doc['device']})",
+        "",
+        f"Command: `{doc['command']}` at commit {doc['commit']}; revisions: "
+        + ", ".join(f"{n} = {r}" for n, r in doc["variants"].items())
+        + ".",
+        "Every GDN layer (48) of the random-weight 27B in model order in one CUDA graph, median of "
+        f"{doc['iters']} replays (ms); the paper tree ({doc['tree_rows']} rows), MTP-5's chain, one row; "
+        f"publication: {PUBLISHED} nodes into 48 layers in one launch. Rounds interleave the revisions.",
+        "",
+        "| revision | round | " + " | ".join(cap_cols) + " | tree, rows | chain, paths | one row | "
+        "publication | paths = rows bits |",
+        "| --- | ---: | " + " | ".join("---:" for _ in caps) + " | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in doc["runs"]:
+        cells = [f"{r['tree_paths_ms'][str(c)]:.3f}" for c in caps]
+        lines.append(
+            f"| {r['variant']} | {r['round']} | " + " | ".join(cells) + f" | {r['tree_rows_ms']:.3f} | "
+            f"{r['chain_paths_ms']:.3f} | {r['one_row_ms']:.3f} | {r['publication_ms']:.3f} | "
+            f"{r.get('paths_equal_rows', '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def time_variant(
+    name: str, round_: int, model: HybridLM, trees: tuple[TreeDescriptor, ...], timer: Timer, caps: list[int]
+) -> dict:
+    """The engine's GDN verification as it stands (the variant swapped in) over the paper tree (the
+    paths scan under each cap, then the row scan), MTP-5's chain and one row, in model order."""
+    tree, chain, one_row = trees
+    rows = device_ops.GdnConfig(form="rows")
+    capped = {str(c): device_ops.GdnConfig("paths", max_registers=c or None) for c in caps}
+    return {
+        "variant": name,
+        "round": round_,
+        "tree_paths_ms": {c: gdn_model_order(model, tree, timer, cfg) for c, cfg in capped.items()},
+        "tree_rows_ms": gdn_model_order(model, tree, timer, rows),
+        "chain_paths_ms": gdn_model_order(model, chain, timer, device_ops.GdnConfig("paths")),
+        "one_row_ms": gdn_model_order(model, one_row, timer, rows),
+    }
+
+
+@gdn_variants_app.command("time")
+def time_command(
+    variants: Annotated[str, typer.Argument(help="Comma-separated names of staged variants.")],
+    out: Annotated[Path, typer.Option(help="Output path without suffix: writes .json and .md.")],
+    register_caps: Annotated[
+        str, typer.Option(help="The paths scan's register caps to time (comma-separated; 0: none).")
+    ] = "0,128",
+    iters: Annotated[int, typer.Option(min=1, help="Timed graph replays per figure.")] = 50,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
+) -> None:
+    """Time the staged revisions' GDN scans and publication interleaved in one process (CUDA)."""
+    names = [n for n in variants.split(",") if n]
+    try:
+        caps = [int(c) for c in register_caps.split(",") if c.strip()]
+        modules = {n: load_variant(n) for n in names}
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if not torch.cuda.is_available():
+        typer.echo("error: the GDN variants bench needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    device = torch.device("cuda")
+    model = random_model(preset_config("qwen3.5-27b"), device, torch.bfloat16, seed=0)
+    tree = paper_tree(random.Random(0), model.config.vocab_size, 4096, GeometryConfig(rows=32))
+    chain = chain_tree(list(range(1, PUBLISHED + 1)), prefix_len=4096, max_depth=MAX_DEPTH)
+    one_row = chain_tree([1], prefix_len=4096, max_depth=MAX_DEPTH)
+    timer = Timer(device, iters, warmup)
+    saved = device_ops.gdn_rows_, device_ops.gdn_paths_
+    runs = []
+    try:
+        with torch.inference_mode():
+            for round_ in range(ROUNDS):
+                for name in names:
+                    device_ops.gdn_rows_ = modules[name]["row_scan"].gdn_rows_  # type: ignore[attr-defined]
+                    device_ops.gdn_paths_ = modules[name]["paths_scan"].gdn_paths_  # type: ignore[attr-defined]
+                    runs.append(time_variant(name, round_, model, (tree, chain, one_row), timer, caps))
+                    runs[-1]["publication_ms"] = publication_ms(modules[name]["replay"], timer, device)
+                    if round_ == 0:
+                        checks = scans_match_rows(model.config, torch.bfloat16, device, seed=3)
+                        runs[-1]["paths_equal_rows"] = all(c["paths_equal"] for c in checks)
+                    typer.echo(f"{name} round {round_}: {runs[-1]}")
+    finally:
+        device_ops.gdn_rows_, device_ops.gdn_paths_ = saved
+    staged = {n: (STAGE / PACKAGE / n / "REVISION").read_text().strip() for n in names}
+    doc = {
+        "device": torch.cuda.get_device_name(),
+        "variants": staged,
+        "register_caps": caps,
+        "tree_rows": tree.n_active,
+        "iters": iters,
+        "runs": runs,
+        "command": command_line("gdn-variants"),
+        "commit": current_commit(),
+    }
+    write_tables(out, doc, markdown)
+
+
+if __name__ == "__main__":
+    gdn_variants_app()

@@ -1,0 +1,71 @@
+"""`lumobench bench gdn-variants`: a git revision's GDN scan modules staged as a package of their own
+(imports pointed at the copies) run the kernels of that revision; bad arguments are refused. The
+timing itself needs a GPU (results/h200/gdn-variants.md)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lumobench.bench import gdn_variants
+from lumobench.checks import gdn_checks
+from lumobench.checks.random_trees import random_tree
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.paths_scan import gdn_paths_
+
+from .helpers import poisoned
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    for name in [m for m in sys.modules if m.split(".")[0] == gdn_variants.PACKAGE]:
+        del sys.modules[name]
+    if str(tmp_path.resolve()) in sys.path:
+        sys.path.remove(str(tmp_path.resolve()))
+
+
+def test_a_staged_revision_runs_its_own_copies_of_the_kernels(staged: Path) -> None:
+    commit = gdn_variants.resolve("HEAD")
+    gdn_variants.stage_variant("head", commit, gdn_variants.revision_source(commit), staged)
+    assert (staged / gdn_variants.PACKAGE / "head" / "REVISION").read_text().strip() == commit
+    modules = gdn_variants.load_variant("head", staged)
+    paths = modules["paths_scan"]
+    assert paths.gdn_paths_.__module__ == "gdn_variants.head.paths_scan"  # type: ignore[attr-defined]
+    assert paths.row_strided.__module__ == "gdn_variants.head.row_scan"  # type: ignore[attr-defined]
+    assert paths._advance.fn.__module__ == "gdn_variants.head.scan"  # type: ignore[attr-defined]
+    # the staged paths scan gives the product's bits (HEAD's modules are the ones under test here)
+    tree = random_tree("paper", random.Random(2))
+    dims = gdn_checks.GdnDims(H=1, HV=2, K=16, V=16)
+    x, state = gdn_checks.make_case(tree, dims, torch.Generator().manual_seed(2)).inputs(torch.float32)
+    tables = DeviceTree(tree.rows, tree.max_depth, "cpu").load_(tree).gdn
+    outs = []
+    for run in (gdn_paths_, paths.gdn_paths_):  # type: ignore[attr-defined]
+        o = poisoned(tuple(x.v.shape), torch.float32)
+        ops = empty_operands(tree.rows, dims.H, dims.HV, dims.K, dims.V, torch.device("cpu"))
+        run(x, state, tables, o, ops)
+        outs.append(o[: tree.n_active])
+    assert not outs[1].isnan().any()
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["stage", "Bad=HEAD"], "is not NAME=REVISION"),
+        (["stage", "old"], "is not NAME=REVISION"),
+        (["stage", "old=no-such-revision"], "git knows no commit"),
+        (["time", "never_staged", "--out", "unused"], "no staged variant 'never_staged'"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_message(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(gdn_variants.gdn_variants_app, args)
+    assert result.exit_code == 2
+    assert message in result.output
