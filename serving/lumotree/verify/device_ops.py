@@ -214,7 +214,8 @@ def replay(
     states: Sequence[Tensor], operands: Sequence[GdnOperands], accepted: Tensor, path_len: Tensor | int
 ) -> None:
     """Publish every GDN layer: one launch over the stacked bank when the states are its views
-    (`HybridLM.new_state` makes them so), else one launch per layer."""
+    (`HybridLM.new_state` makes them so), the records read in place when they are one bank's slices
+    (the device forward's `RecordBanks`), else stacked; else one launch per layer."""
     bank = stacked_view(states)
     length = torch.as_tensor(path_len, dtype=torch.int64, device=accepted.device).reshape(1)
     if bank is None:
@@ -261,8 +262,9 @@ def publish_conv(conv_state: Tensor, x: Tensor, accepted: Tensor, path_len: Tens
 def publish_conv_layers(
     states: Sequence[Tensor], xs: Sequence[Tensor], accepted: Tensor, path_len: Tensor | int
 ) -> None:
-    """Every GDN layer's conv publication: the layers' inputs stacked and one launch over the conv
-    bank when the states are its views (`HybridLM.new_state` makes them so), else one launch per layer."""
+    """Every GDN layer's conv publication: one launch over the conv bank when the states are its
+    views (`HybridLM.new_state` makes them so), reading the inputs in place when they are one bank's
+    slices (the device forward's `RecordBanks`), else stacked; else one launch per layer."""
     bank = stacked_view(states)
     if bank is None:
         for state, x in zip(states, xs, strict=True):
