@@ -11,6 +11,8 @@ scan checked against its row scan's bits on random trees.
 
     lumobench bench gdn-variants stage before=HEAD~1 after=HEAD
     lumobench bench gdn-variants time before,after --out $OUT/gdn-variants   (device; carry .stage)
+
+`launch` runs each revision's scans once, for a profiler (`lumobench/bench/device/ncu_gdn.sh`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
 from lumotree.verify import device_ops
-from lumotree.verify.gdn.reference import GdnOperands
+from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.common import empty_operands
+from lumotree.verify.gdn.plan import count_paths
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 
 STAGE = Path(".stage")
 PACKAGE = "gdn_variants"
@@ -242,6 +247,41 @@ def time_command(
         "commit": current_commit(),
     }
     write_tables(out, doc, markdown)
+
+
+@gdn_variants_app.command("launch")
+def launch_command(
+    variants: Annotated[str, typer.Argument(help="Comma-separated names of staged variants.")],
+) -> None:
+    """Launch each staged revision's row scan and paths scan once on one 27B layer, the paper tree
+    (CUDA): the target of `lumobench/bench/device/ncu_gdn.sh`."""
+    names = [n for n in variants.split(",") if n]
+    try:
+        modules = [load_variant(n) for n in names]
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if not torch.cuda.is_available():
+        typer.echo("error: the GDN variants bench needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    device = torch.device("cuda")
+    tree = paper_tree(random.Random(0), 1000, 4096, GeometryConfig(rows=32))
+    tables = DeviceTree(tree.rows, MAX_DEPTH, device, paths=count_paths(tree)).load_(tree).gdn
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, device=device, generator=gen)
+
+    rows, heads, v_heads, dim = tree.rows, 16, 48, 128  # Qwen3.5-27B's GDN layer
+    raw = (randn(rows, heads, dim), randn(rows, heads, dim), randn(rows, v_heads, dim), randn(rows, v_heads),
+           randn(rows, v_heads))  # fmt: skip
+    x = GdnInputs(*(t.bfloat16() for t in raw), randn(v_heads).abs().log(), randn(v_heads))
+    state = randn(v_heads, dim, dim) * 0.1
+    for module in modules:
+        for scan in (module["row_scan"].gdn_rows_, module["paths_scan"].gdn_paths_):  # type: ignore[attr-defined]
+            records = empty_operands(rows, heads, v_heads, dim, dim, device)
+            scan(x, state, tables, torch.empty_like(x.v), records)
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

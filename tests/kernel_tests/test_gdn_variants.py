@@ -63,6 +63,7 @@ def test_a_staged_revision_runs_its_own_copies_of_the_kernels(staged: Path) -> N
         (["stage", "old"], "is not NAME=REVISION"),
         (["stage", "old=no-such-revision"], "git knows no commit"),
         (["time", "never_staged", "--out", "unused"], "no staged variant 'never_staged'"),
+        (["launch", "never_staged"], "no staged variant 'never_staged'"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_message(args: list[str], message: str) -> None:

@@ -13,9 +13,8 @@ for s in mio_throttle short_scoreboard long_scoreboard math_pipe_throttle barrie
     no_instruction dispatch_stall not_selected selected branch_resolving; do
     M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
 done
-# shellcheck disable=SC2086
 ncu --clock-control none --metrics "$M" --csv -k regex:gdn_ \
-    python3 lumobench/bench/device/ncu_gdn_target.py $VARIANTS > "$OUT/ncu-gdn.csv"
+    python3 -m lumobench.bench.gdn_variants launch "${VARIANTS// /,}" > "$OUT/ncu-gdn.csv"
 python3 - "$OUT/ncu-gdn.csv" <<'PY'
 import collections, csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
