@@ -34,6 +34,7 @@ from lumobench.bench.output import command_line, current_commit, write_tables
 from lumobench.bench.timing import Timer
 from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.geometry import GeometryConfig
+from lumotree.model.config import LINEAR, HybridConfig
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
@@ -123,9 +124,18 @@ def load_variant(name: str, stage: Path = STAGE) -> dict[str, object]:
     return {m: importlib.import_module(f"{PACKAGE}.{name}.{m}") for m in ("row_scan", "paths_scan", "replay")}
 
 
-def publication_ms(replay_module: object, timer: Timer, device: torch.device) -> float:
-    """Median ms of one replay launch publishing PUBLISHED nodes into 48 layers of 27B GDN states."""
-    layers, rows, heads, v_heads, dim = 48, 32, 16, 48, 128
+def gdn_shape(cfg: HybridConfig) -> tuple[int, int, int, int]:
+    """(GDN layers, key heads, value heads, head dim) of a config whose key and value heads are as
+    wide (Qwen3.5's)."""
+    if cfg.linear_key_head_dim != cfg.linear_value_head_dim:
+        raise ValueError("the GDN variants bench takes key and value heads of one width")
+    layers = sum(1 for kind in cfg.layer_types if kind == LINEAR)
+    return layers, cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim
+
+
+def publication_ms(replay_module: object, cfg: HybridConfig, timer: Timer, device: torch.device) -> float:
+    """Median ms of one replay launch publishing PUBLISHED nodes into every GDN layer's state of `cfg`."""
+    (layers, heads, v_heads, dim), rows = gdn_shape(cfg), 32
     gen = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -156,9 +166,10 @@ def markdown(doc: dict) -> str:
         f"Command: `{doc['command']}` at commit {doc['commit']}; revisions: "
         + ", ".join(f"{n} = {r}" for n, r in doc["variants"].items())
         + ".",
-        "Every GDN layer (48) of the random-weight 27B in model order in one CUDA graph, median of "
-        f"{doc['iters']} replays (ms); the paper tree ({doc['tree_rows']} rows), MTP-5's chain, one row; "
-        f"publication: {PUBLISHED} nodes into 48 layers in one launch. Rounds interleave the revisions.",
+        f"Every GDN layer ({doc['layers']}) of the random-weight 27B in model order in one CUDA graph, "
+        f"median of {doc['iters']} replays (ms); the paper tree ({doc['tree_rows']} rows), MTP-5's chain, "
+        f"one row; publication: {PUBLISHED} nodes into every GDN layer in one launch. Rounds interleave "
+        "the revisions.",
         "",
         "| revision | round | " + " | ".join(cap_cols) + " | tree, rows | chain, paths | one row | "
         "publication | paths = rows bits |",
@@ -228,7 +239,8 @@ def time_command(
                     device_ops.gdn_rows_ = modules[name]["row_scan"].gdn_rows_  # type: ignore[attr-defined]
                     device_ops.gdn_paths_ = modules[name]["paths_scan"].gdn_paths_  # type: ignore[attr-defined]
                     runs.append(time_variant(name, round_, model, (tree, chain, one_row), timer, caps))
-                    runs[-1]["publication_ms"] = publication_ms(modules[name]["replay"], timer, device)
+                    replay = modules[name]["replay"]
+                    runs[-1]["publication_ms"] = publication_ms(replay, model.config, timer, device)
                     if round_ == 0:
                         checks = scans_match_rows(model.config, torch.bfloat16, device, seed=3)
                         runs[-1]["paths_equal_rows"] = all(c["paths_equal"] for c in checks)
@@ -240,6 +252,7 @@ def time_command(
         "device": torch.cuda.get_device_name(),
         "variants": staged,
         "register_caps": caps,
+        "layers": gdn_shape(model.config)[0],
         "tree_rows": tree.n_active,
         "iters": iters,
         "runs": runs,
@@ -272,7 +285,8 @@ def launch_command(
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(shape, device=device, generator=gen)
 
-    rows, heads, v_heads, dim = tree.rows, 16, 48, 128  # Qwen3.5-27B's GDN layer
+    _, heads, v_heads, dim = gdn_shape(preset_config("qwen3.5-27b"))
+    rows = tree.rows
     raw = (randn(rows, heads, dim), randn(rows, heads, dim), randn(rows, v_heads, dim), randn(rows, v_heads),
            randn(rows, v_heads))  # fmt: skip
     x = GdnInputs(*(t.bfloat16() for t in raw), randn(v_heads).abs().log(), randn(v_heads))

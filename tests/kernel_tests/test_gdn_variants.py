@@ -56,6 +56,31 @@ def test_a_staged_revision_runs_its_own_copies_of_the_kernels(staged: Path) -> N
     assert torch.equal(outs[0], outs[1])
 
 
+def test_the_table_has_a_row_a_run_and_a_column_a_register_cap() -> None:
+    run = {"tree_rows_ms": 3.4, "chain_paths_ms": 0.49, "one_row_ms": 0.19, "publication_ms": 0.11}
+    doc = {
+        "variants": {"old": "83d4742", "new": "2526c07"},
+        "device": "GPU",
+        "command": "lumobench bench gdn-variants time old,new",
+        "commit": "abc",
+        "layers": 48,
+        "iters": 50,
+        "tree_rows": 28,
+        "register_caps": [0, 128],
+        "runs": [
+            run
+            | {"variant": "old", "round": 0, "tree_paths_ms": {"0": 1.468, "128": 1.393}}
+            | {"paths_equal_rows": True},
+            run | {"variant": "new", "round": 1, "tree_paths_ms": {"0": 1.882, "128": 1.840}},
+        ],
+    }
+    table = gdn_variants.markdown(doc)
+    assert "| revision | round | paths, no cap | paths, 128 cap | tree, rows |" in table
+    assert "| old | 0 | 1.468 | 1.393 | 3.400 | 0.490 | 0.190 | 0.110 | True |" in table
+    assert "| new | 1 | 1.882 | 1.840 | 3.400 | 0.490 | 0.190 | 0.110 |  |" in table
+    assert "old = 83d4742, new = 2526c07" in table and "Every GDN layer (48)" in table
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
