@@ -133,6 +133,20 @@ def gdn_shape(cfg: HybridConfig) -> tuple[int, int, int, int]:
     return layers, cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim
 
 
+def staged_on_cuda(variants: str) -> dict[str, dict[str, object]]:
+    """The staged revisions named in `variants` (comma-separated) by name, on a CUDA machine; else a
+    one-line error and exit 2."""
+    try:
+        modules = {name: load_variant(name) for name in variants.split(",") if name}
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if not torch.cuda.is_available():
+        typer.echo("error: the GDN variants bench needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    return modules
+
+
 def publication_ms(replay_module: object, cfg: HybridConfig, timer: Timer, device: torch.device) -> float:
     """Median ms of one replay launch publishing PUBLISHED nodes into every GDN layer's state of `cfg`."""
     (layers, heads, v_heads, dim), rows = gdn_shape(cfg), 32
@@ -214,16 +228,13 @@ def time_command(
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up replays.")] = 10,
 ) -> None:
     """Time the staged revisions' GDN scans and publication interleaved in one process (CUDA)."""
-    names = [n for n in variants.split(",") if n]
     try:
         caps = [int(c) for c in register_caps.split(",") if c.strip()]
-        modules = {n: load_variant(n) for n in names}
-    except ValueError as error:
-        typer.echo(f"error: {error}", err=True)
+    except ValueError:
+        typer.echo("error: --register-caps takes comma-separated integers", err=True)
         raise typer.Exit(2) from None
-    if not torch.cuda.is_available():
-        typer.echo("error: the GDN variants bench needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    modules = staged_on_cuda(variants)
+    names = list(modules)
     device = torch.device("cuda")
     model = random_model(preset_config("qwen3.5-27b"), device, torch.bfloat16, seed=0)
     tree = paper_tree(random.Random(0), model.config.vocab_size, 4096, GeometryConfig(rows=32))
@@ -268,15 +279,7 @@ def launch_command(
 ) -> None:
     """Launch each staged revision's row scan and paths scan once on one 27B layer, the paper tree
     (CUDA): the target of `lumobench/bench/device/ncu_gdn.sh`."""
-    names = [n for n in variants.split(",") if n]
-    try:
-        modules = [load_variant(n) for n in names]
-    except ValueError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
-    if not torch.cuda.is_available():
-        typer.echo("error: the GDN variants bench needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    modules = staged_on_cuda(variants).values()
     device = torch.device("cuda")
     tree = paper_tree(random.Random(0), 1000, 4096, GeometryConfig(rows=32))
     tables = DeviceTree(tree.rows, MAX_DEPTH, device, paths=count_paths(tree)).load_(tree).gdn

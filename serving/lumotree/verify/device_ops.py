@@ -142,8 +142,11 @@ def gdn_verify(
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     cfg = config or GdnConfig.for_device(x.q.device, rows, state.numel() * state.element_size())
-    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device) if records is None else records
-    check_records(ops, rows, heads, hv, dk, dv)
+    if records is None:
+        ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
+    else:
+        check_records(records, rows, heads, hv, dk, dv)
+        ops = records
     o = torch.empty_like(x.v)
     if cfg.form == "rows":  # the scans read column slices of the conv and projection outputs in place
         gdn_rows_(x, state.contiguous(), tree.gdn, o, ops)
