@@ -18,10 +18,11 @@ the device-timed cycle and its phases (CUDA events inside the graph: tables + ve
 publish, drafting), and the wall time per cycle of the loop in this process (`loop_ms`: what the
 host adds when nothing but the runner runs). The projected decode rate is (accepted + 1) / cycle.
 Also: GDN verification of the 48 GDN layers in model order (one launch per layer, captured, 32
-rows), tree attention at each context against its KV-read floor, memory, and (`--gemv`, the
-default) the skinny GEMM alone at the 27B projection shapes, 1 / 6 / 32 rows, as a fraction of the
-copy bandwidth: what one GEMM adds to a CUDA graph of them (`gemv_fraction_of_copy_bw`, since
-session 14; `lumobench bench skinny-gemm` has the full table and the earlier one-graph figure).
+rows; the scans from prepared records as the engine runs them, and from raw inputs), tree attention
+at each context against its KV-read floor, memory, and (`--gemv`, the default) the skinny GEMM alone
+at the 27B projection shapes, 1 / 6 / 32 rows, as a fraction of the copy bandwidth: what one GEMM
+adds to a CUDA graph of them (`gemv_fraction_of_copy_bw`, since session 14; `lumobench bench
+skinny-gemm` has the full table and the earlier one-graph figure).
 
 Variants, side by side in the one process: "fused" is the product's path (fused projections and
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
@@ -68,8 +69,10 @@ from lumotree.sampling.forced import ForcedAcceptance, mean_schedule
 from lumotree.tree import TreeDescriptor, TreeTopology
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
+from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import count_paths
-from lumotree.verify.gdn.reference import GdnInputs
+from lumotree.verify.gdn.prepare import prepare_operands_
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 
 MAX_DEPTH = 11
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
@@ -273,9 +276,12 @@ def gdn_model_order(
     tree: TreeDescriptor,
     timer: Timer,
     config: device_ops.GdnConfig | None = None,
+    prepared: bool = False,
 ) -> float:
     """Median ms of the GDN verification of every GDN layer, in model order, in one graph (the
-    engine's form unless `config` names another)."""
+    engine's form unless `config` names another): from raw inputs through `gdn_verify` (the row and
+    paths scans prepare their operands first, one launch more a layer), or, `prepared`, the scans
+    alone from records prepared before the graph (the engine's path: its tree conv prepares them)."""
     cfg, dev = model.config, model.device
     tables = DeviceTree(tree.rows, MAX_DEPTH, dev, paths=count_paths(tree)).load_(tree)  # as the engine
     gen = torch.Generator(device=dev).manual_seed(1)
@@ -298,7 +304,13 @@ def gdn_model_order(
 
     inputs = [(layer_inputs(g), torch.randn(hv, v, k, generator=gen, device=dev) * 0.1) for g in layers]
 
+    records = [prepared_records(x) for x, _ in inputs] if prepared else []
+
     def all_layers() -> None:
+        if prepared:
+            for ops, (_, state) in zip(records, inputs, strict=True):
+                device_ops.gdn_scan(ops, state, tables, model.dtype, config)
+            return
         for x, state in inputs:
             device_ops.gdn_verify(x, state, tables, config)
 
@@ -308,6 +320,14 @@ def gdn_model_order(
     with torch.cuda.graph(graph):
         all_layers()
     return timer(graph.replay).median_ms
+
+
+def prepared_records(x: GdnInputs) -> GdnOperands:
+    """The records the engine's tree conv would prepare from x (the standalone preparation, the same bits)."""
+    rows, heads, dk = x.q.shape
+    ops = empty_operands(rows, heads, x.v.shape[1], dk, x.v.shape[2], x.q.device)
+    prepare_operands_(x, ops)
+    return ops
 
 
 def attention_over_floor(
@@ -446,7 +466,8 @@ def bench(
                 del runner
                 torch.cuda.empty_cache()
         tree = paper_tree(random.Random(0), model.config.vocab_size, ctx, GeometryConfig(rows=32))
-        row["gdn_verify_model_order_ms"] = gdn_model_order(model, tree, timer)
+        row["gdn_verify_model_order_ms"] = gdn_model_order(model, tree, timer, prepared=True)
+        row["gdn_verify_raw_model_order_ms"] = gdn_model_order(model, tree, timer)
         row["attention_over_floor"] = attention_over_floor(model, tree, ctx, timer, bandwidth)
         free, total = torch.cuda.mem_get_info()
         row["memory"] = {
@@ -530,9 +551,14 @@ def markdown(result: dict, head: dict) -> str:
                 f"| {row['projected_tokens_per_s'][name]:.1f} |"
             )
         lines.append(
-            f"| {ctx} | GDN verify, 48 layers in model order (32 rows, one launch per layer) | | "
-            f"{row['gdn_verify_model_order_ms']:.3f} | | | | | | | |"
+            f"| {ctx} | GDN verify, 48 layers in model order (32 rows, one launch per layer, the "
+            f"operands prepared by the conv) | | {row['gdn_verify_model_order_ms']:.3f} | | | | | | | |"
         )
+        if "gdn_verify_raw_model_order_ms" in row:
+            lines.append(
+                f"| {ctx} | the same from raw inputs (a preparation launch more per layer) | | "
+                f"{row['gdn_verify_raw_model_order_ms']:.3f} | | | | | | | |"
+            )
         lines.append(
             f"| {ctx} | tree attention, one layer, over its KV-read floor | | "
             f"{row['attention_over_floor']:.2f}x | | | | | | | |"

@@ -1,13 +1,14 @@
 """The GDN scans of several git revisions side by side in one process (CUDA only for the timing).
 
-`stage` copies the step-loop GDN modules (scan, row scan, paths scan, replay) of each named git
-revision into `.stage/gdn_variants/NAME/` with their imports of each other pointed at the copy, so one
-process can load every revision's kernels (the device machine's staged tree has no repository, so
-this runs here). `time` (on the GPU) swaps each revision's row and paths scans into the engine's
-GDN verification in turn and times, in model order at the random-weight 27B's shapes: the paper tree
-(the paths scan under the register caps asked for, and the row scan), MTP-5's chain, the one-row
-step and a 6-node publication of 48 layers; two rounds, revisions interleaved; each revision's paths
-scan checked against its row scan's bits on random trees.
+`stage` copies the step-loop GDN modules (scan, row scan, paths scan, replay, and the operand
+preparation where a revision has it) of each named git revision into `.stage/gdn_variants/NAME/`
+with their imports of each other pointed at the copy, so one process can load every revision's
+kernels (the device machine's staged tree has no repository, so this runs here). `time` (on the GPU)
+swaps each revision's row and paths scans into the engine's GDN verification in turn and times, in
+model order at the random-weight 27B's shapes: the paper tree (the paths scan under the register
+caps asked for, and the row scan), MTP-5's chain, the one-row step and a 6-node publication of 48
+layers; two rounds, revisions interleaved; each revision's paths scan checked against its row scan's
+bits on random trees.
 
     lumobench bench gdn-variants stage before=HEAD~1 after=HEAD
     lumobench bench gdn-variants time before,after --out $OUT/gdn-variants   (device; carry .stage)
@@ -46,7 +47,8 @@ from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 
 STAGE = Path(".stage")
 PACKAGE = "gdn_variants"
-MODULES = ("scan", "row_scan", "paths_scan", "replay")
+MODULES = ("scan", "row_scan", "paths_scan", "replay", "prepare")
+OPTIONAL = {"prepare"}  # revisions before the operands were prepared once a node have none
 SOURCE = "serving/lumotree/verify/gdn"
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 ROUNDS = 2
@@ -90,6 +92,8 @@ def revision_source(revision: str) -> dict[str, str]:
         shown = subprocess.run(
             ["git", "show", f"{revision}:{SOURCE}/{module}.py"], capture_output=True, text=True
         )
+        if shown.returncode and module in OPTIONAL:
+            continue
         if shown.returncode:
             raise ValueError(f"git cannot show {SOURCE}/{module}.py at {revision!r}: {shown.stderr.strip()}")
         source[module] = shown.stdout

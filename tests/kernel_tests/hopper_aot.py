@@ -23,7 +23,8 @@ from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import skinny_gemm
 from lumotree.verify import device_ops
 from lumotree.verify.attention import decode as attention
-from lumotree.verify.gdn import paths_scan, row_scan, tree_scan, tree_value_major
+from lumotree.verify.conv import fused_conv
+from lumotree.verify.gdn import paths_scan, prepare, row_scan, tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
 QWEN = dict(H=16, HV=48, K=128)
@@ -79,6 +80,15 @@ KERNELS = {
         dict(num_warps=1, maxnreg=device_ops.PATHS_TREE_REGISTERS),
     ),
 }
+# the GDN operands prepared once a node: on their own, and in the 27B layer's tree conv (10240 channels)
+TYPES |= {"gather_ptr": "*i64", "record_ptr": "*bf16", "C": "i32", "stride_x": "i64"}
+PREPARED = dict(HK=16 * 128, K=128, HVV=48 * 128, HV=48, HVP=64, BC=prepare.channel_block(128))
+KERNELS["gdn prepare"] = (prepare.prepare_kernel, PREPARED, dict(num_warps=4, enable_fp_fusion=False))
+KERNELS["tree conv, operands prepared"] = (
+    fused_conv.conv_operands_kernel,
+    dict(PREPARED, W=4),
+    dict(num_warps=4, enable_fp_fusion=False),
+)
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with 16- and 32-row tiles.
 for block_n, block_k, tiles, splits in (
     (128, 64, 1, 1),

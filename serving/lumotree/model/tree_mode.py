@@ -25,7 +25,7 @@ from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
+from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands
 from lumotree.verify.kernel_sets import REFERENCE, TreeKernels
 
 if TYPE_CHECKING:  # the device tables need Triton, which CPU-only installs may lack
@@ -69,14 +69,16 @@ class RecordBanks:
             self.inputs = x.new_empty((self.layers, *x.shape))
         return self.inputs[layer]
 
-    def layer_operands(self, layer: int, x: GdnInputs) -> GdnOperands:
-        """Layer `layer`'s record slices for the operands of x."""
+    def layer_operands(
+        self, layer: int, rows: int, mixer: GatedDeltaNet, device: torch.device
+    ) -> GdnOperands:
+        """Layer `layer`'s record slices for the operands of `rows` rows of `mixer`'s shapes."""
         if self.operands is None:
-            rows, heads, dk = x.q.shape
-            hv, dv = x.v.shape[1], x.v.shape[2]
+            heads, dk = mixer.num_k_heads, mixer.head_k_dim
+            hv, dv = mixer.num_v_heads, mixer.head_v_dim
             shapes = ((rows, heads, dk), (rows, heads, dk), (rows, hv, dv), (rows, hv), (rows, hv))
             self.operands = GdnOperands(
-                *(torch.empty((self.layers, *s), dtype=torch.float32, device=x.q.device) for s in shapes)
+                *(torch.empty((self.layers, *s), dtype=torch.float32, device=device) for s in shapes)
             )
         return self.operands.map(lambda t: t[layer])
 
@@ -93,6 +95,14 @@ def _gdn_tree(
 ) -> Tensor:
     mixed_qkv, z, a, b = mixer.project(x)
     weight, layer = mixer.conv1d.weight[:, 0], len(records)
+    if banks is not None and kernels.conv_operands is not None and kernels.gdn_scan is not None:
+        # the conv prepares the scan's operands: no conv output, no preparation inside the scan
+        x_record = banks.conv_input(layer, mixed_qkv[0])
+        ops = banks.layer_operands(layer, x_record.shape[0], mixer, x_record.device)
+        gates = GateInputs(a[0], b[0], mixer.A_log, mixer.dt_bias)
+        kernels.conv_operands(mixed_qkv[0], state.conv, weight, tree, gates, x_record, ops)
+        records.append(GdnRecord(x_record, ops))
+        return mixer.output(kernels.gdn_scan(ops, state.recurrent, tree, mixed_qkv.dtype)[None], z)
     if banks is None:
         x_record = mixed_qkv[0]
         conv_out = kernels.tree_conv(x_record, state.conv, weight, None, tree)
@@ -104,7 +114,7 @@ def _gdn_tree(
     if banks is None:
         result = kernels.gdn_verify(inputs, state.recurrent, tree)
     else:
-        own = banks.layer_operands(layer, inputs)
+        own = banks.layer_operands(layer, inputs.q.shape[0], mixer, inputs.q.device)
         result = kernels.gdn_verify(inputs, state.recurrent, tree, records=own)
     records.append(GdnRecord(x_record, result.operands))
     return mixer.output(result.o[None], z)

@@ -17,6 +17,8 @@ Outputs are allocated per call (inside a captured graph they come from the graph
   tree's first-child decomposition: the engine's choice for chains and trees over large states,
   `GdnConfig.for_device`), or
   `tree_scan.gdn_tree_` (the tree WY form: all rows solved at once, other rounding);
+- the forward's GDN layers: `conv_operands` (the tree conv with the scans' operands prepared in
+  its epilogue, `fused_conv.conv_operands_`) then `gdn_scan` (the row or paths scan over them);
 - tree conv `fused_conv.tree_conv_`; KV writes at prefix_len + slot_map (`decode.write_kv_`, K
   and V in one launch);
 - tree attention `decode.tree_attention_` (split-K over the committed keys, grouped heads, each
@@ -47,13 +49,18 @@ from lumotree.verify.attention.decode import (
     tree_attention_,
     write_kv_,
 )
-from lumotree.verify.conv.fused_conv import publish_conv_layers_, publish_conv_state_, tree_conv_
+from lumotree.verify.conv.fused_conv import (
+    conv_operands_,
+    publish_conv_layers_,
+    publish_conv_state_,
+    tree_conv_,
+)
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import check_records, empty_operands
-from lumotree.verify.gdn.paths_scan import gdn_paths_
-from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.paths_scan import gdn_paths_, gdn_paths_prepared_
+from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
-from lumotree.verify.gdn.row_scan import gdn_rows_
+from lumotree.verify.gdn.row_scan import gdn_rows_, gdn_rows_prepared_
 from lumotree.verify.gdn.tree_scan import gdn_tree_
 
 GDN_FORMS = ("rows", "paths", "wy")
@@ -127,6 +134,41 @@ def tree_conv(
         record,
     )
     return y
+
+
+def conv_operands(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    tree: DeviceTree,
+    gates: GateInputs,
+    record: Tensor,
+    ops: GdnOperands,
+) -> None:
+    """A GDN layer's tree conv with the scans' operands prepared in the same launch: x [R, C]
+    pre-conv [q | k | v] inputs (rows may be strided), conv_state [C, W-1], weight [C, W] -> the
+    records `ops` (contiguous fp32 of one layer: `check_records`) and x's rows in `record`
+    (contiguous [R, C], for the conv publication)."""
+    state = conv_state.to(x.dtype).contiguous()
+    conv_operands_(x, state, weight.contiguous(), tree.conv_gather, gates, record, ops)
+
+
+def gdn_scan(
+    ops: GdnOperands, state: Tensor, tree: DeviceTree, dtype: torch.dtype, config: GdnConfig | None = None
+) -> Tensor:
+    """One layer's verification from prepared records (`conv_operands`'s): the row scan or the paths
+    scan (`config.form`, default `GdnConfig.for_device`; the same bits either way) -> o [R, HV, V]
+    in `dtype` (the layer's)."""
+    rows = ops.q.shape[0]
+    cfg = config or GdnConfig.for_device(ops.q.device, rows, state.numel() * state.element_size())
+    o = torch.empty(ops.v.shape, dtype=dtype, device=ops.v.device)
+    if cfg.form == "paths":
+        gdn_paths_prepared_(ops, state.contiguous(), tree.gdn, o, cfg.max_registers)
+    elif cfg.form == "rows":
+        gdn_rows_prepared_(ops, state.contiguous(), tree.gdn, o)
+    else:
+        raise ValueError(f"prepared records are read by the row and paths scans, not form {cfg.form!r}")
+    return o
 
 
 def gdn_verify(

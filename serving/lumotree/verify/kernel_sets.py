@@ -55,6 +55,11 @@ class TreeKernels:
     # layer's record buffers): the forward then keeps every GDN layer's records in stacked banks,
     # which publication reads without stacking them
     banked_records: bool = False
+    # both or neither, with banked_records: the GDN layers' conv prepares the scans' operands into the
+    # layer's record slices in its own launch (x, conv state, weight, tree, gates, conv input record,
+    # records), and the scan reads them (records, state, tree, output dtype) -> o
+    conv_operands: Callable[..., None] | None = None
+    gdn_scan: Callable[..., Tensor] | None = None
 
 
 def replay_each_layer_(
@@ -104,4 +109,6 @@ def triton_kernels() -> TreeKernels:
         publish_kv=device_ops.publish_kv,
         publish_conv_layers=device_ops.publish_conv_layers,
         banked_records=True,
+        conv_operands=device_ops.conv_operands,
+        gdn_scan=device_ops.gdn_scan,
     )

@@ -4,8 +4,10 @@ One program per (tree row, channel block) gathers the row's window along its anc
 static `conv_gather` indices (taps above the root read the committed conv state [C, W-1]) and
 applies the taps in the reference's order with its cast points: acc = bias; acc += w[:, t] * x_t
 for t = 0..W-1; y = silu(acc). Multiply-add contraction is switched off so each tap rounds as the
-reference's separate multiply and add do. Publication writes the last W-1 pre-conv inputs along
-the accepted path into the conv state in place, reading the path on the device.
+reference's separate multiply and add do. `conv_operands_` is a GDN layer's conv with the scans'
+operands prepared in its epilogue (`gdn/prepare.py`) instead of its output stored. Publication
+writes the last W-1 pre-conv inputs along the accepted path into the conv state in place, reading
+the path on the device.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.conv.reference import check_conv_shapes
+from lumotree.verify.gdn.prepare import (
+    channel_block,
+    prepared_channels,
+    store_gates,
+    store_operands,
+)
+from lumotree.verify.gdn.reference import GateInputs, GdnOperands
 
 BLOCK_C = 256
 
@@ -44,6 +53,32 @@ def tree_conv_kernel(
 ):
     r = tl.program_id(0)
     offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    y = tree_conv_row(
+        x_ptr,
+        state_ptr,
+        w_ptr,
+        bias_ptr,
+        gather_ptr,
+        record_ptr,
+        r,
+        offs_c,
+        C,
+        stride_x,
+        W,
+        HAS_BIAS,
+        RECORD,
+        BC,
+    )
+    tl.store(y_ptr + r * C + offs_c, y.to(y_ptr.dtype.element_ty), mask=offs_c < C)
+
+
+@triton.jit
+def tree_conv_row(
+    x_ptr, state_ptr, w_ptr, bias_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RECORD: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Row r's conv outputs of channels offs_c in fp32 (SiLU applied; not yet cast to x's dtype),
+    its inputs copied to the record first if RECORD."""
     mc = offs_c < C
     if RECORD:  # the row's own input, kept for publication in a contiguous [R, C] record
         own = tl.load(x_ptr + r.to(tl.int64) * stride_x + offs_c, mask=mc)
@@ -62,8 +97,29 @@ def tree_conv_kernel(
         xv = tl.where(in_state, xs.to(x_ptr.dtype.element_ty), xt).to(tl.float32)
         wt = tl.load(w_ptr + offs_c * W + t, mask=mc, other=0.0).to(tl.float32)
         acc = acc + wt * xv
-    y = acc * tl.sigmoid(acc)
-    tl.store(y_ptr + r * C + offs_c, y.to(y_ptr.dtype.element_ty), mask=mc)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def conv_operands_kernel(
+    x_ptr, state_ptr, w_ptr, gather_ptr, record_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, rq_ptr, rk_ptr,
+    rv_ptr, rg_ptr, rb_ptr, C, stride_x, stride_ab, W: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+    HVV: tl.constexpr, HV: tl.constexpr, HVP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """The tree conv of a GDN layer's [q | k | v] channels with the operands prepared in its
+    epilogue: each output cast to x's dtype (the value the unfused conv stores), then as
+    `prepare.prepare_kernel` prepares it; the inputs copied to the record."""
+    r = tl.program_id(0)
+    block = tl.program_id(1)
+    offs_c = block * BC + tl.arange(0, BC)
+    y = tree_conv_row(
+        x_ptr, state_ptr, w_ptr, w_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W, False, True, BC
+    )
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+    ops = prepared_channels(y, offs_c, HK, K, BC)
+    store_operands(ops, offs_c, offs_c < C, r, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
+    if block == 0:
+        store_gates(a_ptr, b_ptr, stride_ab, alog_ptr, dtb_ptr, rg_ptr, rb_ptr, r, HV, HVP)
 
 
 @triton.jit
@@ -120,13 +176,8 @@ def tree_conv_(
     x = dense_columns(x)
     rows, channels = x.shape
     width = weight.shape[1]
-    if record is not None and (
-        record.shape != x.shape or record.dtype != x.dtype or not record.is_contiguous()
-    ):
-        raise ValueError(
-            f"the conv input record must be a contiguous {list(x.shape)} {x.dtype}, got "
-            f"{list(record.shape)} {record.dtype} (contiguous: {record.is_contiguous()})"
-        )
+    if record is not None:
+        check_record(record, x)
     grid = (rows, triton.cdiv(channels, BLOCK_C))
     tree_conv_kernel[grid](
         x,
@@ -144,6 +195,51 @@ def tree_conv_(
         BC=BLOCK_C,
         enable_fp_fusion=False,
     )
+
+
+def conv_operands_(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    gather: Tensor,
+    gates: GateInputs,
+    record: Tensor,
+    ops: GdnOperands,
+) -> None:
+    """A GDN layer's tree conv with its operands prepared in the same launch: x [R, C] pre-conv
+    [q | k | v] inputs (rows may be strided), conv_state [C, W-1] (x's dtype), weight [C, W] (no
+    bias), gather [R, W] (tree.conv_gather) -> the records `ops` (contiguous fp32: q, k [R, H, K],
+    v [R, HV, V], g, beta [R, HV]; `gates` gives a, b [R, HV] on one row stride, A_log and dt_bias)
+    and x's rows copied into `record` (contiguous [R, C], x's dtype). The conv output itself is not
+    stored: the scans read only the records."""
+    x = dense_columns(x)
+    rows, channels = x.shape
+    heads, dk = ops.q.shape[1], ops.q.shape[2]
+    hv, dv = ops.v.shape[1], ops.v.shape[2]
+    if channels != 2 * heads * dk + hv * dv or dk & (dk - 1):
+        raise ValueError(
+            f"conv channels {channels} must be [q | k | v] of the records ({heads} x {dk}, {heads} x {dk}, "
+            f"{hv} x {dv}) with a power-of-two key head dim"
+        )
+    check_record(record, x)
+    a, b = gates.a, gates.b
+    if a.stride(0) != b.stride(0) or a.stride(1) != 1 or b.stride(1) != 1:
+        a, b = a.contiguous(), b.contiguous()
+    bc = channel_block(dk)
+    conv_operands_kernel[(rows, triton.cdiv(channels, bc))](
+        x, conv_state, weight, gather, record, a, b, gates.A_log, gates.dt_bias, ops.q, ops.k, ops.v,
+        ops.g, ops.beta, channels, x.stride(0), a.stride(0), W=weight.shape[1], HK=heads * dk, K=dk,
+        HVV=hv * dv, HV=hv, HVP=triton.next_power_of_2(hv), BC=bc, enable_fp_fusion=False,
+    )  # fmt: skip
+
+
+def check_record(record: Tensor, x: Tensor) -> None:
+    """ValueError unless `record` is a contiguous tensor of x's shape and dtype."""
+    if record.shape != x.shape or record.dtype != x.dtype or not record.is_contiguous():
+        raise ValueError(
+            f"the conv input record must be a contiguous {list(x.shape)} {x.dtype}, got "
+            f"{list(record.shape)} {record.dtype} (contiguous: {record.is_contiguous()})"
+        )
 
 
 def tree_conv(

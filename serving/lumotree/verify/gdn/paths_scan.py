@@ -10,9 +10,10 @@ none of its nodes. For the paper tree that is the spine, one path per rescue bra
 MTP depth; MTP-5's chain and the AR step are one path.
 
 One program per (value tile, value head, walk) loads the committed state tile [BV, K] and carries it
-down its end's ancestry, root first, one update per node, with the replay's arithmetic. The nodes
-above the walk's start belong to other walks: the program updates the tile through them without
-reading it or preparing q; at its own nodes it reads the output and writes the node's records. A
+down its end's ancestry, root first, one update per node, with the replay's arithmetic, from the
+prepared operands (`prepare.py`: each node's normalisations and gates done once, not in every walk
+and value tile). The nodes above the walk's start belong to other walks: the program updates the
+tile through them without reading it (nor loading q); at its own nodes it reads the output. A
 walk owning nothing then steps its end's tile once per leaf child, reading each without keeping its
 state. Every row's output is thus the last read of the same steps in the same order as the row
 scan's (so the one-row step's bits) with no state written to memory (the spine scan this replaced
@@ -20,7 +21,7 @@ saved every spine node's state for a second launch to reload, and evaluating the
 spine's own program put 22 steps in series: results/h200/gdn-forms.md).
 
 The next node's loads are issued before each update, and a leaf walk's first leaf's before its
-end's. Padding rows (past the active count) get zero outputs and no records. A launch runs
+end's. Padding rows (past the active count) get zero outputs. A launch runs
 `tables.paths` programs per value tile; a tree with more walks is verified all the same, program p
 taking walks p, p + paths, ...
 """
@@ -33,54 +34,40 @@ from torch import Tensor
 
 from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.prepare import prepare_operands_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
 from lumotree.verify.gdn.row_scan import row_strided
-from lumotree.verify.gdn.scan import (
-    _advance,
-    _issue_loads,
-    _prepare,
-    _prepare_q,
-    _prepare_update,
-    _read,
-    _record,
-    _step,
-)
+from lumotree.verify.gdn.scan import _advance, _load_prepared, _read, _step, _store_output
 
 
 @triton.jit
 def _leaf_children(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr, rv_ptr, rg_ptr,
-    rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r, h, hv, vt, offs_v, offs_k,
-    neg_a, dt_bias, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    GROUP: tl.constexpr, RP: tl.constexpr,
+    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, q, k, v, g, beta, offs_r,
+    h, hv, offs_v, offs_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    RP: tl.constexpr,
 ):  # fmt: skip
-    """Evaluate `node`'s leaf children from its tile S, the first (`leaf`, raw operands lq..lb
-    already issued) onwards in index order: one step each, output and records written."""
+    """Evaluate `node`'s leaf children from its tile S, the first (`leaf`, its operands q..beta
+    already issued) onwards in index order: one step each, output written."""
     while leaf < RP:
         following = tl.min(tl.where((leaf_parent == node) & (offs_r > leaf), offs_r, RP), axis=0)
-        q, k, v, g, beta = _prepare(lq, lk, lv, la, lb, neg_a, dt_bias, K)
-        lq, lk, lv, la, lb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, following, following < RP, h, hv, offs_v, offs_k,
-            stride_qk, stride_v, stride_ab, K, V,
+        nq, nk, nv, ng, nbeta = _load_prepared(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, following, following < RP, True, h, hv, offs_v,
+            offs_k, H, HV, K, V,
         )  # fmt: skip
         _, o = _step(S, q, k, v, g, beta)
-        _record(
-            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, leaf, True, h, hv, vt, offs_v, offs_k,
-            q, k, v, g, beta, o, H, HV, K, V, GROUP,
-        )  # fmt: skip
+        _store_output(o_ptr, leaf, hv, offs_v, o, HV, V)
+        q, k, v, g, beta = nq, nk, nv, ng, nbeta
         leaf = following
 
 
 @triton.jit
 def gdn_paths_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    a_ptr,
-    b_ptr,
-    alog_ptr,
-    dtb_ptr,
+    rq_ptr,
+    rk_ptr,
+    rv_ptr,
+    rg_ptr,
+    rb_ptr,
     state_ptr,
     anc_ptr,
     nactive_ptr,
@@ -88,15 +75,7 @@ def gdn_paths_kernel(
     start_ptr,
     leaf_parent_ptr,
     o_ptr,
-    rq_ptr,
-    rk_ptr,
-    rv_ptr,
-    rg_ptr,
-    rb_ptr,
     R,
-    stride_qk,
-    stride_v,
-    stride_ab,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -116,14 +95,12 @@ def gdn_paths_kernel(
     offs_k = tl.arange(0, K)
     offs_r = tl.arange(0, RP)
     n_active = tl.load(nactive_ptr)
-    if first_path == 0:  # padding rows: zero outputs, no records
+    if first_path == 0:  # padding rows: zero outputs
         for row in range(n_active, R):  # (a tree's outputs are far below 2**31 elements)
-            tl.store(o_ptr + (row * HV + hv) * V + offs_v, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
+            _store_output(o_ptr, row, hv, offs_v, tl.zeros([BV], dtype=tl.float32), HV, V)
     ends = tl.load(end_ptr + offs_r, mask=offs_r < R, other=-1)
     leaf_parent = tl.load(leaf_parent_ptr + offs_r, mask=offs_r < R, other=-1)
     n_paths = tl.sum((ends >= 0).to(tl.int32), axis=0)
-    neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
-    dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     tile = offs_v[:, None] * K + offs_k[None, :]
     for p in range(first_path, n_paths, PATHS):
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
@@ -131,38 +108,49 @@ def gdn_paths_kernel(
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
         S = tl.load(state_ptr + hv * V * K + tile)
         node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
-        rq, rk, rv, ra, rb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v,
-            stride_ab, K, V,
+        q, k, v, g, beta = _load_prepared(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, node, True, node >= start, h, hv, offs_v, offs_k, H,
+            HV, K, V,
         )  # fmt: skip
         for _ in range(tl.sum(on_path.to(tl.int32), axis=0)):
             following = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-            own = node >= start
             leaf = tl.min(tl.where(leaf_parent == node, offs_r, RP), axis=0)
             leaf = tl.where(node == end, tl.where(start >= R, leaf, RP), RP)
-            lq, lk, lv, la, lb = _issue_loads(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, leaf, leaf < RP, h, hv, offs_v, offs_k, stride_qk,
-                stride_v, stride_ab, K, V,
+            lq, lk, lv, lg, lbeta = _load_prepared(
+                rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, leaf, leaf < RP, True, h, hv, offs_v, offs_k, H,
+                HV, K, V,
             )  # fmt: skip
-            k, v, g, beta = _prepare_update(rk, rv, ra, rb, neg_a, dt_bias)
-            raw_q = rq
-            rq, rk, rv, ra, rb = _issue_loads(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, following, following < RP, h, hv, offs_v, offs_k,
-                stride_qk, stride_v, stride_ab, K, V,
+            nq, nk, nv, ng, nbeta = _load_prepared(
+                rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, following, following < RP, following >= start,
+                h, hv, offs_v, offs_k, H, HV, K, V,
             )  # fmt: skip
             S = _advance(S, k, v, g, beta)
-            if own:
-                q = _prepare_q(raw_q, K)
-                _record(
-                    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, node, True, h, hv, vt, offs_v,
-                    offs_k, q, k, v, g, beta, _read(S, q), H, HV, K, V, GROUP,
-                )  # fmt: skip
+            if node >= start:
+                _store_output(o_ptr, node, hv, offs_v, _read(S, q), HV, V)
             _leaf_children(
-                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, rq_ptr, rk_ptr,
-                rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, la, lb, offs_r,
-                h, hv, vt, offs_v, offs_k, neg_a, dt_bias, H, HV, K, V, GROUP, RP,
+                rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, S, leaf_parent, node, leaf, lq, lk, lv, lg,
+                lbeta, offs_r, h, hv, offs_v, offs_k, H, HV, K, V, RP,
             )  # fmt: skip
+            q, k, v, g, beta = nq, nk, nv, ng, nbeta
             node = following
+
+
+def gdn_paths_prepared_(
+    ops: GdnOperands, state: Tensor, tables: AncestryTables, o: Tensor, max_registers: int | None = None
+) -> None:
+    """One layer from prepared records: ops q, k [R, H, K], v [R, HV, V], g, beta [R, HV]
+    (contiguous fp32), state [HV, V, K] fp32 (read only), the tables of R rows on the device; writes
+    o [R, HV, V]. max_registers caps the kernel's registers a thread (more programs resident; None:
+    the compiler's choice); the arithmetic is the same whatever the cap."""
+    rows, heads, dk = ops.q.shape
+    hv, dv = ops.v.shape[1], ops.v.shape[2]
+    bv = default_block_v(dv, state.device)
+    gdn_paths_kernel[(hv * (dv // bv), tables.paths)](
+        ops.q, ops.k, ops.v, ops.g, ops.beta, state, tables.ancestry, tables.n_active, tables.path_end,
+        tables.path_start, tables.leaf_parent, o, rows, H=heads, HV=hv, K=dk, V=dv, BV=bv,
+        RP=triton.next_power_of_2(rows), PATHS=tables.paths, num_warps=DEFAULT_REPLAY_WARPS,
+        maxnreg=max_registers,
+    )  # fmt: skip
 
 
 def gdn_paths_(
@@ -173,18 +161,8 @@ def gdn_paths_(
     ops: GdnOperands,
     max_registers: int | None = None,
 ) -> None:
-    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be strided, as column
-    slices of a wider output: `row_scan.row_strided`), state [HV, V, K] fp32 (read only), the tables
-    of R rows on the device; writes o [R, HV, V] and the records (as `row_scan.gdn_rows_`).
-    max_registers caps the kernel's registers a thread (more programs resident; None: the
-    compiler's choice); the arithmetic is the same whatever the cap."""
-    rows, heads, dk = x.q.shape
-    hv, dv = x.v.shape[1], x.v.shape[2]
-    bv = default_block_v(dv, state.device)
-    x, strides = row_strided(x)
-    gdn_paths_kernel[(hv * (dv // bv), tables.paths)](
-        *x.tensors(), state, tables.ancestry, tables.n_active, tables.path_end, tables.path_start,
-        tables.leaf_parent, o, ops.q, ops.k, ops.v, ops.g, ops.beta, rows, *strides,
-        H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), PATHS=tables.paths,
-        num_warps=DEFAULT_REPLAY_WARPS, maxnreg=max_registers,
-    )  # fmt: skip
+    """One layer from raw inputs: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be
+    strided, as column slices of a wider output: `row_scan.row_strided`) prepared into the records
+    `ops`, then `gdn_paths_prepared_`."""
+    prepare_operands_(row_strided(x)[0], ops)
+    gdn_paths_prepared_(ops, state, tables, o, max_registers)

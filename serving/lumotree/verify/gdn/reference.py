@@ -85,6 +85,16 @@ class GdnInputs:
 
 
 @dataclass(frozen=True, eq=False)
+class GateInputs:
+    """A GDN layer's gate inputs: a, b [R, HV] raw (columns of the projection), A_log, dt_bias [HV]."""
+
+    a: Tensor
+    b: Tensor
+    A_log: Tensor
+    dt_bias: Tensor
+
+
+@dataclass(frozen=True, eq=False)
 class GdnOperands:
     """Per-node operands as used by the recurrence (compute dtype), recorded for replay.
 

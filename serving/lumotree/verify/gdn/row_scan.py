@@ -11,9 +11,11 @@ once, with other rounding, and parts from AR in a last bit now and then: results
 Shared ancestors are recomputed by every row below them (depth x more arithmetic than the path scan),
 all rows in parallel, so a layer costs max depth + 1 dependent steps.
 
-Each program records its own row's prepared operands (normalised q/k, v, g, beta) for the replay.
-Padding rows (past the tree's active count) write zero outputs and no records.
-`gdn_rows_` takes the caller-owned buffers of `tree_scan.gdn_tree_` and the same ancestry tables.
+The rows' operands arrive prepared (`prepare.py`: normalised q/k, v, g, beta in fp32, the records
+the replay publishes from), so a step is the recurrence alone. Padding rows (past the tree's active
+count) get zero outputs. `gdn_rows_prepared_` reads records made beforehand (the forward's fused
+conv writes them); `gdn_rows_` prepares raw inputs into the caller's records first (one launch more)
+and takes the caller-owned buffers of `tree_scan.gdn_tree_` and the same ancestry tables.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from torch import Tensor
 
 from lumotree.verify.gdn.common import default_block_v
 from lumotree.verify.gdn.plan import AncestryTables
+from lumotree.verify.gdn.prepare import prepare_operands_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.replay import DEFAULT_REPLAY_WARPS
-from lumotree.verify.gdn.scan import _issue_loads, _prepare, _record, _step
+from lumotree.verify.gdn.scan import _advance, _load_prepared, _read, _store_output
 
 
 def row_strided(x: GdnInputs) -> tuple[GdnInputs, tuple[int, int, int]]:
@@ -51,54 +54,40 @@ def row_strided(x: GdnInputs) -> tuple[GdnInputs, tuple[int, int, int]]:
 
 @triton.jit
 def carry_down(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, S, on_path, offs_r, h, hv, offs_v,
-    offs_k, neg_a, dt_bias, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, RP: tl.constexpr,
+    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, H: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, RP: tl.constexpr,
 ):  # fmt: skip
     """Carry the tile S [BV, K] down the rows where `on_path` (root side first, at least one), one
-    step each; each step issues the next row's loads before its own arithmetic, so their latency
-    hides behind it. Returns the last step's read and the last row's prepared operands (its record's)."""
+    update each; each step issues the next row's loads before its own arithmetic, so their latency
+    hides behind it. Returns the tile after the last row."""
     steps = tl.sum(on_path.to(tl.int32), axis=0)
     node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
-    rq, rk, rv, ra, rb = _issue_loads(
-        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, True, h, hv, offs_v, offs_k, stride_qk, stride_v, stride_ab,
-        K, V,
-    )  # fmt: skip
-    q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
-    o = tl.zeros([BV], dtype=tl.float32)
+    _, k, v, g, beta = _load_prepared(
+        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, node, True, False, h, hv, offs_v, offs_k, H, HV, K, V
+    )
     for _ in range(steps):
         node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
-        rq, rk, rv, ra, rb = _issue_loads(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, node, node < RP, h, hv, offs_v, offs_k, stride_qk, stride_v,
-            stride_ab, K, V,
+        _, nk, nv, ng, nbeta = _load_prepared(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, node, node < RP, False, h, hv, offs_v, offs_k, H, HV,
+            K, V,
         )  # fmt: skip
-        S, o = _step(S, q, k, v, g, beta)
-        if node < RP:  # the row's own operands stay prepared after the last step, for its record
-            q, k, v, g, beta = _prepare(rq, rk, rv, ra, rb, neg_a, dt_bias, K)
-    return o, q, k, v, g, beta
+        S = _advance(S, k, v, g, beta)
+        k, v, g, beta = nk, nv, ng, nbeta
+    return S
 
 
 @triton.jit
 def gdn_rows_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    a_ptr,
-    b_ptr,
-    alog_ptr,
-    dtb_ptr,
-    state_ptr,
-    anc_ptr,
-    nactive_ptr,
-    o_ptr,
     rq_ptr,
     rk_ptr,
     rv_ptr,
     rg_ptr,
     rb_ptr,
+    state_ptr,
+    anc_ptr,
+    nactive_ptr,
+    o_ptr,
     R,
-    stride_qk,
-    stride_v,
-    stride_ab,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -115,36 +104,37 @@ def gdn_rows_kernel(
     h = hv // GROUP
     offs_v = vt * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, K)
-    neg_a = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
-    dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     if row < tl.load(nactive_ptr):
         # the row's ancestry (itself included) in registers, walked root first
         offs_r = tl.arange(0, RP)
         on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
+        q = tl.load(rq_ptr + (row.to(tl.int64) * H + h) * K + offs_k)
         S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
-        o, q, k, v, g, beta = carry_down(
-            q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, stride_qk, stride_v, stride_ab, S, on_path, offs_r, h, hv,
-            offs_v, offs_k, neg_a, dt_bias, K, V, BV, RP,
+        S = carry_down(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, H, HV, K, V,
+            RP,
         )  # fmt: skip
-        _record(
-            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, o_ptr, row, True, h, hv, vt, offs_v, offs_k,
-            q, k, v, g, beta, o, H, HV, K, V, GROUP,
-        )  # fmt: skip
+        _store_output(o_ptr, row, hv, offs_v, _read(S, q), HV, V)
     else:
-        n = row.to(tl.int64)
-        tl.store(o_ptr + (n * HV + hv) * V + offs_v, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
+        _store_output(o_ptr, row, hv, offs_v, tl.zeros([BV], dtype=tl.float32), HV, V)
+
+
+def gdn_rows_prepared_(ops: GdnOperands, state: Tensor, tables: AncestryTables, o: Tensor) -> None:
+    """One layer from prepared records: ops q, k [R, H, K], v [R, HV, V], g, beta [R, HV]
+    (contiguous fp32), state [HV, V, K] fp32 (read only), ancestry tables of R rows on the device;
+    writes o [R, HV, V]."""
+    rows, heads, dk = ops.q.shape
+    hv, dv = ops.v.shape[1], ops.v.shape[2]
+    bv = default_block_v(dv, state.device)
+    gdn_rows_kernel[(hv * (dv // bv), rows)](
+        ops.q, ops.k, ops.v, ops.g, ops.beta, state, tables.ancestry, tables.n_active, o, rows,
+        H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), num_warps=DEFAULT_REPLAY_WARPS,
+    )  # fmt: skip
 
 
 def gdn_rows_(x: GdnInputs, state: Tensor, tables: AncestryTables, o: Tensor, ops: GdnOperands) -> None:
-    """One layer: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be strided, as column
-    slices of a wider output: `row_strided`), state [HV, V, K] fp32 (read only), ancestry tables of R
-    rows on the device; writes o [R, HV, V] and the records."""
-    rows, heads, dk = x.q.shape
-    hv, dv = x.v.shape[1], x.v.shape[2]
-    bv = default_block_v(dv, state.device)
-    x, strides = row_strided(x)
-    gdn_rows_kernel[(hv * (dv // bv), rows)](
-        *x.tensors(), state, tables.ancestry, tables.n_active, o, ops.q, ops.k, ops.v, ops.g, ops.beta,
-        rows, *strides, H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows),
-        num_warps=DEFAULT_REPLAY_WARPS,
-    )  # fmt: skip
+    """One layer from raw inputs: x's q, k [R, H, K], v [R, HV, V], a, b [R, HV] (rows may be
+    strided, as column slices of a wider output: `row_strided`) prepared into the records `ops`,
+    then `gdn_rows_prepared_`."""
+    prepare_operands_(row_strided(x)[0], ops)
+    gdn_rows_prepared_(ops, state, tables, o)

@@ -154,6 +154,31 @@ def _touch(
 
 
 @triton.jit
+def _load_prepared(
+    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, node, ok, with_q, h, hv, offs_v, offs_k, H: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """`node`'s prepared fp32 operands from the records (`prepare.py`): q, k [K], v slice [BV], g,
+    beta; zeros unless ok, and q zeros unless with_q too (only a row whose output is read needs it)."""
+    n = tl.maximum(node, 0).to(tl.int64)
+    # (scalar conditions enter masks through tl.where: `tensor & scalar` is wrong in the interpreter)
+    mk = tl.where(ok, offs_k < K, False)
+    q = tl.load(rq_ptr + (n * H + h) * K + offs_k, mask=tl.where(with_q, mk, False), other=0.0)
+    k = tl.load(rk_ptr + (n * H + h) * K + offs_k, mask=mk, other=0.0)
+    v = tl.load(rv_ptr + (n * HV + hv) * V + offs_v, mask=tl.where(ok, offs_v < V, False), other=0.0)
+    g = tl.load(rg_ptr + n * HV + hv, mask=ok, other=0.0)
+    beta = tl.load(rb_ptr + n * HV + hv, mask=ok, other=0.0)
+    return q, k, v, g, beta
+
+
+@triton.jit
+def _store_output(o_ptr, node, hv, offs_v, o, HV: tl.constexpr, V: tl.constexpr):
+    """Write a node's output slice S q."""
+    n = tl.maximum(node, 0).to(tl.int64)
+    tl.store(o_ptr + (n * HV + hv) * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=offs_v < V)
+
+
+@triton.jit
 def _advance(S, k, v, g, beta):
     """One recurrence update of a [BV, K] tile: decay, predict with the decayed state, rank-1 write."""
     S = S * tl.exp(g)
