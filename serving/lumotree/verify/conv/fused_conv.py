@@ -111,14 +111,15 @@ def conv_operands_kernel(
     `prepare.prepare_kernel` prepares it; the inputs copied to the record."""
     r = tl.program_id(0)
     block = tl.program_id(1)
-    offs_c = block * BC + tl.arange(0, BC)
-    y = tree_conv_row(
-        x_ptr, state_ptr, w_ptr, w_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W, False, True, BC
-    )
-    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
-    ops = prepared_channels(y, offs_c, HK, K, BC)
-    store_operands(ops, offs_c, offs_c < C, r, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
-    if block == 0:
+    if block * BC < C:
+        offs_c = block * BC + tl.arange(0, BC)
+        y = tree_conv_row(
+            x_ptr, state_ptr, w_ptr, w_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W, False, True, BC
+        )
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+        ops = prepared_channels(y, offs_c, HK, K, BC)
+        store_operands(ops, offs_c, offs_c < C, r, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
+    else:  # the gates: a program of their own (no wait behind the conv's loads)
         store_gates(a_ptr, b_ptr, stride_ab, alog_ptr, dtb_ptr, rg_ptr, rb_ptr, r, HV, HVP)
 
 
@@ -226,7 +227,7 @@ def conv_operands_(
     if a.stride(0) != b.stride(0) or a.stride(1) != 1 or b.stride(1) != 1:
         a, b = a.contiguous(), b.contiguous()
     bc = channel_block(dk)
-    conv_operands_kernel[(rows, triton.cdiv(channels, bc))](
+    conv_operands_kernel[(rows, triton.cdiv(channels, bc) + 1)](
         x, conv_state, weight, gather, record, a, b, gates.A_log, gates.dt_bias, ops.q, ops.k, ops.v,
         ops.g, ops.beta, channels, x.stride(0), a.stride(0), W=weight.shape[1], HK=heads * dk, K=dk,
         HVV=hv * dv, HV=hv, HVP=triton.next_power_of_2(hv), BC=bc, enable_fp_fusion=False,

@@ -8,7 +8,7 @@ results/h200/NOTES.md, session 17); here each is done once.
 
 The channels of a GDN layer's conv output are [q (H K) | k (H K) | v (HV V)]. One program per (row,
 channel block of a whole number of heads) prepares its block (`prepared_channels`,
-`store_operands`) and the block-0 program the row's gates (`store_gates`); the fused tree conv
+`store_operands`), and one more program a row its gates (`store_gates`); the fused tree conv
 (`conv/fused_conv.py`) runs the same helpers on its output, so the forward prepares the operands in
 the conv's launch. `prepare_operands_` prepares raw `GdnInputs` (the scans' reference-signature
 forms and the vLLM plugin), one launch.
@@ -79,16 +79,17 @@ def prepare_kernel(
     row = tl.program_id(0)
     block = tl.program_id(1)
     r = row.to(tl.int64)
-    offs_c = block * BC + tl.arange(0, BC)
-    in_q = offs_c < HK
-    in_k = (offs_c >= HK) & (offs_c < 2 * HK)
-    in_v = (offs_c >= 2 * HK) & (offs_c < 2 * HK + HVV)
-    y = tl.load(q_ptr + r * stride_qk + offs_c, mask=in_q, other=0.0).to(tl.float32)
-    y += tl.load(k_ptr + r * stride_qk + offs_c - HK, mask=in_k, other=0.0).to(tl.float32)
-    y += tl.load(v_ptr + r * stride_v + offs_c - 2 * HK, mask=in_v, other=0.0).to(tl.float32)
-    ops = prepared_channels(y, offs_c, HK, K, BC)
-    store_operands(ops, offs_c, offs_c < 2 * HK + HVV, row, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
-    if block == 0:
+    if block * BC < 2 * HK + HVV:
+        offs_c = block * BC + tl.arange(0, BC)
+        in_q = offs_c < HK
+        in_k = (offs_c >= HK) & (offs_c < 2 * HK)
+        in_v = (offs_c >= 2 * HK) & (offs_c < 2 * HK + HVV)
+        y = tl.load(q_ptr + r * stride_qk + offs_c, mask=in_q, other=0.0).to(tl.float32)
+        y += tl.load(k_ptr + r * stride_qk + offs_c - HK, mask=in_k, other=0.0).to(tl.float32)
+        y += tl.load(v_ptr + r * stride_v + offs_c - 2 * HK, mask=in_v, other=0.0).to(tl.float32)
+        ops = prepared_channels(y, offs_c, HK, K, BC)
+        store_operands(ops, offs_c, offs_c < 2 * HK + HVV, row, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
+    else:  # the gates: a program of their own
         store_gates(a_ptr, b_ptr, stride_ab, alog_ptr, dtb_ptr, rg_ptr, rb_ptr, row, HV, HVP)
 
 
@@ -100,7 +101,7 @@ def prepare_operands_(x: GdnInputs, ops: GdnOperands) -> None:
     hv, dv = x.v.shape[1], x.v.shape[2]
     bc = channel_block(dk)
     channels = 2 * heads * dk + hv * dv
-    prepare_kernel[(rows, triton.cdiv(channels, bc))](
+    prepare_kernel[(rows, triton.cdiv(channels, bc) + 1)](
         *x.tensors(), ops.q, ops.k, ops.v, ops.g, ops.beta, x.q.stride(0), x.v.stride(0), x.a.stride(0),
         HK=heads * dk, K=dk, HVV=hv * dv, HV=hv, HVP=triton.next_power_of_2(hv), BC=bc,
         enable_fp_fusion=False,  # as the fused conv's epilogue, so both prepare the same bits
