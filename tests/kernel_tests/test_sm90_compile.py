@@ -39,6 +39,7 @@ def compiled() -> dict:
         "paths scan, tree register cap", "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
         "tree attention partial, by prefix", "tree attention tail", "tree attention merge", "kv write",
+        "gdn prepare", "tree conv, operands prepared",
     ],
 )  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:
@@ -46,8 +47,11 @@ def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:
 
 
 def test_the_tree_register_cap_holds_the_paths_scan_to_its_registers(compiled: dict) -> None:
+    # (with the operands prepared outside the scan, this compiler fits the uncapped scan in 128 too;
+    # on the H200 the capped scan still times faster: results/h200/gdn-forms-caps.md)
     capped, free = compiled["paths scan, tree register cap"], compiled["paths scan"]
-    assert 0 < capped["registers"] <= 128 < free["registers"], (capped["registers"], free["registers"])
+    assert 0 < capped["registers"] <= 128, capped["registers"]
+    assert capped["registers"] <= free["registers"] and capped["spill_bytes"] == 0, (capped, free)
 
 
 def test_value_major_state_products_run_on_wgmma(compiled: dict) -> None:
