@@ -31,7 +31,7 @@ import typer
 
 from lumobench.bench.kernels.decode import AttentionShape
 from lumobench.bench.output import command_line
-from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.bench.timing import Timer, copy_bandwidth, require_cuda
 from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.device_mtp import ATTENTION_PARTITIONS
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
@@ -313,9 +313,7 @@ def attention_command(
     except ValueError as exc:
         typer.echo(f"error: --tiles: {exc}", err=True)
         raise typer.Exit(2) from None
-    if not torch.cuda.is_available():
-        typer.echo("error: the attention benchmark needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    require_cuda("the attention benchmark")
     try:
         ctxs = sorted({int(c) for c in contexts.split(",")})
     except ValueError:

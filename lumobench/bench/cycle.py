@@ -53,7 +53,7 @@ import typer
 
 from lumobench.bench.output import command_line, current_commit
 from lumobench.bench.skinny_gemm import bench_skinny_gemm, for_shape_fractions
-from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.bench.timing import Timer, copy_bandwidth, require_cuda
 from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.drafter import Drafter
 from lumotree.drafting.geometry import GeometryConfig
@@ -653,9 +653,7 @@ def cycle_command(
     ] = True,
 ) -> None:
     """Time the AR step, the chain MTP-5 cycle and the tree cycle of a random-weight Qwen3.5-27B."""
-    if not torch.cuda.is_available():
-        typer.echo("error: the cycle benchmark needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    require_cuda("the cycle benchmark")
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
     if not chosen or any(v not in VARIANTS for v in chosen):
         typer.echo(f"error: --variants takes {', '.join(VARIANTS)}, got {variants!r}", err=True)

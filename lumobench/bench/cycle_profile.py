@@ -25,6 +25,7 @@ import typer
 
 from lumobench.bench.cycle import ARMS, GREEDY, Arm, build_runner, fill_state_, kernel_times, run_arm
 from lumobench.bench.output import command_line, current_commit, write_tables
+from lumobench.bench.timing import require_cuda
 from lumotree.model import HybridLM, default_model_path, load_checkpoint
 from lumotree.model.random_weights import preset_config, preset_names, random_model
 from lumotree.sampling import SamplingParams
@@ -153,9 +154,7 @@ def cycle_profile_command(
     ] = 0,
 ) -> None:
     """Profile the AR step, the chain MTP-5 cycle and the paper tree cycle of a model."""
-    if not torch.cuda.is_available():
-        typer.echo("error: the cycle profile needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    require_cuda("the cycle profile")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
         typer.echo(f"error: --dtype takes float32 or bfloat16, got {dtype!r}", err=True)

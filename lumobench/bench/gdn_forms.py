@@ -17,7 +17,7 @@ import typer
 
 from lumobench.bench.cycle import gdn_model_order
 from lumobench.bench.output import command_line, current_commit, write_tables
-from lumobench.bench.timing import Timer
+from lumobench.bench.timing import Timer, require_cuda
 from lumobench.checks.random_trees import SHAPES, paper_tree, random_tree
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.model import default_model_path, load_checkpoint
@@ -181,10 +181,7 @@ def gdn_forms_command(
     except ValueError:
         typer.echo("error: --paths-registers and --block-v take comma-separated integers", err=True)
         raise typer.Exit(2) from None
-    if not torch.cuda.is_available():
-        typer.echo("error: the GDN forms bench needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
-    device = torch.device("cuda")
+    device = require_cuda("the GDN forms bench")
     try:
         if preset == "shipped":
             model = load_checkpoint(default_model_path(), dtype=torch.bfloat16, device=device)

@@ -32,7 +32,7 @@ import typer
 from lumobench.bench.cycle import gdn_model_order
 from lumobench.bench.gdn_forms import scans_match_rows
 from lumobench.bench.output import command_line, current_commit, write_tables
-from lumobench.bench.timing import Timer
+from lumobench.bench.timing import Timer, require_cuda
 from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.geometry import GeometryConfig
 from lumotree.model.config import LINEAR, HybridConfig
@@ -145,9 +145,7 @@ def staged_on_cuda(variants: str) -> dict[str, dict[str, object]]:
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    if not torch.cuda.is_available():
-        typer.echo("error: the GDN variants bench needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    require_cuda("the GDN variants bench")
     return modules
 
 

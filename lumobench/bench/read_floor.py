@@ -26,7 +26,7 @@ import typer
 
 from lumobench.bench.output import command_line, current_commit, write_tables
 from lumobench.bench.skinny_gemm import SHAPES, ms_per_gemm, weight_copies
-from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.bench.timing import Timer, copy_bandwidth, require_cuda
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 
 READ_BLOCK = 8192  # bf16 elements a program loads per step (16 KB)
@@ -172,10 +172,7 @@ def read_floor_command(
     gemm: Annotated[bool, typer.Option(help="Also sweep the skinny GEMM's split count.")] = True,
 ) -> None:
     """Time a plain read of each projection's bytes by program count, and the skinny GEMM by splits."""
-    if not torch.cuda.is_available():
-        typer.echo("error: the read-floor benchmark needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
-    device = torch.device("cuda")
+    device = require_cuda("the read-floor benchmark")
     timer = Timer(device, iters, warmup)
     bandwidth = copy_bandwidth(device)
     results = bench_read_floor(timer, bandwidth)

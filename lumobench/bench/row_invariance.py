@@ -30,6 +30,7 @@ import typer
 from torch import Tensor
 
 from lumobench.bench.output import command_line, current_commit, write_tables
+from lumobench.bench.timing import require_cuda
 from lumobench.checks.random_trees import random_tree
 from lumotree.model import default_model_path, load_checkpoint
 from lumotree.model.fused import ops
@@ -255,9 +256,7 @@ def row_invariance_command(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "bfloat16",
 ) -> None:
     """Check, per op family, whether a verified chain row equals the one-row step bit for bit."""
-    if not torch.cuda.is_available():
-        typer.echo("error: the row-invariance check needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    require_cuda("the row-invariance check")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
         typer.echo(f"error: --dtype takes float32 or bfloat16, got {dtype!r}", err=True)

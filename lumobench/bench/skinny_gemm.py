@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import typer
 
 from lumobench.bench.output import command_line, current_commit
-from lumobench.bench.timing import Timer, copy_bandwidth
+from lumobench.bench.timing import Timer, copy_bandwidth, require_cuda
 from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 from lumotree.verify.graphs import CapturedStage
 
@@ -306,9 +306,7 @@ def skinny_gemm_command(
     ] = False,
 ) -> None:
     """Time the skinny GEMM against cuBLAS at the Qwen3.5-27B projection shapes."""
-    if not torch.cuda.is_available():
-        typer.echo("error: the skinny GEMM benchmark needs a CUDA GPU", err=True)
-        raise typer.Exit(2)
+    require_cuda("the skinny GEMM benchmark")
     if narrow:
         found = sweep_narrow()
         _write_results(out, "skinny_narrow", found, render_narrow_table(found))

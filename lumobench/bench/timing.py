@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+import typer
 
 FLUSH_BYTES = 256 * 2**20  # written outside every timed iteration (the paper's 256-MiB buffer)
 
@@ -88,3 +89,12 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 * 2**30, iters: int = 2
     dst = torch.empty_like(src)
     timing = Timer(device, iters, warmup=3)(lambda: dst.copy_(src))
     return 2 * nbytes / (timing.median_ms * 1e-3)
+
+
+def require_cuda(what: str) -> torch.device:
+    """The CUDA device; on a machine without one, a one-line error saying that `what` needs it, and
+    exit 2 (the GPU benchmarks' first step)."""
+    if not torch.cuda.is_available():
+        typer.echo(f"error: {what} needs a CUDA GPU", err=True)
+        raise typer.Exit(2)
+    return torch.device("cuda")

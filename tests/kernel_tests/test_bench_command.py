@@ -58,3 +58,25 @@ def test_methods_filter_keeps_only_matching_gdn_methods(tmp_path: Path) -> None:
         "no GDN method label contains"
         in json.loads((tmp_path / "none" / "kernels.json").read_text())["gdn"]["error"]
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU paths")
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["cycle"], "the cycle benchmark"),
+        (["cycle-profile", "--random-weights", "qwen3.5-27b"], "the cycle profile"),
+        (["gdn-forms"], "the GDN forms bench"),
+        (["read-floor"], "the read-floor benchmark"),
+        (["attention"], "the attention benchmark"),
+        (["skinny-gemm"], "the skinny GEMM benchmark"),
+        (["row-invariance"], "the row-invariance check"),
+    ],
+)
+def test_gpu_benchmarks_without_a_gpu_exit_with_one_clear_line(
+    tmp_path: Path, args: list[str], what: str
+) -> None:
+    result = CliRunner().invoke(app, ["bench", *args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"error: {what} needs a CUDA GPU" in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.iterdir()), "nothing written"
