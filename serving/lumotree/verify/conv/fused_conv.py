@@ -21,6 +21,7 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.conv.reference import check_conv_shapes
 from lumotree.verify.gdn.prepare import (
     channel_block,
+    head_channels,
     prepared_channels,
     store_gates,
     store_operands,
@@ -67,7 +68,6 @@ def tree_conv_kernel(
         W,
         HAS_BIAS,
         RECORD,
-        BC,
     )
     tl.store(y_ptr + r * C + offs_c, y.to(y_ptr.dtype.element_ty), mask=offs_c < C)
 
@@ -75,10 +75,10 @@ def tree_conv_kernel(
 @triton.jit
 def tree_conv_row(
     x_ptr, state_ptr, w_ptr, bias_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RECORD: tl.constexpr, BC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RECORD: tl.constexpr,
 ):  # fmt: skip
-    """Row r's conv outputs of channels offs_c in fp32 (SiLU applied; not yet cast to x's dtype),
-    its inputs copied to the record first if RECORD."""
+    """Row r's conv outputs of channels offs_c (any shape) in fp32 (SiLU applied; not yet cast to
+    x's dtype), its inputs copied to the record first if RECORD."""
     mc = offs_c < C
     if RECORD:  # the row's own input, kept for publication in a contiguous [R, C] record
         own = tl.load(x_ptr + r.to(tl.int64) * stride_x + offs_c, mask=mc)
@@ -86,10 +86,10 @@ def tree_conv_row(
     if HAS_BIAS:
         acc = tl.load(bias_ptr + offs_c, mask=mc, other=0.0).to(tl.float32)
     else:
-        acc = tl.zeros([BC], dtype=tl.float32)
+        acc = tl.zeros(offs_c.shape, dtype=tl.float32)
     for t in tl.static_range(W):
         idx = tl.load(gather_ptr + r * W + t)
-        in_state = (tl.zeros([BC], dtype=tl.int32) + idx) < W - 1
+        in_state = (tl.zeros(offs_c.shape, dtype=tl.int32) + idx) < W - 1
         row = tl.maximum(idx - (W - 1), 0).to(tl.int64)
         xs = tl.load(state_ptr + offs_c * (W - 1) + tl.minimum(idx, W - 2), mask=mc & in_state, other=0.0)
         xt = tl.load(x_ptr + row * stride_x + offs_c, mask=mc & ~in_state, other=0.0)
@@ -112,12 +112,12 @@ def conv_operands_kernel(
     r = tl.program_id(0)
     block = tl.program_id(1)
     if block * BC < C:
-        offs_c = block * BC + tl.arange(0, BC)
+        offs_c = head_channels(block, K, BC)  # [heads, K]: the norms reduce along rows, no reshape
         y = tree_conv_row(
-            x_ptr, state_ptr, w_ptr, w_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W, False, True, BC
+            x_ptr, state_ptr, w_ptr, w_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W, False, True
         )
         y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
-        ops = prepared_channels(y, offs_c, HK, K, BC)
+        ops = prepared_channels(y, offs_c, HK)
         store_operands(ops, offs_c, offs_c < C, r, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
     else:  # the gates: a program of their own (no wait behind the conv's loads)
         store_gates(a_ptr, b_ptr, stride_ab, alog_ptr, dtb_ptr, rg_ptr, rb_ptr, r, HV, HVP)
