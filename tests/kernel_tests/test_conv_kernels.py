@@ -75,26 +75,6 @@ def test_both_conv_kernels_read_a_column_slice_of_a_wider_output_in_place() -> N
     assert torch.equal(got, expected)
 
 
-def test_the_tree_conv_records_its_inputs_when_asked() -> None:
-    # The inputs are a column slice of a wider output (rows apart, NaN around them): the record is a
-    # contiguous copy of the rows, written by the conv's own launch, which leaves y as it was.
-    tree = random_tree("paper", random.Random(5))
-    gen = torch.Generator().manual_seed(5)
-    wide = torch.full((tree.rows, CHANNELS + 3), float("nan"))
-    wide[:, 3:] = torch.randn(tree.rows, CHANNELS, generator=gen)
-    x = wide[:, 3:]
-    state = torch.randn(CHANNELS, WIDTH - 1, generator=gen)
-    weight = torch.randn(CHANNELS, WIDTH, generator=gen)
-    y, y_plain, record = (poisoned((tree.rows, CHANNELS), torch.float32) for _ in range(3))
-    tree_conv_(x, state, weight, None, tree.conv_gather, y, record)
-    tree_conv_(x, state, weight, None, tree.conv_gather, y_plain)
-    assert_written(record)
-    assert torch.equal(record, x)
-    assert torch.equal(y, y_plain)
-    with pytest.raises(ValueError, match="conv input record"):
-        tree_conv_(x, state, weight, None, tree.conv_gather, y, record[:, :-1])
-
-
 @pytest.mark.parametrize("path_len", [1, 2, 5])
 def test_every_layers_publication_in_one_launch_matches_the_reference_per_layer(path_len: int) -> None:
     # 3 layers' conv states as views of one bank, their inputs column slices of wider outputs (as

@@ -23,6 +23,7 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.paths_scan import gdn_paths_
 from lumotree.verify.gdn.plan import DEFAULT_PATHS, count_paths, empty_ancestry_tables, first_child_paths
+from lumotree.verify.gdn.prepare import prepare_operands_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.gdn.row_scan import gdn_rows_
 
@@ -145,33 +146,27 @@ def test_the_paths_scan_matches_the_reference() -> None:
     assert_gdn_matches_reference(o, ops, case)
 
 
-def test_records_given_to_the_engine_verification_are_written_there_or_refused() -> None:
-    # A layer's slices of [2, R, ...] banks receive its records (each equal to the records of a
-    # call that allocates its own); records of another shape or dtype are refused.
+@pytest.mark.parametrize("form", ["rows", "paths"])
+def test_the_engine_scan_over_prepared_records_gives_the_raw_verifications_bits(form: str) -> None:
+    # The forward's path (records prepared beforehand, here by the standalone preparation, then the
+    # scan alone) against gdn_verify from raw inputs (which prepares and scans in one call); the
+    # records are read, not written; a form that reads raw inputs is refused.
     tree = random_tree("paper", random.Random(6))
     case = gdn_checks.make_case(tree, DIMS, torch.Generator().manual_seed(6))
-    x, state = case.inputs(torch.float32)
+    x, state = case.inputs(torch.bfloat16)
     tables = DeviceTree(tree.rows, tree.max_depth, CPU).load_(tree)
-    own = device_ops.gdn_verify(x, state, tables)
-    one = empty_operands(tree.rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, CPU)
-    banks = GdnOperands(*(poisoned((2, *t.shape), torch.float32) for t in vars(one).values()))
-    given = banks.map(lambda t: t[1])
-    result = device_ops.gdn_verify(x, state, tables, records=given)
-    active = tree.n_active
+    config = device_ops.GdnConfig(form=form)
+    raw = device_ops.gdn_verify(x, state, tables, config)
+    ops = empty_operands(tree.rows, DIMS.H, DIMS.HV, DIMS.K, DIMS.V, CPU)
+    prepare_operands_(x.map(torch.Tensor.contiguous), ops)
+    before = ops.map(torch.clone)
+    o = device_ops.gdn_scan(ops, state, tables, torch.bfloat16, config)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, raw.o)
     for field in RECORDS:
-        written = getattr(banks, field)[1, :active]
-        assert written.data_ptr() == getattr(result.operands, field)[:active].data_ptr(), field
-        assert torch.equal(written, getattr(own.operands, field)[:active]), field
-        assert getattr(banks, field)[0].isnan().all(), f"layer 0's {field} slice was written"
-    assert torch.equal(result.o, own.o)
-    with pytest.raises(ValueError, match="records v"):
-        device_ops.gdn_verify(
-            x, state, tables, records=GdnOperands(given.q, given.k, given.v[:, :1], given.g, given.beta)
-        )
-    with pytest.raises(ValueError, match="records g must be float32"):
-        device_ops.gdn_verify(
-            x, state, tables, records=GdnOperands(given.q, given.k, given.v, given.g.double(), given.beta)
-        )
+        assert torch.equal(getattr(ops, field), getattr(before, field)), field
+        assert torch.equal(getattr(ops, field), getattr(raw.operands, field)), field
+    with pytest.raises(ValueError, match="not form 'wy'"):
+        device_ops.gdn_scan(ops, state, tables, torch.bfloat16, device_ops.GdnConfig(form="wy"))
 
 
 def _owners(parents: list[int], n_active: int) -> list[int]:

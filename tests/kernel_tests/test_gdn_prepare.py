@@ -82,8 +82,9 @@ def test_the_conv_prepares_the_operands_of_its_own_output(
     tree = random_tree("paper", random.Random(5))
     gen = torch.Generator().manual_seed(5)
     channels = 2 * heads * dk + hv * dv
-    wide = torch.randn(tree.rows, channels + 3, generator=gen).to(dtype)
-    x = wide[:, 3:]  # the projection's column slice, read in place
+    wide = torch.full((tree.rows, channels + 3), float("nan"), dtype=dtype)
+    wide[:, 3:] = torch.randn(tree.rows, channels, generator=gen).to(dtype)
+    x = wide[:, 3:]  # the projection's column slice (rows apart, NaN around them), read in place
     state = torch.randn(channels, WIDTH - 1, generator=gen).to(dtype)
     weight = torch.randn(channels, WIDTH, generator=gen)
     gates = _gates(tree.rows, hv, gen, dtype)
@@ -104,14 +105,26 @@ def test_the_conv_prepares_the_operands_of_its_own_output(
     _assert_records_close(ops, prepare_operands(raw.map(torch.Tensor.contiguous)))
 
 
-def test_the_conv_refuses_channels_that_are_not_the_records_q_k_v() -> None:
+def test_the_conv_refuses_inputs_records_and_buffers_that_do_not_fit() -> None:
     tree = random_tree("chain", random.Random(1))
     heads, hv, dk, dv = DIMS[1]
     channels = 2 * heads * dk + hv * dv
-    x = torch.randn(tree.rows, channels + 1)
     gates = _gates(tree.rows, hv, torch.Generator().manual_seed(1), torch.float32)
+    ops = _poisoned_records(tree.rows, heads, hv, dk, dv)
+
+    def conv(x: torch.Tensor, record: torch.Tensor, records: GdnOperands) -> None:
+        width = x.shape[1]
+        state, weight = torch.zeros(width, WIDTH - 1), torch.zeros(width, WIDTH)
+        conv_operands_(x, state, weight, tree.conv_gather, gates, record, records)
+
+    x = torch.randn(tree.rows, channels)
     with pytest.raises(ValueError, match=r"must be \[q \| k \| v\]"):
-        conv_operands_(
-            x, torch.zeros(channels + 1, WIDTH - 1), torch.zeros(channels + 1, WIDTH), tree.conv_gather,
-            gates, torch.empty_like(x), _poisoned_records(tree.rows, heads, hv, dk, dv),
-        )  # fmt: skip
+        wider = torch.randn(tree.rows, channels + 1)
+        conv(wider, torch.empty_like(wider), ops)
+    with pytest.raises(ValueError, match="conv input record"):
+        conv(x, torch.empty(tree.rows, channels - 1), ops)
+    with pytest.raises(ValueError, match="records g must be float32"):
+        conv(x, torch.empty_like(x), GdnOperands(ops.q, ops.k, ops.v, ops.g.double(), ops.beta))
+    with pytest.raises(ValueError, match="records v"):
+        conv(x, torch.empty_like(x), GdnOperands(ops.q, ops.k, ops.v[:, :1], ops.g, ops.beta))
+    assert ops.v.isnan().all(), "nothing written by a refused call"

@@ -95,28 +95,19 @@ def _gdn_tree(
 ) -> Tensor:
     mixed_qkv, z, a, b = mixer.project(x)
     weight, layer = mixer.conv1d.weight[:, 0], len(records)
-    if banks is not None and kernels.conv_operands is not None and kernels.gdn_scan is not None:
-        # the conv prepares the scan's operands: no conv output, no preparation inside the scan
+    if banks is not None:  # the prepared path: the conv prepares the scan's operands in its launch
+        assert kernels.conv_operands is not None and kernels.gdn_scan is not None
         x_record = banks.conv_input(layer, mixed_qkv[0])
         ops = banks.layer_operands(layer, x_record.shape[0], mixer, x_record.device)
         gates = GateInputs(a[0], b[0], mixer.A_log, mixer.dt_bias)
         kernels.conv_operands(mixed_qkv[0], state.conv, weight, tree, gates, x_record, ops)
         records.append(GdnRecord(x_record, ops))
         return mixer.output(kernels.gdn_scan(ops, state.recurrent, tree, mixed_qkv.dtype)[None], z)
-    if banks is None:
-        x_record = mixed_qkv[0]
-        conv_out = kernels.tree_conv(x_record, state.conv, weight, None, tree)
-    else:
-        x_record = banks.conv_input(layer, mixed_qkv[0])
-        conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, weight, None, tree, record=x_record)
+    conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, weight, None, tree)
     q, k, v = mixer.split_qkv(conv_out[None])
     inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
-    if banks is None:
-        result = kernels.gdn_verify(inputs, state.recurrent, tree)
-    else:
-        own = banks.layer_operands(layer, inputs.q.shape[0], mixer, inputs.q.device)
-        result = kernels.gdn_verify(inputs, state.recurrent, tree, records=own)
-    records.append(GdnRecord(x_record, result.operands))
+    result = kernels.gdn_verify(inputs, state.recurrent, tree)
+    records.append(GdnRecord(mixed_qkv[0], result.operands))
     return mixer.output(result.o[None], z)
 
 
@@ -164,7 +155,7 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
     h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
     linear = sum(1 for layer in model.model.layers if layer.is_linear)
-    banks = RecordBanks(linear) if kernels.banked_records else None
+    banks = RecordBanks(linear) if kernels.prepares_gdn else None
     for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
         mixer: Callable[[Tensor], Tensor]
         if layer.is_linear:

@@ -56,7 +56,7 @@ from lumotree.verify.conv.fused_conv import (
     tree_conv_,
 )
 from lumotree.verify.device_tree import DeviceTree
-from lumotree.verify.gdn.common import check_records, empty_operands
+from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.paths_scan import gdn_paths_, gdn_paths_prepared_
 from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands, GdnVerifyResult
 from lumotree.verify.gdn.replay import replay_accepted_, replay_layers_
@@ -118,11 +118,9 @@ def tree_conv(
     weight: Tensor,
     bias: Tensor | None,
     tree: DeviceTree,
-    record: Tensor | None = None,
 ) -> Tensor:
     """x [R, C] pre-conv inputs (rows may be strided), conv_state [C, W-1], weight [C, W] -> y [R, C]
-    (x's dtype, contiguous). `record` (contiguous [R, C]), if given, receives x's rows for
-    publication (a layer's slice of a stacked bank: `publish_conv_layers` then reads it in place)."""
+    (x's dtype, contiguous)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tree_conv_(
         x,
@@ -131,7 +129,6 @@ def tree_conv(
         None if bias is None else bias.contiguous(),
         tree.conv_gather,
         y,
-        record,
     )
     return y
 
@@ -147,8 +144,9 @@ def conv_operands(
 ) -> None:
     """A GDN layer's tree conv with the scans' operands prepared in the same launch: x [R, C]
     pre-conv [q | k | v] inputs (rows may be strided), conv_state [C, W-1], weight [C, W] -> the
-    records `ops` (contiguous fp32 of one layer: `check_records`) and x's rows in `record`
-    (contiguous [R, C], for the conv publication)."""
+    records `ops` (contiguous fp32 of one layer: `check_records`; e.g. a layer's slices of stacked
+    banks that `replay` then reads in place) and x's rows in `record` (contiguous [R, C], for the
+    conv publication, which reads a bank of them in place too)."""
     state = conv_state.to(x.dtype).contiguous()
     conv_operands_(x, state, weight.contiguous(), tree.conv_gather, gates, record, ops)
 
@@ -176,19 +174,14 @@ def gdn_verify(
     state: Tensor,
     tree: DeviceTree,
     config: GdnConfig | None = None,
-    records: GdnOperands | None = None,
 ) -> GdnVerifyResult:
-    """One layer's verification (the row scan, the paths scan or the tree WY kernel: `config.form`):
-    records every row's operands (fp32; into `records` if given, e.g. a layer's slices of stacked
-    banks that `replay` then reads in place), no cut states (publication replays from the records)."""
+    """One layer's verification from raw inputs (the row scan, the paths scan or the tree WY kernel:
+    `config.form`): records every row's operands (fp32), no cut states (publication replays from
+    the records)."""
     rows, heads, dk = x.q.shape
     hv, dv = x.v.shape[1], x.v.shape[2]
     cfg = config or GdnConfig.for_device(x.q.device, rows, state.numel() * state.element_size())
-    if records is None:
-        ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
-    else:
-        check_records(records, rows, heads, hv, dk, dv)
-        ops = records
+    ops = empty_operands(rows, heads, hv, dk, dv, x.q.device)
     o = torch.empty_like(x.v)
     if cfg.form == "rows":  # the scans read column slices of the conv and projection outputs in place
         gdn_rows_(x, state.contiguous(), tree.gdn, o, ops)

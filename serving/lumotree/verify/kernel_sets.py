@@ -7,8 +7,8 @@ op folder: the tree WY form of GDN verification (`gdn/tree_wy.py`), the stacked 
 (`gdn/stacked_replay.py`) and grouped-query tree attention (`attention/gqa.py`); tests prove each
 equal to its reference. Conv and the conv/KV publication are cheap already and use the references.
 Every kernel has the signature of the reference it stands for, except `replay`, which publishes all
-GDN layers of a model in one call (so a variant may batch them), and the optional record outputs of
-a set with `banked_records`.
+GDN layers of a model in one call (so a variant may batch them), and the optional prepared GDN path
+(`conv_operands` and `gdn_scan`: the Triton set's).
 """
 
 from __future__ import annotations
@@ -51,15 +51,17 @@ class TreeKernels:
     # every GDN layer's conv publication at once (states, their inputs, accepted, path length); None:
     # publish_conv per layer
     publish_conv_layers: Callable[[Sequence[Tensor], Sequence[Tensor], Tensor, int], None] | None = None
-    # tree_conv takes `record=` (a [R, C] slice to copy its inputs into) and gdn_verify `records=` (the
-    # layer's record buffers): the forward then keeps every GDN layer's records in stacked banks,
-    # which publication reads without stacking them
-    banked_records: bool = False
-    # both or neither, with banked_records: the GDN layers' conv prepares the scans' operands into the
-    # layer's record slices in its own launch (x, conv state, weight, tree, gates, conv input record,
-    # records), and the scan reads them (records, state, tree, output dtype) -> o
+    # both or neither (`prepares_gdn`): the forward keeps every GDN layer's records in stacked banks
+    # (publication reads them without stacking); a layer's conv copies its inputs and prepares the
+    # scan's operands into its slices in one launch (x, conv state, weight, tree, gates, conv input
+    # record, records), and the scan reads them (records, state, tree, output dtype) -> o
     conv_operands: Callable[..., None] | None = None
     gdn_scan: Callable[..., Tensor] | None = None
+
+    @property
+    def prepares_gdn(self) -> bool:
+        """Whether the forward takes the prepared GDN path (the conv prepares, the scan reads)."""
+        return self.conv_operands is not None and self.gdn_scan is not None
 
 
 def replay_each_layer_(
@@ -108,7 +110,6 @@ def triton_kernels() -> TreeKernels:
         publish_conv=device_ops.publish_conv,
         publish_kv=device_ops.publish_kv,
         publish_conv_layers=device_ops.publish_conv_layers,
-        banked_records=True,
         conv_operands=device_ops.conv_operands,
         gdn_scan=device_ops.gdn_scan,
     )

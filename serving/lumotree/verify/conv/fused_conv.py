@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.conv.reference import check_conv_shapes
+from lumotree.verify.gdn.common import check_records
 from lumotree.verify.gdn.prepare import (
     channel_block,
     head_channels,
@@ -44,30 +45,16 @@ def tree_conv_kernel(
     bias_ptr,
     gather_ptr,
     y_ptr,
-    record_ptr,
     C,
     stride_x,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    RECORD: tl.constexpr,
     BC: tl.constexpr,
 ):
     r = tl.program_id(0)
     offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
     y = tree_conv_row(
-        x_ptr,
-        state_ptr,
-        w_ptr,
-        bias_ptr,
-        gather_ptr,
-        record_ptr,
-        r,
-        offs_c,
-        C,
-        stride_x,
-        W,
-        HAS_BIAS,
-        RECORD,
+        x_ptr, state_ptr, w_ptr, bias_ptr, gather_ptr, y_ptr, r, offs_c, C, stride_x, W, HAS_BIAS, False
     )
     tl.store(y_ptr + r * C + offs_c, y.to(y_ptr.dtype.element_ty), mask=offs_c < C)
 
@@ -168,17 +155,13 @@ def tree_conv_(
     bias: Tensor | None,
     gather: Tensor,
     y: Tensor,
-    record: Tensor | None = None,
 ) -> None:
     """x [R, C] (rows may be strided: a column slice of the projection), conv_state [C, W-1] (x's
     dtype), weight [C, W], bias [C] or None, gather [R, W] int64 device (tree.conv_gather) -> y [R, C]
-    in x's dtype (caller-owned). All else contiguous. `record` (contiguous [R, C], x's dtype), if
-    given, receives a copy of x's rows, written by the same launch."""
+    in x's dtype (caller-owned). All else contiguous."""
     x = dense_columns(x)
     rows, channels = x.shape
     width = weight.shape[1]
-    if record is not None:
-        check_record(record, x)
     grid = (rows, triton.cdiv(channels, BLOCK_C))
     tree_conv_kernel[grid](
         x,
@@ -187,12 +170,10 @@ def tree_conv_(
         weight if bias is None else bias,
         gather,
         y,
-        y if record is None else record,
         channels,
         x.stride(0),
         W=width,
         HAS_BIAS=bias is not None,
-        RECORD=record is not None,
         BC=BLOCK_C,
         enable_fp_fusion=False,
     )
@@ -217,6 +198,7 @@ def conv_operands_(
     rows, channels = x.shape
     heads, dk = ops.q.shape[1], ops.q.shape[2]
     hv, dv = ops.v.shape[1], ops.v.shape[2]
+    check_records(ops, rows, heads, hv, dk, dv)
     if channels != 2 * heads * dk + hv * dv or dk & (dk - 1):
         raise ValueError(
             f"conv channels {channels} must be [q | k | v] of the records ({heads} x {dk}, {heads} x {dk}, "
