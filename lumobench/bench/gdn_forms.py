@@ -26,10 +26,11 @@ from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
 from lumotree.verify import device_ops
+from lumotree.verify.conv.fused_conv import conv_operands_, tree_conv_
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn import common
 from lumotree.verify.gdn.plan import count_paths
-from lumotree.verify.gdn.reference import GdnInputs
+from lumotree.verify.gdn.reference import GateInputs, GdnInputs
 
 CHAIN_ROWS = 6  # MTP-5: the root and five drafts
 SCANS = ("paths",)  # the forms besides the row scan with its bits
@@ -127,6 +128,18 @@ def markdown(doc: dict) -> str:
             f"| {cap} | {r['tree_ms']:.3f} | {r['chain_ms']:.3f} | {r['equal_to_rows']} |"
             for cap, r in doc["paths_register_caps"].items()
         ]
+    if doc.get("conv_ms"):
+        lines += [
+            "",
+            "Every GDN layer's tree conv in model order (ms): the plain conv storing its output, and the "
+            "conv that prepares the scans' operands, by warps a program:",
+            "",
+        ]
+        lines += ["| conv | tree | chain | one row |", "| --- | ---: | ---: | ---: |"]
+        lines += [
+            f"| {name} | {r['tree']:.3f} | {r['chain']:.3f} | {r['one row']:.3f} |"
+            for name, r in doc["conv_ms"].items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -148,6 +161,43 @@ def block_v_row(model: HybridLM, tree: TreeDescriptor, chain: TreeDescriptor, ti
         }
     finally:
         common.DEVICE_BLOCK_V = saved
+
+
+def conv_model_order(model: HybridLM, tree: TreeDescriptor, timer: Timer, warps: int | None) -> float:
+    """Median ms of every GDN layer's tree conv in model order in one graph, over `tree`'s rows: the
+    conv with the scans' operands prepared in its epilogue at `warps` warps a program
+    (`conv_operands_`, the engine's), or (None) the plain conv storing its output (`tree_conv_`)."""
+    cfg, dev = model.config, model.device
+    gather = DeviceTree(tree.rows, MAX_DEPTH, dev).load_(tree).conv_gather
+    h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    rows, channels = tree.rows, 2 * h * dk + hv * dv
+    gen = torch.Generator(device=dev).manual_seed(2)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=dev).to(model.dtype)
+
+    layers = []
+    for g in (layer.linear_attn for layer in model.model.layers if layer.is_linear):
+        weight = g.conv1d.weight[:, 0].contiguous()
+        x, ab = randn(rows, channels), randn(rows, 2 * hv)
+        gates = GateInputs(ab[:, :hv], ab[:, hv:], g.A_log, g.dt_bias)
+        ops = common.empty_operands(rows, h, hv, dk, dv, dev)
+        layers.append((x, randn(channels, weight.shape[1] - 1), weight, gates, ops))
+
+    def all_layers() -> None:
+        for x, state, weight, gates, ops in layers:
+            if warps is None:
+                tree_conv_(x, state, weight, None, gather, torch.empty_like(x))
+            else:
+                conv_operands_(x, state, weight, gather, gates, torch.empty_like(x), ops, num_warps=warps)
+
+    all_layers()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        all_layers()
+    return timer(graph.replay).median_ms
 
 
 def gdn_forms_command(
@@ -173,13 +223,24 @@ def gdn_forms_command(
             "with its bits checked against the row scan's."
         ),
     ] = "",
+    conv_warps: Annotated[
+        str,
+        typer.Option(
+            help="Also time every GDN layer's tree conv (model order; the tree, the chain, one row): "
+            "the plain conv, and the conv that prepares the scans' operands at these warps a program "
+            "(comma-separated)."
+        ),
+    ] = "",
 ) -> None:
     """Time the GDN verification forms in model order and check the scans' bits against the row scan."""
     try:
         caps = [int(c) for c in paths_registers.split(",") if c.strip()]
         heights = [int(c) for c in block_v.split(",") if c.strip()]
+        warps = [int(c) for c in conv_warps.split(",") if c.strip()]
     except ValueError:
-        typer.echo("error: --paths-registers and --block-v take comma-separated integers", err=True)
+        typer.echo(
+            "error: --paths-registers, --block-v and --conv-warps take comma-separated integers", err=True
+        )
         raise typer.Exit(2) from None
     device = require_cuda("the GDN forms bench")
     try:
@@ -214,6 +275,14 @@ def gdn_forms_command(
                 ),
             }
         by_height = {str(bv): block_v_row(model, tree, chain, timer, bv) for bv in heights}
+        one_row = chain_tree([1], prefix_len=4096, max_depth=MAX_DEPTH)
+        convs = {
+            "plain" if w is None else f"{w} warps": {
+                name: conv_model_order(model, t, timer, w)
+                for name, t in (("tree", tree), ("chain", chain), ("one row", one_row))
+            }
+            for w in ([None, *warps] if warps else [])
+        }
     doc = {
         "preset": preset,
         "device": torch.cuda.get_device_name(),
@@ -227,6 +296,7 @@ def gdn_forms_command(
         "scans_vs_rows": scans,
         "paths_register_caps": capped,
         "block_v": by_height,
+        "conv_ms": convs,
         "command": command_line("gdn-forms"),
         "commit": current_commit(),
     }

@@ -80,3 +80,10 @@ def test_gpu_benchmarks_without_a_gpu_exit_with_one_clear_line(
     assert result.exit_code == 2, result.output
     assert f"error: {what} needs a CUDA GPU" in result.output and "Traceback" not in result.output
     assert not list(tmp_path.iterdir()), "nothing written"
+
+
+@pytest.mark.parametrize("option", ["--paths-registers", "--block-v", "--conv-warps"])
+def test_gdn_forms_refuses_a_list_that_is_not_integers(tmp_path: Path, option: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "gdn-forms", option, "4,x", "--out", str(tmp_path / "f")])
+    assert result.exit_code == 2, result.output
+    assert "take comma-separated integers" in result.output and "Traceback" not in result.output

@@ -30,6 +30,7 @@ from lumotree.verify.gdn.prepare import (
 from lumotree.verify.gdn.reference import GateInputs, GdnOperands
 
 BLOCK_C = 256
+OPERANDS_WARPS = 4  # warps a program of the conv that prepares the GDN operands (a [2, 128] block)
 
 
 def dense_columns(x: Tensor) -> Tensor:
@@ -187,6 +188,7 @@ def conv_operands_(
     gates: GateInputs,
     record: Tensor,
     ops: GdnOperands,
+    num_warps: int = OPERANDS_WARPS,
 ) -> None:
     """A GDN layer's tree conv with its operands prepared in the same launch: x [R, C] pre-conv
     [q | k | v] inputs (rows may be strided), conv_state [C, W-1] (x's dtype), weight [C, W] (no
@@ -213,6 +215,7 @@ def conv_operands_(
         x, conv_state, weight, gather, record, a, b, gates.A_log, gates.dt_bias, ops.q, ops.k, ops.v,
         ops.g, ops.beta, channels, x.stride(0), a.stride(0), W=weight.shape[1], HK=heads * dk, K=dk,
         HVV=hv * dv, HV=hv, HVP=triton.next_power_of_2(hv), BC=bc, enable_fp_fusion=False,
+        num_warps=num_warps,
     )  # fmt: skip
 
 
