@@ -83,11 +83,15 @@ KERNELS = {
 # the GDN operands prepared once a node: on their own, and in the 27B layer's tree conv (10240 channels)
 TYPES |= {"gather_ptr": "*i64", "record_ptr": "*bf16", "C": "i32", "stride_x": "i64"}
 PREPARED = dict(HK=16 * 128, K=128, HVV=48 * 128, HV=48, HVP=64, BC=prepare.channel_block(128))
-KERNELS["gdn prepare"] = (prepare.prepare_kernel, PREPARED, dict(num_warps=4, enable_fp_fusion=False))
+KERNELS["gdn prepare"] = (
+    prepare.prepare_kernel,
+    PREPARED,
+    dict(num_warps=prepare.PREPARE_WARPS, enable_fp_fusion=False),
+)
 KERNELS["tree conv, operands prepared"] = (
     fused_conv.conv_operands_kernel,
     dict(PREPARED, W=4),
-    dict(num_warps=4, enable_fp_fusion=False),
+    dict(num_warps=prepare.PREPARE_WARPS, enable_fp_fusion=False),
 )
 # The configs SkinnyConfig.for_shape picks at the Qwen3.5-27B shapes, with 16- and 32-row tiles.
 for block_n, block_k, tiles, splits in (

@@ -1,33 +1,93 @@
 """The GDN paths scan on a CUDA GPU, both decompositions: every output and record of random trees of
 every shape bit for bit the row scan's, at the shipped model's and Qwen3.5-27B's GDN shapes, in bf16,
-with the default path programs (so trees with more walks take the loop) (compiled kernels: the
-interpreter's test cannot vouch for the GPU's layouts).
+with the default path programs (so trees with more walks take the loop); and the operands the conv
+prepares bit for bit the standalone preparation's (compiled kernels: the interpreter's test cannot
+vouch for the GPU's layouts).
 
 Run on the device machine with: TRITON_INTERPRET=0 pytest -m gpu tests/kernel_tests/test_gpu_scans.py
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from lumobench.bench.gdn_forms import SCANS, scans_match_rows
+from lumobench.checks.random_trees import paper_tree
+from lumotree.drafting.geometry import GeometryConfig
 from lumotree.model import default_model_path
 from lumotree.model.config import HybridConfig
 from lumotree.model.random_weights import preset_config
+from lumotree.verify.conv.fused_conv import conv_operands_, tree_conv_
+from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import DEFAULT_PATHS
+from lumotree.verify.gdn.prepare import prepare_operands_
+from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands
 
 from .helpers import GPU_ONLY
 
 pytestmark = GPU_ONLY
 
 
+def _config(shapes: str) -> HybridConfig:
+    return (
+        HybridConfig.from_file(default_model_path()) if shapes == "lumo-tiny-coder" else preset_config(shapes)
+    )
+
+
 @pytest.mark.parametrize("shapes", ["lumo-tiny-coder", "qwen3.5-27b"])
 def test_the_scans_give_every_row_the_row_scans_bits(shapes: str) -> None:
-    tiny = shapes == "lumo-tiny-coder"
-    cfg = HybridConfig.from_file(default_model_path()) if tiny else preset_config(shapes)
+    cfg = _config(shapes)
     with torch.inference_mode():
         cases = scans_match_rows(cfg, torch.bfloat16, torch.device("cuda"), seed=11)
     parted = [c for c in cases if not all(c[f"{form}_equal"] for form in SCANS)]
     assert len(cases) >= 7 and not parted, parted
     assert any(c["paths"] > DEFAULT_PATHS for c in cases), "no tree took the loop over paths"
+
+
+@pytest.mark.parametrize("shapes", ["lumo-tiny-coder", "qwen3.5-27b"])
+def test_the_conv_prepares_the_bits_of_the_standalone_preparation(shapes: str) -> None:
+    # The engine's forward prepares in the conv, the reference-signature forms in their own launch:
+    # on the GPU's layouts too, one set of records (NaN-poisoned buffers, the paper tree's rows).
+    cfg = (
+        HybridConfig.from_file(default_model_path()) if shapes == "lumo-tiny-coder" else preset_config(shapes)
+    )
+    h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    dev, channels = torch.device("cuda"), 2 * h * dk + hv * dv
+    tree = paper_tree(random.Random(0), 1000, 4096, GeometryConfig(rows=32))
+    gather = tree.conv_gather.to(dev)
+    gen = torch.Generator(device=dev).manual_seed(5)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=dev)
+
+    x = randn(tree.rows, channels + 8).bfloat16()[:, 8:]  # a column slice, as the projection's
+    state, weight = randn(channels, 3).bfloat16(), randn(channels, 4).bfloat16()
+    ab = randn(tree.rows, 2 * hv).bfloat16()
+    gates = GateInputs(ab[:, :hv], ab[:, hv:], randn(hv), randn(hv))
+
+    def records() -> GdnOperands:
+        shapes_ = vars(empty_operands(tree.rows, h, hv, dk, dv, dev))
+        return GdnOperands(*(torch.full(t.shape, float("nan"), device=dev) for t in shapes_.values()))
+
+    fused, alone, record = (
+        records(),
+        records(),
+        torch.empty(tree.rows, channels, dtype=torch.bfloat16, device=dev),
+    )
+    y = torch.empty_like(record)
+    with torch.inference_mode():
+        conv_operands_(x, state, weight, gather, gates, record, fused)
+        tree_conv_(x, state, weight, None, gather, y)
+        q, k, v = y[:, : h * dk], y[:, h * dk : 2 * h * dk], y[:, 2 * h * dk :]
+        raw = GdnInputs(q.unflatten(1, (h, dk)), k.unflatten(1, (h, dk)), v.unflatten(1, (hv, dv)),
+                        gates.a, gates.b, gates.A_log, gates.dt_bias)  # fmt: skip
+        prepare_operands_(raw, alone)
+    assert torch.equal(record, x)
+    for field in ("q", "k", "v", "g", "beta"):
+        got, want = getattr(fused, field), getattr(alone, field)
+        assert not got.isnan().any(), field
+        assert torch.equal(got, want), field

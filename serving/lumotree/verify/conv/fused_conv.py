@@ -21,6 +21,7 @@ from lumotree.tree import TreeDescriptor
 from lumotree.verify.conv.reference import check_conv_shapes
 from lumotree.verify.gdn.common import check_records
 from lumotree.verify.gdn.prepare import (
+    PREPARE_WARPS,
     channel_block,
     head_channels,
     prepared_channels,
@@ -30,7 +31,6 @@ from lumotree.verify.gdn.prepare import (
 from lumotree.verify.gdn.reference import GateInputs, GdnOperands
 
 BLOCK_C = 256
-OPERANDS_WARPS = 4  # warps a program of the conv that prepares the GDN operands (a [2, 128] block)
 
 
 def dense_columns(x: Tensor) -> Tensor:
@@ -188,7 +188,7 @@ def conv_operands_(
     gates: GateInputs,
     record: Tensor,
     ops: GdnOperands,
-    num_warps: int = OPERANDS_WARPS,
+    num_warps: int = PREPARE_WARPS,
 ) -> None:
     """A GDN layer's tree conv with its operands prepared in the same launch: x [R, C] pre-conv
     [q | k | v] inputs (rows may be strided), conv_state [C, W-1] (x's dtype), weight [C, W] (no

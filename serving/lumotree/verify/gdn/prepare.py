@@ -23,6 +23,11 @@ from lumotree.verify.gdn.common import softplus
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 
 BLOCK_C = 256
+# Warps a program (a [2, 128] block at 27B), in the standalone launch and the fused conv alike, so
+# both reduce in one order (the same bits): 2 timed fastest of 1, 2, 4 and 8 for the 27B paper tree
+# (0.217 ms of conv for 48 layers against 0.239 at 4), within 0.005 ms of the fastest for MTP-5's
+# chain and one row (results/h200/gdn-forms-conv.md)
+PREPARE_WARPS = 2
 
 
 def channel_block(dk: int) -> int:
@@ -110,4 +115,5 @@ def prepare_operands_(x: GdnInputs, ops: GdnOperands) -> None:
         *x.tensors(), ops.q, ops.k, ops.v, ops.g, ops.beta, x.q.stride(0), x.v.stride(0), x.a.stride(0),
         HK=heads * dk, K=dk, HVV=hv * dv, HV=hv, HVP=triton.next_power_of_2(hv), BC=bc,
         enable_fp_fusion=False,  # as the fused conv's epilogue, so both prepare the same bits
+        num_warps=PREPARE_WARPS,
     )  # fmt: skip
