@@ -1,6 +1,7 @@
 """The GDN operands prepared once a node (`verify/gdn/prepare.py`) and in the tree conv's epilogue
 (`fused_conv.conv_operands_`): against the PyTorch reference's `prepare_operands`, the fused conv
-with the bits of the conv then the standalone preparation, every record written (interpreter,
+with the bits of the conv then the standalone preparation (the interpreter sums both in one order;
+on the GPU each kernel's layout sets it: `test_gpu_scans.py`), every record written (interpreter,
 NaN-poisoned records; inputs read in place as column slices of wider outputs)."""
 
 from __future__ import annotations

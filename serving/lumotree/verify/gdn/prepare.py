@@ -114,6 +114,6 @@ def prepare_operands_(x: GdnInputs, ops: GdnOperands) -> None:
     prepare_kernel[(rows, triton.cdiv(channels, bc) + 1)](
         *x.tensors(), ops.q, ops.k, ops.v, ops.g, ops.beta, x.q.stride(0), x.v.stride(0), x.a.stride(0),
         HK=heads * dk, K=dk, HVV=hv * dv, HV=hv, HVP=triton.next_power_of_2(hv), BC=bc,
-        enable_fp_fusion=False,  # as the fused conv's epilogue, so both prepare the same bits
+        enable_fp_fusion=False,  # as the fused conv's epilogue (each sum's order is its layout's)
         num_warps=PREPARE_WARPS,
     )  # fmt: skip
