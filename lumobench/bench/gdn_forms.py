@@ -46,7 +46,9 @@ def scans_match_rows(
     """Per random tree shape: one GDN layer of `cfg`'s shapes (random operands and gates) verified by
     the row scan and the paths scan (`paths`, default its plain config; the default path programs,
     so that trees with more walks loop) from the same inputs; a scan is equal to the row scan when
-    every output and record of an active row is bitwise equal."""
+    every output and record of an active row is bitwise equal (`<form>_records_equal`: the records
+    alone, which each call prepares for itself: unequal ones point at the preparation, not the
+    scans)."""
     configs = {"rows": device_ops.GdnConfig(form="rows"), "paths": paths or device_ops.GdnConfig("paths")}
     gen = torch.Generator(device=device).manual_seed(seed)
     h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -73,6 +75,7 @@ def scans_match_rows(
                 for f in ("q", "k", "v", "g", "beta")
             ]
             case[f"{form}_equal"] = all(torch.equal(a, b) for a, b in pairs)
+            case[f"{form}_records_equal"] = all(torch.equal(a, b) for a, b in pairs[1:])
         cases.append(case)
     return cases
 
