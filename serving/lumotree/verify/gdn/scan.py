@@ -66,27 +66,14 @@ def _issue_loads(
 
 
 @triton.jit
-def _prepare_q(q, K: tl.constexpr):
-    """Normalised, scaled q in fp32 from its raw row (only a row whose output is read needs it)."""
-    q = q.to(tl.float32)
-    return q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5)
-
-
-@triton.jit
-def _prepare_update(k, v, a, b, neg_a, dt_bias):
-    """Normalised k, v, g and beta in fp32 from raw operands: what a step's state update needs."""
-    k, v = k.to(tl.float32), v.to(tl.float32)
+def _prepare(q, k, v, a, b, neg_a, dt_bias, K: tl.constexpr):
+    """Normalised q (scaled), normalised k, v, g and beta in fp32, from raw operands (this kernel's
+    own preparation; the row and paths scans read records prepared once: `prepare.py`)."""
+    q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     g = neg_a * softplus(a.to(tl.float32) + dt_bias)
     beta = tl.sigmoid(b.to(tl.float32))
-    return k, v, g, beta
-
-
-@triton.jit
-def _prepare(q, k, v, a, b, neg_a, dt_bias, K: tl.constexpr):
-    """Normalised q (scaled), normalised k, v, g and beta in fp32, from raw operands."""
-    k, v, g, beta = _prepare_update(k, v, a, b, neg_a, dt_bias)
-    return _prepare_q(q, K), k, v, g, beta
+    return q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (K**-0.5), k, v, g, beta
 
 
 @triton.jit
