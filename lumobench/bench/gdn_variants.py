@@ -7,8 +7,9 @@ kernels (the device machine's staged tree has no repository, so this runs here).
 swaps each revision's row and paths scans into the engine's GDN verification in turn and times, in
 model order at the random-weight 27B's shapes: the paper tree (the paths scan under the register
 caps asked for, and the row scan), MTP-5's chain, the one-row step and a 6-node publication of 48
-layers; two rounds, revisions interleaved; each revision's paths scan checked against its row scan's
-bits on random trees.
+layers, and for revisions whose scans read prepared records (session 18 on) the tree and one row as
+the engine runs them (the scans alone); two rounds, revisions interleaved; each revision's paths
+scan checked against its row scan's bits on random trees.
 
     lumobench bench gdn-variants stage before=HEAD~1 after=HEAD
     lumobench bench gdn-variants time before,after --out $OUT/gdn-variants   (device; carry .stage)
@@ -23,6 +24,8 @@ import random
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -188,28 +191,53 @@ def markdown(doc: dict) -> str:
         "the revisions.",
         "",
         "| revision | round | " + " | ".join(cap_cols) + " | tree, rows | chain, paths | one row | "
-        "publication | paths = rows bits |",
-        "| --- | ---: | " + " | ".join("---:" for _ in caps) + " | ---: | ---: | ---: | ---: | --- |",
+        "publication | paths = rows bits | tree, engine's path | one row, engine's path |",
+        "| --- | ---: | "
+        + " | ".join("---:" for _ in caps)
+        + " | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for r in doc["runs"]:
         cells = [f"{r['tree_paths_ms'][str(c)]:.3f}" for c in caps]
+        engine = [
+            f"{r[k]:.3f}" if r.get(k) is not None else "–" for k in ("tree_engine_ms", "one_row_engine_ms")
+        ]
         lines.append(
             f"| {r['variant']} | {r['round']} | " + " | ".join(cells) + f" | {r['tree_rows_ms']:.3f} | "
             f"{r['chain_paths_ms']:.3f} | {r['one_row_ms']:.3f} | {r['publication_ms']:.3f} | "
-            f"{r.get('paths_equal_rows', '')} |"
+            f"{r.get('paths_equal_rows', '')} | " + " | ".join(engine) + " |"
         )
-    return "\n".join(lines) + "\n"
+    notes = [
+        "",
+        "The columns before the last two time each scan from raw inputs (`gdn_verify`: a revision with "
+        "prepared operands pays its preparation's launch there); the engine's path times the scans alone "
+        "from records prepared beforehand (the engine's conv prepares them), for revisions that have it.",
+    ]
+    return "\n".join(lines + notes) + "\n"
 
 
 def time_variant(
-    name: str, round_: int, model: HybridLM, trees: tuple[TreeDescriptor, ...], timer: Timer, caps: list[int]
+    name: str,
+    round_: int,
+    model: HybridLM,
+    trees: tuple[TreeDescriptor, ...],
+    timer: Timer,
+    caps: list[int],
+    prepared: bool,
 ) -> dict:
     """The engine's GDN verification as it stands (the variant swapped in) over the paper tree (the
-    paths scan under each cap, then the row scan), MTP-5's chain and one row, in model order."""
+    paths scan under each cap, then the row scan), MTP-5's chain and one row, in model order from raw
+    inputs; and, for a revision whose scans read prepared records (`prepared`), the tree and one row
+    as the engine runs them (the scans alone, records prepared beforehand)."""
     tree, chain, one_row = trees
     rows = device_ops.GdnConfig(form="rows")
     capped = {str(c): device_ops.GdnConfig("paths", max_registers=c or None) for c in caps}
-    return {
+    engine = {"tree_engine_ms": None, "one_row_engine_ms": None}
+    if prepared:
+        engine = {
+            "tree_engine_ms": gdn_model_order(model, tree, timer, prepared=True),
+            "one_row_engine_ms": gdn_model_order(model, one_row, timer, prepared=True),
+        }
+    return engine | {
         "variant": name,
         "round": round_,
         "tree_paths_ms": {c: gdn_model_order(model, tree, timer, cfg) for c, cfg in capped.items()},
@@ -217,6 +245,31 @@ def time_variant(
         "chain_paths_ms": gdn_model_order(model, chain, timer, device_ops.GdnConfig("paths")),
         "one_row_ms": gdn_model_order(model, one_row, timer, rows),
     }
+
+
+# device_ops' scan entry points and the staged module each lives in (the prepared ones since session
+# 18: a revision without them keeps the product's, and its engine's-path cells stay empty)
+SCAN_ENTRY_POINTS = {
+    "gdn_rows_": "row_scan",
+    "gdn_paths_": "paths_scan",
+    "gdn_rows_prepared_": "row_scan",
+    "gdn_paths_prepared_": "paths_scan",
+}
+
+
+@contextmanager
+def scans_of(modules: dict[str, object]) -> Iterator[bool]:
+    """device_ops' scans taken from a staged revision's modules (`load_variant`) for the duration,
+    the product's where the revision has none; yields whether it has the prepared scans."""
+    saved = {f: getattr(device_ops, f) for f in SCAN_ENTRY_POINTS}
+    scans = {f: getattr(modules[m], f, None) for f, m in SCAN_ENTRY_POINTS.items()}
+    try:
+        for f, scan in scans.items():
+            setattr(device_ops, f, scan or saved[f])
+        yield scans["gdn_paths_prepared_"] is not None
+    finally:
+        for f, scan in saved.items():
+            setattr(device_ops, f, scan)
 
 
 @gdn_variants_app.command("time")
@@ -243,23 +296,19 @@ def time_command(
     chain = chain_tree(list(range(1, PUBLISHED + 1)), prefix_len=4096, max_depth=MAX_DEPTH)
     one_row = chain_tree([1], prefix_len=4096, max_depth=MAX_DEPTH)
     timer = Timer(device, iters, warmup)
-    saved = device_ops.gdn_rows_, device_ops.gdn_paths_
     runs = []
-    try:
-        with torch.inference_mode():
-            for round_ in range(ROUNDS):
-                for name in names:
-                    device_ops.gdn_rows_ = modules[name]["row_scan"].gdn_rows_  # type: ignore[attr-defined]
-                    device_ops.gdn_paths_ = modules[name]["paths_scan"].gdn_paths_  # type: ignore[attr-defined]
-                    runs.append(time_variant(name, round_, model, (tree, chain, one_row), timer, caps))
+    with torch.inference_mode():
+        for round_ in range(ROUNDS):
+            for name in names:
+                with scans_of(modules[name]) as prepared:
+                    trees = (tree, chain, one_row)
+                    runs.append(time_variant(name, round_, model, trees, timer, caps, prepared))
                     replay = modules[name]["replay"]
                     runs[-1]["publication_ms"] = publication_ms(replay, model.config, timer, device)
                     if round_ == 0:
                         checks = scans_match_rows(model.config, torch.bfloat16, device, seed=3)
                         runs[-1]["paths_equal_rows"] = all(c["paths_equal"] for c in checks)
-                    typer.echo(f"{name} round {round_}: {runs[-1]}")
-    finally:
-        device_ops.gdn_rows_, device_ops.gdn_paths_ = saved
+                typer.echo(f"{name} round {round_}: {runs[-1]}")
     staged = {n: (STAGE / PACKAGE / n / "REVISION").read_text().strip() for n in names}
     doc = {
         "device": torch.cuda.get_device_name(),

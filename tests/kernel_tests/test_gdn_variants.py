@@ -8,6 +8,7 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 from lumobench.bench import gdn_variants
 from lumobench.checks import gdn_checks
 from lumobench.checks.random_trees import random_tree
+from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.paths_scan import gdn_paths_
@@ -71,13 +73,15 @@ def test_the_table_has_a_row_a_run_and_a_column_a_register_cap() -> None:
             run
             | {"variant": "old", "round": 0, "tree_paths_ms": {"0": 1.468, "128": 1.393}}
             | {"paths_equal_rows": True},
-            run | {"variant": "new", "round": 1, "tree_paths_ms": {"0": 1.882, "128": 1.840}},
+            run
+            | {"variant": "new", "round": 1, "tree_paths_ms": {"0": 1.882, "128": 1.840}}
+            | {"tree_engine_ms": 1.118, "one_row_engine_ms": 0.181},
         ],
     }
     table = gdn_variants.markdown(doc)
     assert "| revision | round | paths, no cap | paths, 128 cap | tree, rows |" in table
-    assert "| old | 0 | 1.468 | 1.393 | 3.400 | 0.490 | 0.190 | 0.110 | True |" in table
-    assert "| new | 1 | 1.882 | 1.840 | 3.400 | 0.490 | 0.190 | 0.110 |  |" in table
+    assert "| old | 0 | 1.468 | 1.393 | 3.400 | 0.490 | 0.190 | 0.110 | True | – | – |" in table
+    assert "| new | 1 | 1.882 | 1.840 | 3.400 | 0.490 | 0.190 | 0.110 |  | 1.118 | 0.181 |" in table
     assert "old = 83d4742, new = 2526c07" in table and "Every GDN layer (48)" in table
 
 
@@ -95,3 +99,25 @@ def test_bad_arguments_are_refused_with_a_message(args: list[str], message: str)
     result = CliRunner().invoke(gdn_variants.gdn_variants_app, args)
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_a_staged_revisions_scans_stand_in_for_the_products_and_are_put_back(staged: Path) -> None:
+    # A revision with prepared scans lends all four entry points; one without them (here: its
+    # modules with the prepared entry points hidden) lends the raw two and keeps the product's.
+    commit = gdn_variants.resolve("HEAD")
+    gdn_variants.stage_variant("head", commit, gdn_variants.revision_source(commit), staged)
+    modules = gdn_variants.load_variant("head", staged)
+    product = {f: getattr(device_ops, f) for f in gdn_variants.SCAN_ENTRY_POINTS}
+    with gdn_variants.scans_of(modules) as prepared:
+        assert prepared
+        for f, module in gdn_variants.SCAN_ENTRY_POINTS.items():
+            assert getattr(device_ops, f) is getattr(modules[module], f), f
+    assert {f: getattr(device_ops, f) for f in product} == product
+
+    older = {name: SimpleNamespace(**{k: v for k, v in vars(m).items() if "prepared" not in k})
+             for name, m in modules.items()}  # fmt: skip
+    with gdn_variants.scans_of(older) as prepared:
+        assert not prepared
+        assert device_ops.gdn_rows_ is modules["row_scan"].gdn_rows_  # type: ignore[attr-defined]
+        assert device_ops.gdn_paths_prepared_ is product["gdn_paths_prepared_"]
+    assert {f: getattr(device_ops, f) for f in product} == product
