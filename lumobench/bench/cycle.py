@@ -73,6 +73,7 @@ from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.prepare import prepare_operands_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
+from lumotree.verify.graphs import CapturedStage
 
 MAX_DEPTH = 11
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
@@ -314,16 +315,12 @@ def gdn_model_order(
         for x, state in inputs:
             device_ops.gdn_verify(x, state, tables, config)
 
-    all_layers()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        all_layers()
-    return timer(graph.replay).median_ms
+    return timer(CapturedStage(all_layers).replay).median_ms
 
 
 def prepared_records(x: GdnInputs) -> GdnOperands:
-    """The records the engine's tree conv would prepare from x (the standalone preparation, the same bits)."""
+    """The records the engine's tree conv would prepare from x, by the standalone preparation (the
+    same arithmetic; a scan's time does not depend on their last bits)."""
     rows, heads, dk = x.q.shape
     ops = empty_operands(rows, heads, x.v.shape[1], dk, x.v.shape[2], x.q.device)
     prepare_operands_(x, ops)
@@ -340,12 +337,7 @@ def attention_over_floor(
     kc = torch.randn(keys, cfg.num_key_value_heads, cfg.head_dim, device=dev).to(model.dtype)
     vc = torch.randn_like(kc)
     q = torch.randn(tree.rows, cfg.num_attention_heads, cfg.head_dim, device=dev).to(model.dtype)
-    device_ops.tree_attention(q, kc, vc, tables)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        device_ops.tree_attention(q, kc, vc, tables)
-    ms = timer(graph.replay).median_ms
+    ms = timer(CapturedStage(lambda: device_ops.tree_attention(q, kc, vc, tables)).replay).median_ms
     floor_ms = 2 * ctx * kc.shape[1] * kc.shape[2] * kc.element_size() / bandwidth * 1e3
     return ms / floor_ms
 

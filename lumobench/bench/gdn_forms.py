@@ -31,6 +31,7 @@ from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn import common
 from lumotree.verify.gdn.plan import count_paths
 from lumotree.verify.gdn.reference import GateInputs, GdnInputs
+from lumotree.verify.graphs import CapturedStage
 
 CHAIN_ROWS = 6  # MTP-5: the root and five drafts
 SCANS = ("paths",)  # the forms besides the row scan with its bits
@@ -195,12 +196,7 @@ def conv_model_order(model: HybridLM, tree: TreeDescriptor, timer: Timer, warps:
             else:
                 conv_operands_(x, state, weight, gather, gates, torch.empty_like(x), ops, num_warps=warps)
 
-    all_layers()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        all_layers()
-    return timer(graph.replay).median_ms
+    return timer(CapturedStage(all_layers).replay).median_ms
 
 
 def gdn_forms_command(

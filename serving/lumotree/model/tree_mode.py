@@ -25,7 +25,7 @@ from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
 from lumotree.tree import TreeDescriptor
-from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands
+from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands, record_shapes
 from lumotree.verify.kernel_sets import REFERENCE, TreeKernels
 
 if TYPE_CHECKING:  # the device tables need Triton, which CPU-only installs may lack
@@ -74,11 +74,14 @@ class RecordBanks:
     ) -> GdnOperands:
         """Layer `layer`'s record slices for the operands of `rows` rows of `mixer`'s shapes."""
         if self.operands is None:
-            heads, dk = mixer.num_k_heads, mixer.head_k_dim
-            hv, dv = mixer.num_v_heads, mixer.head_v_dim
-            shapes = ((rows, heads, dk), (rows, heads, dk), (rows, hv, dv), (rows, hv), (rows, hv))
+            shapes = record_shapes(
+                rows, mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
+            )
             self.operands = GdnOperands(
-                *(torch.empty((self.layers, *s), dtype=torch.float32, device=device) for s in shapes)
+                **{
+                    f: torch.empty((self.layers, *s), dtype=torch.float32, device=device)
+                    for f, s in shapes.items()
+                }
             )
         return self.operands.map(lambda t: t[layer])
 

@@ -112,13 +112,7 @@ class GdnConfig:
             raise ValueError(f"the GDN form must be one of {', '.join(GDN_FORMS)}, got {self.form!r}")
 
 
-def tree_conv(
-    x: Tensor,
-    conv_state: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    tree: DeviceTree,
-) -> Tensor:
+def tree_conv(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, tree: DeviceTree) -> Tensor:
     """x [R, C] pre-conv inputs (rows may be strided), conv_state [C, W-1], weight [C, W] -> y [R, C]
     (x's dtype, contiguous)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -170,10 +164,7 @@ def gdn_scan(
 
 
 def gdn_verify(
-    x: GdnInputs,
-    state: Tensor,
-    tree: DeviceTree,
-    config: GdnConfig | None = None,
+    x: GdnInputs, state: Tensor, tree: DeviceTree, config: GdnConfig | None = None
 ) -> GdnVerifyResult:
     """One layer's verification from raw inputs (the row scan, the paths scan or the tree WY kernel:
     `config.form`): records every row's operands (fp32), no cut states (publication replays from

@@ -150,12 +150,7 @@ def publish_conv_kernel(
 
 
 def tree_conv_(
-    x: Tensor,
-    conv_state: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    gather: Tensor,
-    y: Tensor,
+    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, gather: Tensor, y: Tensor
 ) -> None:
     """x [R, C] (rows may be strided: a column slice of the projection), conv_state [C, W-1] (x's
     dtype), weight [C, W], bias [C] or None, gather [R, W] int64 device (tree.conv_gather) -> y [R, C]

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lumotree.tree import TreeDescriptor
 from lumotree.verify.gdn.plan import AncestryTables, ancestry_tables
-from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult
+from lumotree.verify.gdn.reference import GdnInputs, GdnOperands, GdnVerifyResult, record_shapes
 
 PRECISIONS = ("ieee", "tf32x3")  # fp32 matmuls: CUDA cores, or tensor cores with three-pass emulation
 
@@ -154,25 +154,14 @@ def empty_operands(
     rows: int, heads: int, v_heads: int, dk: int, dv: int, device: torch.device
 ) -> GdnOperands:
     """Uninitialised fp32 record buffers of one layer."""
-    f32 = dict(dtype=torch.float32, device=device)
-    return GdnOperands(
-        q=torch.empty((rows, heads, dk), **f32),
-        k=torch.empty((rows, heads, dk), **f32),
-        v=torch.empty((rows, v_heads, dv), **f32),
-        g=torch.empty((rows, v_heads), **f32),
-        beta=torch.empty((rows, v_heads), **f32),
-    )
+    shapes = record_shapes(rows, heads, v_heads, dk, dv)
+    return GdnOperands(**{f: torch.empty(s, dtype=torch.float32, device=device) for f, s in shapes.items()})
 
 
 def check_records(ops: GdnOperands, rows: int, heads: int, v_heads: int, dk: int, dv: int) -> None:
     """ValueError unless `ops` are contiguous fp32 records of one layer of these shapes."""
-    for name, t, shape in (
-        ("q", ops.q, (rows, heads, dk)),
-        ("k", ops.k, (rows, heads, dk)),
-        ("v", ops.v, (rows, v_heads, dv)),
-        ("g", ops.g, (rows, v_heads)),
-        ("beta", ops.beta, (rows, v_heads)),
-    ):
+    for name, shape in record_shapes(rows, heads, v_heads, dk, dv).items():
+        t = getattr(ops, name)
         _check_layout(f"records {name}", t, shape)
         if t.dtype != torch.float32:
             raise ValueError(f"records {name} must be float32, got {t.dtype}")

@@ -117,6 +117,12 @@ class GdnOperands:
         return GdnOperands(*(fn(t) for t in (self.q, self.k, self.v, self.g, self.beta)))
 
 
+def record_shapes(rows: int, heads: int, v_heads: int, dk: int, dv: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of one layer's records (`GdnOperands`' fields, in their order) for `rows` rows."""
+    qk, per_head = (rows, heads, dk), (rows, v_heads)
+    return {"q": qk, "k": qk, "v": (rows, v_heads, dv), "g": per_head, "beta": per_head}
+
+
 @dataclass(frozen=True, eq=False)
 class GdnVerifyResult:
     """o [R, HV, V] in the input dtype (padding rows zero); operands; cut_states [C, HV, V, K]."""
