@@ -50,13 +50,15 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK_D)
     m = offs < D
     x = tl.load(x_ptr + r * sx_r + h * sx_h + offs, mask=m, other=0.0)
+    # the weights loaded with x: loaded after the sum's store or the reduction's barrier, their
+    # latency came on top of x's (results/h200/NOTES.md, session 19)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     if ADD:
         delta = tl.load(d_ptr + r * sd_r + h * sd_h + offs, mask=m, other=0.0)
         x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(sum_ptr + out + offs, x, mask=m)
     xf = x.to(tl.float32)
     rstd = _inv_rms(xf, D, eps)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + out + offs, (xf * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
 
 

@@ -66,11 +66,9 @@ def tree_conv_row(
     HAS_BIAS: tl.constexpr, RECORD: tl.constexpr,
 ):  # fmt: skip
     """Row r's conv outputs of channels offs_c (any shape) in fp32 (SiLU applied; not yet cast to
-    x's dtype), its inputs copied to the record first if RECORD."""
+    x's dtype), its inputs copied to the record if RECORD (stored after the taps' loads: a store
+    ahead of them made every load wait for the copy's, results/h200/NOTES.md, session 19)."""
     mc = offs_c < C
-    if RECORD:  # the row's own input, kept for publication in a contiguous [R, C] record
-        own = tl.load(x_ptr + r.to(tl.int64) * stride_x + offs_c, mask=mc)
-        tl.store(record_ptr + r * C + offs_c, own, mask=mc)
     if HAS_BIAS:
         acc = tl.load(bias_ptr + offs_c, mask=mc, other=0.0).to(tl.float32)
     else:
@@ -85,6 +83,9 @@ def tree_conv_row(
         xv = tl.where(in_state, xs.to(x_ptr.dtype.element_ty), xt).to(tl.float32)
         wt = tl.load(w_ptr + offs_c * W + t, mask=mc, other=0.0).to(tl.float32)
         acc = acc + wt * xv
+    if RECORD:  # the row's own input, kept for publication in a contiguous [R, C] record
+        own = tl.load(x_ptr + r.to(tl.int64) * stride_x + offs_c, mask=mc)
+        tl.store(record_ptr + r * C + offs_c, own, mask=mc)
     return acc * tl.sigmoid(acc)
 
 
