@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The cycle benchmark of a baseline revision's serving/ and of the working tree's, back to back in
+# one call on the device machine (one machine, one speed: like for like). Stage the baseline here
+# first (the device copy has no repository):
+#   rm -rf .stage/base && mkdir -p .stage/base && git archive REV serving | tar -x -C .stage/base && rm -r .stage/base/serving/models
+# then on the device, carrying .whl and .stage:
+#   OUT=$OUT bash lumobench/bench/device/ab_cycle_h200.sh
+# Each arm's cycle.md / cycle.json land in $OUT/cycle-base and $OUT/cycle-head; ORDER sets the
+# order of the runs (default "base head"; repeat names to alternate, e.g. "base head base head").
+set -uo pipefail
+: "${OUT:?set OUT to the output folder}"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+source lumobench/bench/device/carried_wheels.sh
+[[ -d .stage/base/serving ]] || { echo "no baseline staged under .stage/base/serving" >&2; exit 2; }
+mkdir -p "$OUT"
+args=(--contexts "${CONTEXTS:-4096}" --variants fused --iters "${ITERS:-50}" --warmup 10
+    --draft-vocab "${DRAFT_VOCAB:-16384}")
+run=0
+for arm in ${ORDER:-base head}; do
+    run=$((run + 1))
+    path=$PYTHONPATH
+    [[ $arm == base ]] && path=$PWD/.stage/base/serving:$PYTHONPATH
+    dest="$OUT/cycle-$arm-$run"
+    PYTHONPATH=$path python3 -c "import lumotree; print('lumotree from', lumotree.__file__)" > "$dest.log"
+    PYTHONPATH=$path timeout "${CYCLE_S:-150}" python3 -m lumobench.bench.cycle --out "$dest" "${args[@]}" \
+        >> "$dest.log" 2>&1
+    echo "$arm (run $run): $(head -1 "$dest.log")"
+    grep -E "^\| [0-9]" "$dest/cycle.md" 2>/dev/null | head -7 || tail -5 "$dest.log"
+done
