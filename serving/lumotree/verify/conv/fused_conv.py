@@ -23,7 +23,6 @@ from lumotree.verify.gdn.common import check_records
 from lumotree.verify.gdn.prepare import (
     PREPARE_WARPS,
     channel_block,
-    head_channels,
     prepared_channels,
     store_gates,
     store_operands,
@@ -101,12 +100,12 @@ def conv_operands_kernel(
     r = tl.program_id(0)
     block = tl.program_id(1)
     if block * BC < C:
-        offs_c = head_channels(block, K, BC)  # [heads, K]: the norms reduce along rows, no reshape
+        offs_c = block * BC + tl.arange(0, BC)  # flat: `prepared_channels` says why
         y = tree_conv_row(
             x_ptr, state_ptr, w_ptr, w_ptr, gather_ptr, record_ptr, r, offs_c, C, stride_x, W, False, True
         )
         y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
-        ops = prepared_channels(y, offs_c, HK)
+        ops = prepared_channels(y, offs_c, HK, K)
         store_operands(ops, offs_c, offs_c < C, r, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
     else:  # the gates: a program of their own (no wait behind the conv's loads)
         store_gates(a_ptr, b_ptr, stride_ab, alog_ptr, dtb_ptr, rg_ptr, rb_ptr, r, HV, HVP)

@@ -36,18 +36,16 @@ def channel_block(dk: int) -> int:
 
 
 @triton.jit
-def head_channels(block, K: tl.constexpr, BC: tl.constexpr):
-    """Channel offsets [BC // K, K] of channel block `block`: one key head a row."""
-    return block * BC + tl.arange(0, BC // K)[:, None] * K + tl.arange(0, K)[None, :]
-
-
-@triton.jit
-def prepared_channels(y, offs_c, HK: tl.constexpr):
-    """y [BC // K, K] fp32 of channels offs_c (`head_channels`) -> q normalised and scaled where
-    c < HK, k normalised where HK <= c < 2 HK, v as it is beyond (the reference's arithmetic:
-    x * rsqrt(sum x^2 + 1e-6), then * K^-0.5 for q)."""
-    K: tl.constexpr = y.shape[1]
-    normed = y * tl.rsqrt(tl.sum(y * y, axis=1) + 1e-6)[:, None]
+def prepared_channels(y, offs_c, HK: tl.constexpr, K: tl.constexpr):
+    """y [BC] fp32 of the channels offs_c = block * BC + arange(BC) (whole key heads) -> q
+    normalised and scaled where c < HK, k normalised where HK <= c < 2 HK, v as it is beyond (the
+    reference's arithmetic: x * rsqrt(sum x^2 + 1e-6), then * K^-0.5 for q). The block stays flat
+    for its loads and stores and is viewed as [heads, K] only for the norms: held as [heads, K]
+    throughout, Triton 3.6 laid the loads out along the heads, uncoalesced (the conv 1.1 us a launch
+    slower on the H200, results/h200/NOTES.md, session 19)."""
+    BC: tl.constexpr = y.shape[0]
+    heads = tl.reshape(y, [BC // K, K])
+    normed = tl.reshape(heads * tl.rsqrt(tl.sum(heads * heads, axis=1) + 1e-6)[:, None], [BC])
     normed = tl.where(offs_c < HK, normed * (K**-0.5), normed)
     return tl.where(offs_c < 2 * HK, normed, y)
 
@@ -90,14 +88,14 @@ def prepare_kernel(
     block = tl.program_id(1)
     r = row.to(tl.int64)
     if block * BC < 2 * HK + HVV:
-        offs_c = head_channels(block, K, BC)
+        offs_c = block * BC + tl.arange(0, BC)
         in_q = offs_c < HK
         in_k = (offs_c >= HK) & (offs_c < 2 * HK)
         in_v = (offs_c >= 2 * HK) & (offs_c < 2 * HK + HVV)
         y = tl.load(q_ptr + r * stride_qk + offs_c, mask=in_q, other=0.0).to(tl.float32)
         y += tl.load(k_ptr + r * stride_qk + offs_c - HK, mask=in_k, other=0.0).to(tl.float32)
         y += tl.load(v_ptr + r * stride_v + offs_c - 2 * HK, mask=in_v, other=0.0).to(tl.float32)
-        ops = prepared_channels(y, offs_c, HK)
+        ops = prepared_channels(y, offs_c, HK, K)
         store_operands(ops, offs_c, offs_c < 2 * HK + HVV, row, rq_ptr, rk_ptr, rv_ptr, HK, HVV)
     else:  # the gates: a program of their own
         store_gates(a_ptr, b_ptr, stride_ab, alog_ptr, dtb_ptr, rg_ptr, rb_ptr, row, HV, HVP)
