@@ -102,18 +102,16 @@ def gdn_paths_kernel(
     leaf_parent = tl.load(leaf_parent_ptr + offs_r, mask=offs_r < R, other=-1)
     n_paths = tl.sum((ends >= 0).to(tl.int32), axis=0)
     tile = offs_v[:, None] * K + offs_k[None, :]
-    # A walk's first step needs the state tile and the root's operands (row 0 starts every walk):
-    # issued with the tables, not behind them (results/h200/NOTES.md, session 19), and again at the
-    # end of a walk only where the program has another
-    S = tl.load(state_ptr + hv * V * K + tile)
-    q, k, v, g, beta = _load_prepared(
-        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, 0, True, True, h, hv, offs_v, offs_k, H, HV, K, V
-    )
     for p in range(first_path, n_paths, PATHS):
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
         start = tl.load(start_ptr + p)  # R: a walk to a parent for its leaf children
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
-        node = 0
+        S = tl.load(state_ptr + hv * V * K + tile)
+        node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
+        q, k, v, g, beta = _load_prepared(
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, node, True, node >= start, h, hv, offs_v, offs_k, H,
+            HV, K, V,
+        )  # fmt: skip
         for _ in range(tl.sum(on_path.to(tl.int32), axis=0)):
             following = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
             leaf = tl.min(tl.where(leaf_parent == node, offs_r, RP), axis=0)
@@ -135,11 +133,6 @@ def gdn_paths_kernel(
             )  # fmt: skip
             q, k, v, g, beta = nq, nk, nv, ng, nbeta
             node = following
-        more = p + PATHS < n_paths
-        S = tl.load(state_ptr + hv * V * K + tile, mask=tl.where(more, tile >= 0, False), other=0.0)
-        q, k, v, g, beta = _load_prepared(
-            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, 0, more, True, h, hv, offs_v, offs_k, H, HV, K, V
-        )
 
 
 def gdn_paths_prepared_(

@@ -54,14 +54,17 @@ def row_strided(x: GdnInputs) -> tuple[GdnInputs, tuple[int, int, int]]:
 
 @triton.jit
 def carry_down(
-    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, S, k, v, g, beta, on_path, offs_r, h, hv, offs_v, offs_k,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, RP: tl.constexpr,
+    rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, H: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, RP: tl.constexpr,
 ):  # fmt: skip
-    """Carry the tile S [BV, K] down the rows where `on_path`, from the root (row 0, on every row's
-    path; its operands k..beta given), one update each; each step issues the next row's loads before
-    its own arithmetic, so their latency hides behind it. Returns the tile after the last row."""
+    """Carry the tile S [BV, K] down the rows where `on_path` (root side first, at least one), one
+    update each; each step issues the next row's loads before its own arithmetic, so their latency
+    hides behind it. Returns the tile after the last row."""
     steps = tl.sum(on_path.to(tl.int32), axis=0)
-    node = 0
+    node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
+    _, k, v, g, beta = _load_prepared(
+        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, node, True, False, h, hv, offs_v, offs_k, H, HV, K, V
+    )
     for _ in range(steps):
         node = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
         _, nk, nv, ng, nbeta = _load_prepared(
@@ -101,22 +104,15 @@ def gdn_rows_kernel(
     h = hv // GROUP
     offs_v = vt * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, K)
-    # Every load the first step needs is issued at once, none behind another's result: the row's
-    # ancestry (itself included), its q, the state tile and the root's operands (row 0 starts every
-    # row's path). Behind the active count and then the ancestry, the AR step waited three memory
-    # latencies before its one update (results/h200/NOTES.md, session 19).
-    offs_r = tl.arange(0, RP)
-    n_active = tl.load(nactive_ptr)
-    on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
-    q = tl.load(rq_ptr + (row.to(tl.int64) * H + h) * K + offs_k)
-    S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
-    _, k, v, g, beta = _load_prepared(
-        rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, 0, True, False, h, hv, offs_v, offs_k, H, HV, K, V
-    )
-    if row < n_active:
+    if row < tl.load(nactive_ptr):
+        # the row's ancestry (itself included) in registers, walked root first
+        offs_r = tl.arange(0, RP)
+        on_path = tl.load(anc_ptr + row * R + offs_r, mask=offs_r <= row, other=0) != 0
+        q = tl.load(rq_ptr + (row.to(tl.int64) * H + h) * K + offs_k)
+        S = tl.load(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :])
         S = carry_down(
-            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, S, k, v, g, beta, on_path, offs_r, h, hv, offs_v,
-            offs_k, H, HV, K, V, RP,
+            rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, S, on_path, offs_r, h, hv, offs_v, offs_k, H, HV, K, V,
+            RP,
         )  # fmt: skip
         _store_output(o_ptr, row, hv, offs_v, _read(S, q), HV, V)
     else:
