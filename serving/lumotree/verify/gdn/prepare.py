@@ -23,10 +23,10 @@ from lumotree.verify.gdn.common import softplus
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 
 BLOCK_C = 256
-# Warps a program (a [2, 128] block at 27B), the standalone launch's and the fused conv's. 2 timed
-# faster for the 27B paper tree (0.217 ms of conv for 48 layers against 0.239,
-# results/h200/gdn-forms-conv.md), but with it the paths scan parted from the row scan's bits on 2
-# of 7 random 27B trees on the H200 (NOTES, session 18, call 7): 4 is the setting the GPU tests pass
+# Warps a program (a block of two key heads at 27B), the standalone launch's and the fused conv's:
+# the fastest conv for every row count since the block is flat (the 27B's 48 layers, paper tree /
+# chain / one row: 0.204 / 0.130 / 0.120 ms, 2 warps 0.220 / 0.148 / 0.141,
+# results/h200/gdn-forms-conv.md, session 19)
 PREPARE_WARPS = 4
 
 
