@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,14 @@ def test_gdn_forms_refuses_a_list_that_is_not_integers(tmp_path: Path, option: s
     result = CliRunner().invoke(app, ["bench", "gdn-forms", option, "4,x", "--out", str(tmp_path / "f")])
     assert result.exit_code == 2, result.output
     assert "take comma-separated integers" in result.output and "Traceback" not in result.output
+
+
+def test_ab_cycle_script_without_a_staged_baseline_says_how_to_stage_one(tmp_path: Path) -> None:
+    script = Path(__file__).parents[2] / "lumobench/bench/device/ab_cycle_h200.sh"
+    result = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env={"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "no baseline staged under .stage/base/serving" in result.stderr
+    assert not (tmp_path / "out").exists(), "nothing runs without a baseline"

@@ -9,9 +9,12 @@
 # order of the runs (default "base head"; repeat names to alternate, e.g. "base head base head").
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
+[[ -d .stage/base/serving ]] || {
+    echo "no baseline staged under .stage/base/serving (see the first lines of this script)" >&2
+    exit 2
+}
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 source lumobench/bench/device/carried_wheels.sh
-[[ -d .stage/base/serving ]] || { echo "no baseline staged under .stage/base/serving" >&2; exit 2; }
 mkdir -p "$OUT"
 args=(--contexts "${CONTEXTS:-4096}" --variants fused --iters "${ITERS:-50}" --warmup 10
     --draft-vocab "${DRAFT_VOCAB:-16384}")
