@@ -5,8 +5,8 @@
 #   rm -rf .stage/base && mkdir -p .stage/base && git archive REV serving | tar -x -C .stage/base && rm -r .stage/base/serving/models
 # then on the device, carrying .whl and .stage:
 #   OUT=$OUT bash lumobench/bench/device/ab_cycle_h200.sh
-# Each arm's cycle.md / cycle.json land in $OUT/cycle-base and $OUT/cycle-head; ORDER sets the
-# order of the runs (default "base head"; repeat names to alternate, e.g. "base head base head").
+# Run n of an arm writes $OUT/cycle-ARM-n/cycle.md and cycle.json and its log $OUT/cycle-ARM-n.log;
+# ORDER sets the runs (default "base head"; repeat names to alternate, e.g. "base head base head").
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 [[ -d .stage/base/serving ]] || {

@@ -65,8 +65,8 @@ def tree_conv_row(
     HAS_BIAS: tl.constexpr, RECORD: tl.constexpr,
 ):  # fmt: skip
     """Row r's conv outputs of channels offs_c (any shape) in fp32 (SiLU applied; not yet cast to
-    x's dtype), its inputs copied to the record if RECORD (stored after the taps' loads: a store
-    ahead of them made every load wait for the copy's, results/h200/NOTES.md, session 19)."""
+    x's dtype), its inputs copied to the record if RECORD (after the taps' loads: in the sm_90 code a
+    store ahead of them held every load back until the copy's own load had landed)."""
     mc = offs_c < C
     if HAS_BIAS:
         acc = tl.load(bias_ptr + offs_c, mask=mc, other=0.0).to(tl.float32)
