@@ -1,5 +1,5 @@
 # The attention benchmark at other short-partition layouts (session 19, call 2): the module constants
-# monkeypatched, every layout in its own process. Usage on the device: bash results/h200/attention_short.sh $OUT
+# monkeypatched, every layout in its own process. Usage on the device: bash lumobench/bench/device/attention_short.sh $OUT
 W=$1
 for s in 256:16 128:32 64:64; do
   k=${s%:*}; n=${s#*:}

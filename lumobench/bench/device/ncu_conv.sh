@@ -1,7 +1,8 @@
-# ncu durations of the conv diagnostic's eager launches (4 layers a variant), mean a variant
+# ncu durations of the conv diagnostic's eager launches (4 layers a variant), mean a variant (session 19).
+# Usage on the device, from the repository root: bash lumobench/bench/device/ncu_conv.sh $OUT
 W=$1
 DIAG_NCU=1 timeout 200 ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum \
-  -k regex:"tree_conv_kernel|diag_kernel" python3 results/h200/conv_diag.py > $W/ncu-conv.csv 2> $W/ncu-conv.err
+  -k regex:"tree_conv_kernel|diag_kernel" python3 lumobench/bench/device/conv_diag.py > $W/ncu-conv.csv 2> $W/ncu-conv.err
 python3 - "$W" <<'PY'
 import csv, sys, io
 W = sys.argv[1]
