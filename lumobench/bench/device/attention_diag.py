@@ -38,5 +38,4 @@ def main() -> None:
         print("registers", compiled.n_regs, "spills", compiled.n_spills, "shared", compiled.metadata.shared)
 
 
-if __name__ == "__main__":
-    main()
+main()  # a device script run by path, like the shell scripts beside it (not a `lumobench bench` verb)

@@ -214,5 +214,4 @@ def main() -> None:
             print(f"{name} | {rows_name} | {ms:.3f}")
 
 
-if __name__ == "__main__":
-    main()
+main()  # a device script run by path, like the shell scripts beside it (not a `lumobench bench` verb)

@@ -41,5 +41,4 @@ def main() -> None:
         )
 
 
-if __name__ == "__main__":
-    main()
+main()  # a device script run by path, like the shell scripts beside it (not a `lumobench bench` verb)
