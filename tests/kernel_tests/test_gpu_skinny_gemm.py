@@ -142,7 +142,9 @@ def test_the_norm_prologue_at_the_27b_input_projections(m: int) -> None:
     skinny_linear(x, w, out=y, norm=PreNorm(g, 1e-6))
     assert_written(y)
     torch.testing.assert_close(y, skinny_linear_reference(x, w, norm=(g, 1e-6, None)), rtol=2e-2, atol=2e-3)
-    torch.testing.assert_close(y, skinny_linear_reference(rms_norm(x, g, 1e-6), w), rtol=3e-2, atol=4e-3)
+    # norm-then-product rounds each normed element to bf16 where the prologue scales the fp32 sums:
+    # bf16 rounding apart (outputs of ~1.4 rms, 0.02-0.03 apart at most in 500K)
+    torch.testing.assert_close(y, skinny_linear_reference(rms_norm(x, g, 1e-6), w), rtol=2e-2, atol=4e-2)
     one = skinny_linear(x[m - 1 : m].clone(), w, norm=PreNorm(g, 1e-6))
     assert torch.equal(y[-1:], one)
     w2 = _weights(34816, k)

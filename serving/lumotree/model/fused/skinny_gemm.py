@@ -157,22 +157,31 @@ def _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _prenorm_tile(
-    xt, squares, g_ptr, d_ptr, s_ptr, rows, offs_k, stride_dm, M, K, STORE_SUM, ADD: tl.constexpr
-):
+def _prenorm_loads(x_ptr, d_ptr, g_ptr, rows, offs_k, stride_xm, stride_dm, M, K, ADD: tl.constexpr):
+    """The prologue's operands of one K step: the x tile [BLOCK_K, ROWS], the delta tile with ADD
+    (else the x tile again) and the norm weights [BLOCK_K], zeros outside [M, K]. Loaded a step
+    ahead of their use: the pipeliner leaves loads that feed arithmetic before the dot to the
+    step that uses them, which then waits for them."""
+    mask = (rows[None, :] < M) & (offs_k[:, None] < K)
+    xt = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None], mask=mask, other=0.0)
+    dt = xt
+    if ADD:
+        dt = tl.load(d_ptr + rows[None, :].to(tl.int64) * stride_dm + offs_k[:, None], mask=mask, other=0.0)
+    return xt, dt, tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0)
+
+
+@triton.jit
+def _prenorm_tile(xt, dt, g, squares, s_ptr, rows, offs_k, M, K, STORE_SUM, ADD: tl.constexpr):
     """One K step of the RMSNorm prologue on the x tile xt [BLOCK_K, ROWS]: with ADD first x + d
     (rounded to x's dtype; stored into s [M, K] where STORE_SUM), then (xt * (1 + g), rounded to
     x's dtype, for the dot) and the running sums of squares [BLOCK_K, ROWS] in fp32."""
-    mask = (rows[None, :] < M) & (offs_k[:, None] < K)
     if ADD:
-        offs = rows[None, :].to(tl.int64) * stride_dm + offs_k[:, None]
-        delta = tl.load(d_ptr + offs, mask=mask, other=0.0)
-        xt = (xt.to(tl.float32) + delta.to(tl.float32)).to(xt.dtype)
+        xt = (xt.to(tl.float32) + dt.to(tl.float32)).to(xt.dtype)
         if STORE_SUM:
+            mask = (rows[None, :] < M) & (offs_k[:, None] < K)
             tl.store(s_ptr + rows[None, :].to(tl.int64) * K + offs_k[:, None], xt, mask=mask)
-    g = tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     xf = xt.to(tl.float32)
-    return (xf * (1.0 + g[:, None])).to(xt.dtype), squares + xf * xf
+    return (xf * (1.0 + g.to(tl.float32)[:, None])).to(xt.dtype), squares + xf * xf
 
 
 @triton.jit
@@ -285,15 +294,23 @@ def skinny_gemm_kernel(
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     squares = tl.zeros([BLOCK_K, ROWS], dtype=tl.float32)
+    if NORM:  # the first step's operands; each step then loads the next step's
+        x_next, d_next, g_next = _prenorm_loads(
+            x_ptr, d_ptr, g_ptr, rows, k_lo + tl.arange(0, BLOCK_K), stride_xm, stride_dm, M, K, ADD
+        )
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
         w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
-        xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
         if NORM:
             xt, squares = _prenorm_tile(
-                xt, squares, g_ptr, d_ptr, s_ptr, rows, offs_k, stride_dm, M, K, block == 0, ADD
+                x_next, d_next, g_next, squares, s_ptr, rows, offs_k, M, K, block == 0, ADD
             )
+            x_next, d_next, g_next = _prenorm_loads(
+                x_ptr, d_ptr, g_ptr, rows, offs_k + BLOCK_K, stride_xm, stride_dm, M, K, ADD
+            )
+        else:
+            xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
         acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         if SWIGLU:
             w_up = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0)
