@@ -11,9 +11,6 @@ Usage: lumobench bench skinny-gemm --out DIR         (or python -m lumobench.ben
        90 % of the copy bandwidth, the fastest first, into skinny_sweep.json)
        lumobench bench skinny-gemm --out DIR --narrow (the 5120-wide outputs' grid of narrow_grid at
        1, 6 and 32 rows, into skinny_narrow.{json,md}: a config must serve every row count)
-       lumobench bench skinny-gemm --out DIR --prenorm (the layers' pre-norms: the norm launch then
-       the GEMM against the GEMM's norm prologue, at the input projection and the gate-up, into
-       skinny_prenorm.{json,md})
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ import typer
 
 from lumobench.bench.output import command_line, current_commit
 from lumobench.bench.timing import Timer, copy_bandwidth, require_cuda
-from lumotree.model.fused import elementwise
-from lumotree.model.fused.skinny_gemm import PreNorm, SkinnyConfig, skinny_linear, skinny_swiglu
+from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear
 from lumotree.verify.graphs import CapturedStage
 
 SHAPES = [(16480, 5120), (14336, 5120), (34816, 5120), (248320, 5120), (5120, 6144), (5120, 17408)]
@@ -273,56 +269,6 @@ def bench_skinny_gemm(
     return results
 
 
-PRENORM_SHAPES = [(16480, 5120, "GDN input projection"), (34816, 5120, "MLP gate-up, residual add")]
-
-
-def _prenorm_methods(n: int, m: int, k: int, add: bool) -> list[tuple[str, Callable]]:
-    """(name, gemm(x, w)) of the norm launch then the GEMM, and of the GEMM's norm prologue, for
-    the input projection (add False) or the gate-up with its residual add."""
-    device = torch.device("cuda")
-    g = 0.1 * torch.randn(k, device=device, dtype=torch.bfloat16)
-    delta = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    total = torch.empty_like(delta)
-    if add:
-        return [
-            ("add-norm launch, then the GEMM",
-             lambda x, w: skinny_swiglu(elementwise.add_rms_norm(x, delta, g, 1e-6)[1], w)),
-            ("the GEMM's prologue", lambda x, w: skinny_swiglu(x, w, norm=PreNorm(g, 1e-6, delta, total))),
-        ]  # fmt: skip
-    return [
-        ("norm launch, then the GEMM", lambda x, w: skinny_linear(elementwise.rms_norm(x, g, 1e-6), w)),
-        ("the GEMM's prologue", lambda x, w: skinny_linear(x, w, norm=PreNorm(g, 1e-6))),
-    ]
-
-
-def bench_prenorm(rows: tuple[int, ...] = (1, 6, 32), iters: int = 50, warmup: int = 10) -> list[dict]:
-    """One dict per (shape, rows, method): ms the pre-norm and the projection add to a stream of
-    them (ms_per_gemm), the norm as its own launch or as the GEMM's prologue."""
-    device = torch.device("cuda")
-    timer = Timer(device, iters, warmup)
-    results = []
-    for n, k, what in PRENORM_SHAPES:
-        weights = weight_copies(n, k, device)
-        for m in rows:
-            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            for name, gemm in _prenorm_methods(n, m, k, add="gate-up" in what):
-                ms, _ = ms_per_gemm(timer, gemm, x, weights)
-                results.append(dict(n=n, k=k, projection=what, rows=m, method=name, median_ms=ms))
-        del weights
-        torch.cuda.empty_cache()
-    return results
-
-
-def render_prenorm_table(results: list[dict]) -> str:
-    lines = ["| projection | N x K | rows | method | ms |", "|---|---|---|---|---|"]
-    for r in results:
-        lines.append(
-            f"| {r['projection']} | {r['n']} x {r['k']} | {r['rows']} | {r['method']} | "
-            f"{r['median_ms']:.4f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def for_shape_fractions(results: list[dict]) -> dict[str, dict[str, float]]:
     """{"NxK": {"rows": fraction of the copy bandwidth}} of the for_shape config in
     bench_skinny_gemm's rows: the cycle benchmark's gemv_fraction_of_copy_bw."""
@@ -358,18 +304,10 @@ def skinny_gemm_command(
     narrow: Annotated[
         bool, typer.Option(help="Time the narrow outputs' grid at 1, 6 and 32 rows instead.")
     ] = False,
-    prenorm: Annotated[
-        bool, typer.Option(help="Time the pre-norm as a launch against the GEMM's norm prologue instead.")
-    ] = False,
 ) -> None:
     """Time the skinny GEMM against cuBLAS at the Qwen3.5-27B projection shapes."""
     require_cuda("the skinny GEMM benchmark")
-    if prenorm:
-        found = bench_prenorm(iters=iters, warmup=warmup)
-        table = render_prenorm_table(found)
-        _write_results(out, "skinny_prenorm", found, table)
-        print(table)
-    elif narrow:
+    if narrow:
         found = sweep_narrow()
         _write_results(out, "skinny_narrow", found, render_narrow_table(found))
     elif sweep:

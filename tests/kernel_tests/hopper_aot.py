@@ -41,7 +41,6 @@ TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride
 TYPES |= {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "o_ptr")}
 TYPES |= {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "r_ptr")}
 TYPES |= {name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_ym", "stride_rm", "k_per_split")}
-TYPES |= {"g_ptr": "*bf16", "d_ptr": "*bf16", "s_ptr": "*bf16", "stride_dm": "i32", "eps": "fp32"}
 # Arguments the launcher specializes as divisible by 16 at Qwen shapes (16-byte aligned pointers, K and
 # strides multiples of 16): without that the compiler cannot vectorize the weight loads nor pipeline them.
 SKINNY_DIVISIBLE = (
@@ -135,27 +134,6 @@ for tiles in (1, 2):
         dict(num_warps=4, num_stages=3),
         SKINNY_DIVISIBLE,
     )
-# the layers' pre-norms read by the projections after them: the input projections (n64 k128) with
-# the norm prologue, the gate-up with the residual add too
-for tiles in (1, 2):
-    KERNELS[f"skinny norm n64 k128 t{tiles}"] = (
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=1,
-            RESIDUAL=False, NORM=True,
-        ),
-        dict(num_warps=4, num_stages=3),
-        SKINNY_DIVISIBLE,
-    )  # fmt: skip
-    KERNELS[f"skinny swiglu add-norm n64 k64 t{tiles}"] = (
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, PRECISION="tf32", SPLITS=1,
-            RESIDUAL=False, SWIGLU=True, NORM=True, ADD=True,
-        ),
-        dict(num_warps=4, num_stages=3),
-        SKINNY_DIVISIBLE,
-    )  # fmt: skip
 # The device tree drafter's launches at the paper geometry (5-depth spine, top-3, tail 6, rescues 4
 # and 2, 32 rows, depth 11), keys of 2 tokens, matches to 24, 32 occurrences a key, 4096-token blocks
 TYPES |= {

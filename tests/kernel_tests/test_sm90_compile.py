@@ -68,10 +68,6 @@ SKINNY = [
     "skinny n64 k128 t1 split m1",
     "skinny swiglu n64 k64 t1",
     "skinny swiglu n64 k64 t2",
-    "skinny norm n64 k128 t1",
-    "skinny norm n64 k128 t2",
-    "skinny swiglu add-norm n64 k64 t1",
-    "skinny swiglu add-norm n64 k64 t2",
 ]
 
 

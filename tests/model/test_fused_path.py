@@ -84,26 +84,3 @@ def test_a_moved_model_leaves_the_stale_fusion_unused(tiny_model: HybridLM) -> N
     with torch.inference_mode(), kernel_mode("auto"):  # CPU: references, separate GEMMs
         got = _prefill_and_decode(tiny_model, tokens)
     assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize(("gemm", "norms_per_layer"), [("exact", 0), ("cublas", 2)])
-def test_the_skinny_gemm_takes_the_layers_pre_norms(
-    tiny_model: HybridLM, gemm: GemmBackend, norms_per_layer: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On the fused path with the skinny GEMM a decode step launches no norm of its own but the
-    final one: the input projections and the gate-up apply the layers' pre-norms as they read
-    their rows (and the gate-up adds the residual); with cuBLAS each layer still runs two."""
-    from lumotree.model.fused import elementwise
-
-    launched: list[str] = []
-    for name in ("rms_norm", "add_rms_norm"):
-        original = getattr(elementwise, name)
-        monkeypatch.setattr(elementwise, name, lambda *a, _f=original, _n=name: launched.append(_n) or _f(*a))
-    fuse_projections_(tiny_model)
-    state = tiny_model.new_state(8)
-    with torch.inference_mode(), kernel_mode("always", gemm):
-        tiny_model.prefill(torch.arange(3), state)
-        launched.clear()
-        tiny_model.decode(3, state)
-    layers = tiny_model.config.num_hidden_layers
-    assert len(launched) == 1 + norms_per_layer * layers, launched

@@ -38,19 +38,17 @@ class GatedAttention(nn.Module):
         self.fused: FusedProjection | None = None  # [q_proj | k_proj | v_proj], set by fuse_projections_
 
     def project(
-        self, h: torch.Tensor | ops.Normed, cos: torch.Tensor, sin: torch.Tensor
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [B, T, hidden] (or its deferred pre-norm); cos/sin: [B or 1, T, rotary_dim] for each
-        row's position.
+        """h: [B, T, hidden]; cos/sin: [B or 1, T, rotary_dim] for each row's position.
 
         Returns q [B, T, Hq, D] (normed, rotated), k [B, T, Hkv, D] (normed, rotated), v [B, T, Hkv, D],
         gate [B, T, Hq, D] (pre-sigmoid; may be a strided view).
         """
         bsz, seq, _ = h.shape
-        if self.fused is not None and ops.kernels_for(ops.raw(h)) and self.fused.current():
+        if self.fused is not None and ops.kernels_for(h) and self.fused.current():
             q_gate, k, v = self.fused(h)
         else:
-            h = ops.materialize(h)
             q_gate, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         q, gate = q_gate.view(bsz, seq, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = ops.norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)

@@ -53,16 +53,12 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = ops.Linear(self.value_dim, hidden)
         self.fused: FusedProjection | None = None  # [qkv | z | b | a], set by fuse_projections_
 
-    def project(
-        self, h: torch.Tensor | ops.Normed
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [B, T, hidden] (or its deferred pre-norm) -> (conv inputs [B, T, C], z [B, T, HV, V],
-        a [B, T, HV], b [B, T, HV])."""
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h: [B, T, hidden] -> (conv inputs [B, T, C], z [B, T, HV, V], a [B, T, HV], b [B, T, HV])."""
         bsz, seq, _ = h.shape
-        if self.fused is not None and ops.kernels_for(ops.raw(h)) and self.fused.current():
+        if self.fused is not None and ops.kernels_for(h) and self.fused.current():
             qkv, z, b, a = self.fused(h)  # column slices of one GEMM
         else:
-            h = ops.materialize(h)
             qkv, z, b, a = self.in_proj_qkv(h), self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)
         return qkv, z.view(bsz, seq, self.num_v_heads, self.head_v_dim), a, b
 
@@ -114,10 +110,7 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(self.norm(o, z).reshape(bsz, seq, self.value_dim))
 
     def forward(
-        self,
-        h: torch.Tensor | ops.Normed,
-        conv_state: torch.Tensor | None = None,
-        state: torch.Tensor | None = None,
+        self, h: torch.Tensor, conv_state: torch.Tensor | None = None, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h: [B, T, hidden] continuing from (conv_state, state) (None = sequence start).
 

@@ -53,14 +53,13 @@ class DecoderLayer(nn.Module):
         state: GDNState | KVCache | None = None,
         start: int = 0,
     ) -> torch.Tensor:
-        """h: [B, T, hidden] at positions start..start+T-1 (cos/sin for those positions). The mixer's
-        input is its pre-norm deferred to its input projections (`RMSNorm.deferred`).
+        """h: [B, T, hidden] at positions start..start+T-1 (cos/sin for those positions).
 
         state None: whole sequence from an empty state (training). Otherwise B == 1 and the layer's
         state (no batch dim) is read and advanced in place: GDN recurrent/conv state, or KV rows
         [start, start+T) written and rows [0, start+T) attended.
         """
-        x = self.input_layernorm.deferred(h)
+        x = self.input_layernorm(h)
         if self.is_linear:
             if state is None:
                 mixed, _, _ = self.linear_attn(x)
@@ -84,16 +83,12 @@ class DecoderLayer(nn.Module):
 
     def with_mixer(self, h: torch.Tensor, mixer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """`forward`'s structure with the token mixer swapped (tree verification, MTP drafting):
-        pre-norm mixer, pre-norm MLP, both residual. The mixer gets `RMSNorm.deferred`'s input: a
-        tensor or an `ops.Normed` for its projections (`materialize` for anything else)."""
-        return self._residual_mlp(h, mixer(self.input_layernorm.deferred(h)))
+        pre-norm mixer, pre-norm MLP, both residual."""
+        return self._residual_mlp(h, mixer(self.input_layernorm(h)))
 
     def _residual_mlp(self, h: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
-        """h + mixed, then the pre-norm MLP on that sum, residual (the add and the norm in one op, in
-        the MLP's gate-up launch on the fused path; the down projection adds the residual as it
-        stores)."""
+        """h + mixed, then the pre-norm MLP on that sum, residual (the add and the norm fused; the
+        MLP's down projection adds the residual as it stores)."""
         norm = self.post_attention_layernorm
-        if isinstance(self.mlp, MLP):
-            return self.mlp.residual_forward(h, mixed, norm)
         h, x = ops.add_rms_norm(h, mixed, norm.weight, norm.eps)
         return self.mlp(x, residual=h)

@@ -10,7 +10,6 @@ from torch import nn
 
 from lumotree.model.fused import ops
 from lumotree.model.fused.weights import FusedProjection
-from lumotree.model.norms import RMSNorm
 
 
 class MLP(nn.Module):
@@ -28,23 +27,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given (on the fused
         path the down projection adds it as it stores)."""
-        if self._fused_path(x):
+        if self.fused is not None and ops.kernels_for(x) and self.fused.current():
             return ops.linear(ops.linear_silu_mul(x, self.fused.weight), self.down_proj.weight, residual)
         out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out if residual is None else residual + out
-
-    def residual_forward(self, h: torch.Tensor, delta: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """s + self(norm(s)) for s = h + delta: the residual add, the pre-norm and the MLP, residual.
-        On the fused path the gate-up launch adds, stores s and normalises as it reads its rows
-        (`ops.add_norm_linear_silu_mul`); the down projection adds s as it stores."""
-        if self._fused_path(h):
-            s, act = ops.add_norm_linear_silu_mul(h, delta, norm.weight, norm.eps, self.fused.weight)
-            return ops.linear(act, self.down_proj.weight, s)
-        s, x = ops.add_rms_norm(h, delta, norm.weight, norm.eps)
-        return self(x, residual=s)
-
-    def _fused_path(self, x: torch.Tensor) -> bool:
-        return self.fused is not None and ops.kernels_for(x) and self.fused.current()
 
 
 class SparseMoE(nn.Module):

@@ -23,11 +23,6 @@ class RMSNorm(nn.Module):
         """x: [..., dim] -> [..., dim], same dtype."""
         return ops.rms_norm(x, self.weight, self.eps)
 
-    def deferred(self, x: torch.Tensor) -> torch.Tensor | ops.Normed:
-        """The norm of x for projections that read it: an `ops.Normed` their GEMM applies on the
-        fused path (no launch of its own), the normed tensor otherwise (`ops.pre_norm`)."""
-        return ops.pre_norm(x, self.weight, self.eps)
-
 
 class GatedRMSNorm(nn.Module):
     """GDN output norm: y = w * (x / rms(x)) * silu(z), per value head (plain weight, initialised to ones)."""

@@ -14,19 +14,12 @@ the projections' GEMM on the fused path:
 - "skinny": the skinny kernel where it beat cuBLAS (up to SKINNY_ROWS rows), F.linear otherwise:
   the fastest mix measured, not row-invariant (a benchmark variant);
 - "cublas": F.linear always.
-
-A decoder layer's pre-norms are no launches of their own on the fused path: `pre_norm` hands the
-input projections a `Normed` (the row and its norm, not yet applied), which the skinny GEMM applies
-as it reads the row (its `PreNorm` prologue), and `add_norm_linear_silu_mul` has the MLP's gate-up
-launch add the residual, normalise and store the sum. Where the skinny GEMM does not take a product
-(cuBLAS, more than 32 rows, split K ranges) the norm is computed first, as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
@@ -87,89 +80,19 @@ def _skinny_rows(x: Tensor, weight: Tensor) -> int:
     return rows if _gemm == "exact" or beats_cublas(*weight.shape, x.device, x.dtype) else 0
 
 
-@dataclass(frozen=True)
-class Normed:
-    """rms_norm(x, weight, eps), not yet computed (`pre_norm`): `linear` applies it as the skinny
-    GEMM reads x; anything else calls `materialize`."""
-
-    x: Tensor
-    weight: Tensor
-    eps: float
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
-
-
-def pre_norm(h: Tensor, weight: Tensor, eps: float) -> Tensor | Normed:
-    """rms_norm(h, weight, eps) for the projections that read it: deferred to their GEMM on the fused
-    path (a `Normed`), computed now otherwise."""
-    if kernels_for(h) and _gemm != "cublas":
-        return Normed(h, weight, eps)
-    return rms_norm(h, weight, eps)
-
-
-def raw(x: Tensor | Normed) -> Tensor:
-    """The row x reads: x itself, or the row a `Normed` normalises."""
-    return x.x if isinstance(x, Normed) else x
-
-
-def materialize(x: Tensor | Normed) -> Tensor:
-    """x itself, or a `Normed`'s norm computed."""
-    return rms_norm(x.x, x.weight, x.eps) if isinstance(x, Normed) else x
-
-
-def _unsplit(x: Tensor, weight: Tensor) -> bool:
-    """Whether the skinny GEMM keeps K in one range for weight [N, K] (the norm prologue needs it)."""
-    from lumotree.model.fused.skinny_gemm import SkinnyConfig
-
-    return SkinnyConfig.for_shape(*weight.shape, x.device, x.dtype).splits == 1
-
-
-def linear(x: Tensor | Normed, weight: Tensor, residual: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
     """x [..., in] @ weight [out, in]^T, plus `residual` [..., out] if given: the skinny Triton GEMM
     on the fused path when chosen and the rows fit it (the residual added as it stores: one launch
-    where the product and the add were two, the same bits; a `Normed` x normalised as it is read),
-    F.linear and an add otherwise."""
-    rows = _skinny_rows(raw(x), weight)
-    if isinstance(x, Normed) and not (rows and _unsplit(x.x, weight)):
-        x = materialize(x)
+    where the product and the add were two, the same bits), F.linear and an add otherwise."""
+    rows = _skinny_rows(x, weight)
     if rows:
-        from lumotree.model.fused.skinny_gemm import PreNorm, skinny_linear
+        from lumotree.model.fused.skinny_gemm import skinny_linear
 
         n, k = weight.shape
         add = None if residual is None else residual.reshape(rows, n)
-        norm = PreNorm(x.weight, x.eps) if isinstance(x, Normed) else None
-        rows_in = raw(x)
-        y = skinny_linear(rows_in.reshape(rows, k), weight.contiguous(), residual=add, norm=norm)
-        return y.view(*rows_in.shape[:-1], n)
-    assert not isinstance(x, Normed)
+        return skinny_linear(x.reshape(rows, k), weight.contiguous(), residual=add).view(*x.shape[:-1], n)
     y = F.linear(x, weight)
     return y if residual is None else residual + y
-
-
-def add_norm_linear_silu_mul(
-    h: Tensor, delta: Tensor, norm_weight: Tensor, eps: float, weight: Tensor
-) -> tuple[Tensor, Tensor]:
-    """(h + delta, linear_silu_mul(rms_norm(h + delta), weight)): the residual add, the pre-norm and
-    the SwiGLU of a [gate | up] projection. One launch where the skinny GEMM takes the product in
-    one K range (it adds, stores the sum and normalises as it reads its rows); the add-norm and
-    `linear_silu_mul` otherwise."""
-    rows = _skinny_rows(h, weight)
-    if rows and _unsplit(h, weight):
-        from lumotree.model.fused.skinny_gemm import PreNorm, skinny_swiglu
-
-        k = h.shape[-1]
-        total = torch.empty_like(h)
-        norm = PreNorm(norm_weight, eps, delta.reshape(rows, k), total.view(rows, k))
-        act = skinny_swiglu(h.reshape(rows, k), weight.contiguous(), norm=norm)
-        return total, act.view(*h.shape[:-1], weight.shape[0] // 2)
-    total, x = add_rms_norm(h, delta, norm_weight, eps)
-    return total, linear_silu_mul(x, weight)
 
 
 def linear_silu_mul(x: Tensor, weight: Tensor) -> Tensor:

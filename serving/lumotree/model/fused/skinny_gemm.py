@@ -10,15 +10,6 @@ fp32; the output is in x's dtype. Two epilogues: a residual added as the output 
 down projection), and SwiGLU (`skinny_swiglu`: a [gate | up] projection's program streams its gate
 rows and the matching up rows and stores silu(gate) * up: the MLP's gate-up projection).
 
-One prologue (`PreNorm`, unsplit launches): the decoder layer's zero-centred RMSNorm applied to x
-as the loop reads it, so the norm is no launch of its own. Each K step multiplies the x tile by
-(1 + weight) (rounded to x's dtype, as the normed row would be) and adds its squares to a running
-sum; the epilogue scales each row's products by 1 / rms(x) before it stores them. With a `delta`
-the tile is first x + delta (rounded to x's dtype) and the first output block stores that sum (the
-residual stream the layer goes on with). A row's arithmetic is still its own: batch invariance
-holds. Against norm-then-GEMM the products differ in rounding only (the scale is applied to the
-fp32 sums instead of to each bf16 element).
-
 Batch invariance: a row's arithmetic is one dot per K step, [BLOCK_N, BLOCK_K] x [BLOCK_K, ROWS],
 in the same K order (and the same splits, summed in order) for every M, each output column its own
 sum of products. So the result of a row does not depend on M if the MMA instruction computes each
@@ -32,15 +23,13 @@ same result across configs, or against F.linear for M > 32.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
-
-from lumotree.model.fused import reference
 
 MAX_ROWS = 32
 ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
@@ -94,43 +83,6 @@ class SkinnyConfig:
         return SkinnyConfig(block_n=block_n, block_k=block_k, splits=splits)
 
 
-@dataclass(frozen=True)
-class PreNorm:
-    """The RMSNorm a launch applies to its x [M, K] as it reads it: x / rms(x) * (1 + weight),
-    weight [K] (the checkpoint's offset from one). With `delta` [M, K] the row normalised is
-    x + delta in x's dtype, and that sum is written to `total`, a contiguous [M, K] of x's dtype."""
-
-    weight: Tensor
-    eps: float
-    delta: Tensor | None = None
-    total: Tensor | None = field(default=None, compare=False)
-
-    def check(self, x: Tensor) -> None:
-        """ValueError unless this prologue fits x [M, K]."""
-        m, k = x.shape
-        if self.weight.shape != (k,) or self.weight.device != x.device:
-            raise ValueError(f"the norm weight must be [{k}] on {x.device}, got {tuple(self.weight.shape)}")
-        if (self.delta is None) != (self.total is None):
-            raise ValueError("a norm's delta and total come together (the sum is stored into total)")
-        for name, t in (("delta", self.delta), ("total", self.total)):
-            if t is not None and (t.shape != (m, k) or t.dtype != x.dtype or t.device != x.device):
-                raise ValueError(
-                    f"{name} must be [{m}, {k}] {x.dtype} on {x.device}, got {tuple(t.shape)} {t.dtype}"
-                )
-        if self.delta is not None and k > 1 and self.delta.stride(1) != 1:
-            raise ValueError(f"delta's rows must be contiguous, got strides {self.delta.stride()}")
-        if self.total is not None and not self.total.is_contiguous():
-            raise ValueError("total must be contiguous")
-
-    def apply(self, x: Tensor) -> Tensor:
-        """The normalised rows as separate ops would compute them (the sum stored into total): the
-        path of launches the kernel does not take (no rows, more than 32)."""
-        if self.delta is not None:
-            assert self.total is not None
-            x = self.total.copy_(x + self.delta)
-        return reference.rms_norm(x, self.weight, self.eps)
-
-
 @functools.cache
 def beats_cublas(n: int, k: int, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the for_shape kernel was measured faster than cuBLAS at 1-16 rows for a shape like
@@ -148,46 +100,15 @@ def _sm_count(device: torch.device) -> int:
 
 
 @triton.jit
-def _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr):
-    """x[rows, offs_k]^T [BLOCK_K, ROWS], rows >= M (and columns >= K) zeros."""
+def _row_tile_dot(
+    acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K: tl.constexpr, PRECISION: tl.constexpr
+):
+    """acc[BLOCK_N, 16] += w[BLOCK_N, BLOCK_K] @ x[rows, offs_k]^T, padding rows >= M with zeros."""
     mask = rows[None, :] < M
     if not EVEN_K:
         mask = mask & (offs_k[:, None] < K)
-    return tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None], mask=mask, other=0.0)
-
-
-@triton.jit
-def _prenorm_loads(x_ptr, d_ptr, g_ptr, rows, offs_k, stride_xm, stride_dm, M, K, ADD: tl.constexpr):
-    """The prologue's operands of one K step: the x tile [BLOCK_K, ROWS], the delta tile with ADD
-    (else the x tile again) and the norm weights [BLOCK_K], zeros outside [M, K]. Loaded a step
-    ahead of their use: the pipeliner leaves loads that feed arithmetic before the dot to the
-    step that uses them, which then waits for them."""
-    mask = (rows[None, :] < M) & (offs_k[:, None] < K)
     xt = tl.load(x_ptr + rows[None, :].to(tl.int64) * stride_xm + offs_k[:, None], mask=mask, other=0.0)
-    dt = xt
-    if ADD:
-        dt = tl.load(d_ptr + rows[None, :].to(tl.int64) * stride_dm + offs_k[:, None], mask=mask, other=0.0)
-    return xt, dt, tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0)
-
-
-@triton.jit
-def _prenorm_tile(xt, dt, g, squares, s_ptr, rows, offs_k, M, K, STORE_SUM, ADD: tl.constexpr):
-    """One K step of the RMSNorm prologue on the x tile xt [BLOCK_K, ROWS]: with ADD first x + d
-    (rounded to x's dtype; stored into s [M, K] where STORE_SUM), then (xt * (1 + g), rounded to
-    x's dtype, for the dot) and the running sums of squares [BLOCK_K, ROWS] in fp32."""
-    if ADD:
-        xt = (xt.to(tl.float32) + dt.to(tl.float32)).to(xt.dtype)
-        if STORE_SUM:
-            mask = (rows[None, :] < M) & (offs_k[:, None] < K)
-            tl.store(s_ptr + rows[None, :].to(tl.int64) * K + offs_k[:, None], xt, mask=mask)
-    xf = xt.to(tl.float32)
-    return (xf * (1.0 + g.to(tl.float32)[:, None])).to(xt.dtype), squares + xf * xf
-
-
-@triton.jit
-def _inv_rms_rows(squares, K, eps):
-    """1 / sqrt(mean(x^2) + eps) [ROWS] of each row's summed squares [BLOCK_K, ROWS]."""
-    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    return tl.dot(w, xt, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -252,18 +173,13 @@ def skinny_gemm_kernel(
     part_ptr,
     count_ptr,
     r_ptr,
-    g_ptr,
-    d_ptr,
-    s_ptr,
     M,
     N,
     K,
     stride_xm,
     stride_ym,
     stride_rm,
-    stride_dm,
     k_per_split,
-    eps,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -272,8 +188,6 @@ def skinny_gemm_kernel(
     SPLITS: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SWIGLU: tl.constexpr = False,
-    NORM: tl.constexpr = False,
-    ADD: tl.constexpr = False,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
     ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
@@ -281,8 +195,7 @@ def skinny_gemm_kernel(
     count_ptr[block]; the range that counts last sums all partials in split order into y and resets
     the count to 0 (one launch, no atomics on the values, the same sums every time). With SWIGLU
     (one K range) w is a [gate | up] projection [2N, K]: a program also streams the up rows N + its
-    columns and stores silu(gate) * up (_store_swiglu). With NORM (one K range) x is normalised as
-    it is read (`PreNorm`: weight g [K], eps; with ADD x + d, stored to s [M, K] by block 0)."""
+    columns and stores silu(gate) * up (_store_swiglu)."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -293,32 +206,14 @@ def skinny_gemm_kernel(
     up_rows = w_rows + N.to(tl.int64) * K if SWIGLU else w_rows
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_K, ROWS], dtype=tl.float32)
-    if NORM:  # the first step's operands; each step then loads the next step's
-        x_next, d_next, g_next = _prenorm_loads(
-            x_ptr, d_ptr, g_ptr, rows, k_lo + tl.arange(0, BLOCK_K), stride_xm, stride_dm, M, K, ADD
-        )
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
         w = tl.load(w_rows + offs_k[None, :], mask=mask_w, other=0.0)
-        if NORM:
-            xt, squares = _prenorm_tile(
-                x_next, d_next, g_next, squares, s_ptr, rows, offs_k, M, K, block == 0, ADD
-            )
-            x_next, d_next, g_next = _prenorm_loads(
-                x_ptr, d_ptr, g_ptr, rows, offs_k + BLOCK_K, stride_xm, stride_dm, M, K, ADD
-            )
-        else:
-            xt = _x_tile(x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K)
-        acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+        acc = _row_tile_dot(acc, w, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
         if SWIGLU:
             w_up = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0)
-            acc_up = tl.dot(w_up, xt, acc_up, input_precision=PRECISION)
-    if NORM:
-        inv_rms = _inv_rms_rows(squares, K, eps)
-        acc = acc * inv_rms[None, :]
-        acc_up = acc_up * inv_rms[None, :]
+            acc_up = _row_tile_dot(acc_up, w_up, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
     if SWIGLU:
         _store_swiglu(y_ptr, acc, acc_up, rows, offs_n, M, N, stride_ym)
     elif SPLITS == 1:
@@ -418,29 +313,21 @@ def skinny_linear(
     config: SkinnyConfig | None = None,
     out_dtype: torch.dtype | None = None,
     residual: Tensor | None = None,
-    norm: PreNorm | None = None,
 ) -> Tensor:
     """x[M, K] @ w[N, K]^T into `out` (or a new tensor of `out_dtype`: x's dtype, or float32 for
     the fp32 accumulators unrounded), plus `residual` [M, N] of the output dtype if given (the
     product rounded to the output dtype, then added: the bits of `skinny_linear(x, w) + residual`);
-    with `norm` of x's rows normalised as they are read (`PreNorm`; unsplit configs only);
     the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows."""
     check_skinny_operands(x, w, out, out_dtype)
     (m, k), n = x.shape, w.shape[0]
     dtype = out.dtype if out is not None else out_dtype or x.dtype
     check_residual(residual, m, n, dtype, x.device)
-    cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
-    if norm is not None:
-        norm.check(x)
-        if cfg.splits != 1:
-            raise ValueError(f"the norm prologue needs one K range, the config has {cfg.splits}")
-        if m == 0 or m > MAX_ROWS:
-            x = norm.apply(x)
     if m == 0 or m > MAX_ROWS:
         y = F.linear(x, w) if dtype == x.dtype else _wide_linear(x, w)
         y = y if residual is None else y + residual
         return y if out is None else out.copy_(y)
     y = torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
+    cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     split = cfg.splits > 1
     blocks = triton.cdiv(n, cfg.block_n)
@@ -453,16 +340,13 @@ def skinny_linear(
         part,
         counts,
         y if residual is None else residual,
-        *_norm_operands(norm, y),
         m,
         n,
         k,
         x.stride(0),
         y.stride(0),
         0 if residual is None else residual.stride(0),
-        _delta_stride(norm),
         k_per_split,
-        0.0 if norm is None else norm.eps,
         ROWS=row_tile(m),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -470,41 +354,21 @@ def skinny_linear(
         PRECISION=dot_precision(x),
         SPLITS=cfg.splits,
         RESIDUAL=residual is not None,
-        NORM=norm is not None,
-        ADD=norm is not None and norm.delta is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     return y
 
 
-def _norm_operands(norm: PreNorm | None, placeholder: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The kernel's (g, d, s) pointers of a prologue (`placeholder` where there is none)."""
-    if norm is None:
-        return placeholder, placeholder, placeholder
-    delta = placeholder if norm.delta is None else norm.delta
-    total = placeholder if norm.total is None else norm.total
-    return norm.weight, delta, total
-
-
-def _delta_stride(norm: PreNorm | None) -> int:
-    return 0 if norm is None or norm.delta is None else norm.delta.stride(0)
-
-
 def skinny_swiglu(
-    x: Tensor,
-    w: Tensor,
-    config: SkinnyConfig | None = None,
-    out: Tensor | None = None,
-    norm: PreNorm | None = None,
+    x: Tensor, w: Tensor, config: SkinnyConfig | None = None, out: Tensor | None = None
 ) -> Tensor:
     """silu(x @ gate^T) * (x @ up^T) [M, I] for a [gate | up] projection w [2I, K], one launch for
     1..32 rows (each program streams BLOCK_N / 2 gate rows and the matching up rows, so the launch
     reads the bytes of `for_shape(2I, K)`'s blocks); the bits of `skinny_linear` of the gate and up
     halves then `elementwise.silu_mul`, if the MMA computes each column alike in both tile heights.
     Shapes whose config splits K (narrow projections) are refused: use the product then silu_mul.
-    out: a contiguous [M, I] of x's dtype to write (else a new tensor). norm: x's rows normalised
-    as they are read (`PreNorm`)."""
+    out: a contiguous [M, I] of x's dtype to write (else a new tensor)."""
     if w.dim() != 2 or w.shape[0] % 2:
         raise ValueError(f"w must be a [gate | up] projection [2I, K], got {tuple(w.shape)}")
     check_skinny_operands(x, w, None)
@@ -518,16 +382,11 @@ def skinny_swiglu(
     cfg = config or SkinnyConfig.for_shape(2 * n, k, x.device, x.dtype)
     if cfg.splits != 1:
         raise ValueError(f"the SwiGLU epilogue needs one K range, the config has {cfg.splits}")
-    if norm is not None:
-        norm.check(x)
     block_n = max(16, cfg.block_n // 2)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     skinny_gemm_kernel[(triton.cdiv(n, block_n), 1)](
-        x, w, y, y, y, y, *_norm_operands(norm, y), m, n, k, x.stride(0), y.stride(0), 0,
-        _delta_stride(norm), k, 0.0 if norm is None else norm.eps, ROWS=row_tile(m), BLOCK_N=block_n,
+        x, w, y, y, y, y, m, n, k, x.stride(0), y.stride(0), 0, k, ROWS=row_tile(m), BLOCK_N=block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=1,
-        RESIDUAL=False, SWIGLU=True, NORM=norm is not None,
-        ADD=norm is not None and norm.delta is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        RESIDUAL=False, SWIGLU=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return y

@@ -46,9 +46,8 @@ class FusedProjection:
             offset += size * row
         return True
 
-    def __call__(self, x: Tensor | ops.Normed) -> list[Tensor]:
-        """x [..., in] (or its deferred norm) -> each part's output [..., out_i] (column slices of
-        one GEMM)."""
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        """x [..., in] -> each part's output [..., out_i] (column slices of one GEMM)."""
         return list(ops.linear(x, self.weight).split(self.sizes, dim=-1))
 
 
