@@ -40,6 +40,7 @@ from torch import Tensor
 
 from lumotree.tree import MAX_DEPTH, TreeDescriptor
 from lumotree.verify.attention.reference import _check_cache
+from lumotree.verify.graphs import SideStream
 
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
@@ -503,25 +504,22 @@ def partial_buffers(
     )
 
 
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[torch.device, SideStream] = {}
 
 
 @contextmanager
 def _beside_the_split_k(device: torch.device, concurrent: bool) -> Iterator[None]:
-    """On CUDA with `concurrent`, the enclosed launches run on a side stream that forks from the
-    current one and joins it again on leaving: the tail walk (its partition is disjoint from the
-    split-K programs', and the merge waits for both) runs beside the split-K launch instead of after
-    it, on the SMs that launch leaves idle (a captured graph keeps the fork as two branches). The
-    same kernels on the same inputs: the same bits. Elsewhere, the current stream."""
-    if device.type != "cuda" or not concurrent:
+    """With `concurrent`, the enclosed launches fork onto a side stream and join again on leaving:
+    the tail walk (its partition is disjoint from the split-K programs', and the merge waits for
+    both) runs beside the split-K launch instead of after it, on the SMs that launch leaves idle.
+    The same kernels on the same inputs: the same bits."""
+    if not concurrent:
         yield
         return
-    main = torch.cuda.current_stream(device)
-    side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
+    side = _SIDE_STREAMS.setdefault(device, SideStream(device))
+    with side.fork():
         yield
-    main.wait_stream(side)
+    side.join()
 
 
 def tree_attention_(
