@@ -268,38 +268,3 @@ def test_device_walks_match_the_reference_on_the_full_vocabulary() -> None:
     sampled = walk_ref.sample_walk(probs, tree, seeds, 3)
     for name in ("accepted", "path_len", "emitted", "final_row"):
         assert torch.equal(getattr(walk.result, name).cpu(), getattr(sampled, name)), name
-
-
-def test_the_tail_beside_the_split_k_keeps_the_bits_in_a_captured_graph() -> None:
-    """The tail walk on a side stream beside the split-K launch (`_beside_the_split_k`), captured
-    in a graph and replayed: the bits of the three launches issued one after another, every output
-    element written."""
-    tree = paper_tree(random.Random(8), 1000, prefix_len=4096)
-    gen = torch.Generator().manual_seed(8)
-    t_max = tree.prefix_len + tree.rows
-    k_cache, v_cache = (
-        torch.randn(t_max, 4, 256, generator=gen).to(torch.bfloat16).to(CUDA) for _ in range(2)
-    )
-    q = torch.randn(tree.rows, 24, 256, generator=gen).to(torch.bfloat16).to(CUDA)
-    config = attn_kernel.fitted_query_tile(attn_kernel.AttentionConfig.for_dtype(q.dtype), tree.rows * 6)
-    splits = attn_kernel.cache_partitions(t_max)
-    short = attn_kernel.short_partitions(t_max)
-    bits = attn_kernel.tree_visibility_bits(tree).to(CUDA)
-    prefix = torch.tensor([tree.prefix_len], dtype=torch.int32, device=CUDA)
-
-    def run(stages: frozenset[str], o: torch.Tensor, lse: torch.Tensor, parts: tuple) -> None:
-        attn_kernel.tree_attention_(
-            q, k_cache, v_cache, bits, prefix, o, lse, *parts, splits, 1 / 16, config, stages, short=short
-        )
-
-    one_by_one = (torch.empty_like(q), torch.empty(tree.rows, 24, device=CUDA))
-    parts = attn_kernel.partial_buffers(tree.rows, 24, 4, 256, splits, config.block_m, CUDA)
-    for stage in ("partial", "tail", "merge"):  # one stage a call: no side stream
-        run(frozenset({stage}), *one_by_one, parts)
-    forked = (poisoned(q.shape, q.dtype, CUDA), poisoned((tree.rows, 24), torch.float32, CUDA))
-    graph = CapturedStage(lambda: run(attn_kernel.STAGES, *forked, parts))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert attn_kernel._SIDE_STREAMS  # the capture forked
-    assert_written(forked[0])
-    assert torch.equal(forked[0], one_by_one[0]) and torch.equal(forked[1], one_by_one[1])

@@ -59,7 +59,6 @@ from lumotree.tree import TreeTopology, chain_topology
 from lumotree.verify import device_ops
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.plan import DEFAULT_PATHS
-from lumotree.verify.graphs import SideStream
 from lumotree.verify.kernel_sets import triton_kernels
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,6 @@ class DeviceRunner(Runner):
             if fuse_projections_(model):  # one GEMM per block's input projections (model/fused/)
                 torch.cuda.empty_cache()  # hand back the separate weights' blocks (19.6 GB at 27B)
         self.kernels = triton_kernels()
-        self._beside = SideStream(device)  # publication runs beside drafting (`_stages`)
         width = max_depth + 1
         device_mtp = None
         if mtp is not None:  # pass 1 writes all `width` queue rows (valid or not) past the committed rows
@@ -278,21 +276,15 @@ class DeviceRunner(Runner):
         logits = self.logits(forward.hidden)
         self._mark(slot, 1)
         self.acceptance.accept_(logits, self.tables)
-        # publication beside the next proposal's drafting: it writes the target's GDN states and KV
-        # caches, which drafting never reads (the MTP layer has its own cache); the committed
-        # length, which publication reads, advances after the join
-        with self._beside.fork():
-            publish_path_(self.state, forward, r.accepted[0], r.path_len[:1], self.kernels)
+        publish_path_(self.state, forward, r.accepted[0], r.path_len[:1], self.kernels)
         self._mark(slot, 2)
         self._draft(forward)
-        self._beside.join()
-        self.tables.prefix_len += r.path_len[:1]
         self._results[slot].copy_(self._out, non_blocking=True)
         self._mark(slot, 3)
         return logits
 
     def _draft(self, forward: TreeForward) -> None:
-        """The next proposal's MTP passes and the packed results."""
+        """The next proposal's MTP passes, the committed length, and the packed results."""
         r, mtp = self.walk.result, self.device_mtp
         parts = [r.accepted[0], r.path_len[:1], r.emitted[0]]
         if mtp is not None:
@@ -303,6 +295,7 @@ class DeviceRunner(Runner):
         if self.tree_drafter is not None and mtp is not None:  # the next tree, into the feed
             self.tree_drafter.draft_(r.emitted[0], r.path_len[:1], mtp.spine, mtp.topk, self.tables.feed)
             parts += [self.tables.feed, self.tree_drafter.merges]
+        self.tables.prefix_len += r.path_len[:1]
         self._out.copy_(torch.cat(parts))
 
     @torch.inference_mode()

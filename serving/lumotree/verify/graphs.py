@@ -8,8 +8,7 @@ Only the hot stages are captured; everything else stays eager and debuggable.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
@@ -40,29 +39,3 @@ class CapturedStage:
         self.graph.replay()
 
     __call__ = replay
-
-
-class SideStream:
-    """Launches that may run beside the current stream's: `fork()` enters a side stream that first
-    waits for everything issued so far, `join()` makes the current stream wait for what the side
-    stream was given. A captured graph keeps the fork as two branches, so independent launches run
-    at once on the SMs each leaves idle. Off CUDA both are no-ops (one stream, program order)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    @contextmanager
-    def fork(self) -> Iterator[None]:
-        """The enclosed launches on the side stream, after everything issued before."""
-        if self.stream is None:
-            yield
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            yield
-
-    def join(self) -> None:
-        """Later launches on the current stream wait for the side stream's."""
-        if self.stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)

@@ -8,8 +8,7 @@ rows x group heads) and runs an online softmax over its split, a fixed range of 
 own bound. Its last TAIL_KEYS keys, the committed ones above that bound and then its tree slots (bit
 j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot before its
 children's), are gathered in logical order by the tail kernel, one program per (tree row, KV head),
-and attended in one pass: the last partition (on the GPU beside the split-K launch, on a side
-stream: `_beside_the_split_k`). A merge kernel combines the partitions by
+and attended in one pass: the last partition. A merge kernel combines the partitions by
 log-sum-exp, each in its own lane of a fixed-width load, the tail's last. The prefix length is read
 on the device, so one captured graph serves every cycle.
 
@@ -29,8 +28,6 @@ trees parted from AR on long sampled answers (results/h200/row-invariance).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,7 +37,6 @@ from torch import Tensor
 
 from lumotree.tree import MAX_DEPTH, TreeDescriptor
 from lumotree.verify.attention.reference import _check_cache
-from lumotree.verify.graphs import SideStream
 
 LOG2E = 1.4426950408889634  # scores run in the log2 domain (exp2); lse is converted back with ln 2
 TAIL_KEYS = MAX_DEPTH + 1  # keys a row walks one by one: its position and the MAX_DEPTH before it
@@ -504,24 +500,6 @@ def partial_buffers(
     )
 
 
-_SIDE_STREAMS: dict[torch.device, SideStream] = {}
-
-
-@contextmanager
-def _beside_the_split_k(device: torch.device, concurrent: bool) -> Iterator[None]:
-    """With `concurrent`, the enclosed launches fork onto a side stream and join again on leaving:
-    the tail walk (its partition is disjoint from the split-K programs', and the merge waits for
-    both) runs beside the split-K launch instead of after it, on the SMs that launch leaves idle.
-    The same kernels on the same inputs: the same bits."""
-    if not concurrent:
-        yield
-        return
-    side = _SIDE_STREAMS.setdefault(device, SideStream(device))
-    with side.fork():
-        yield
-    side.join()
-
-
 def tree_attention_(
     q: Tensor,
     k_cache: Tensor,
@@ -573,13 +551,12 @@ def tree_attention_(
             num_stages=config.num_stages,
         )  # fmt: skip
     if "tail" in stages:
-        with _beside_the_split_k(q.device, concurrent="partial" in stages):
-            tree_attention_tail_kernel[(rows, hkv)](
-                q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, qk_scale, *strides, G=group,
-                GP=max(16, triton.next_power_of_2(group)), D=dim, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
-                TP=max(16, triton.next_power_of_2(TAIL_KEYS)), RP=BITSET_SLOTS, SPLIT=splits,
-                PRECISION=precision, num_warps=config.tail_warps,
-            )  # fmt: skip
+        tree_attention_tail_kernel[(rows, hkv)](
+            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, qk_scale, *strides, G=group,
+            GP=max(16, triton.next_power_of_2(group)), D=dim, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
+            TP=max(16, triton.next_power_of_2(TAIL_KEYS)), RP=BITSET_SLOTS, SPLIT=splits,
+            PRECISION=precision, num_warps=config.tail_warps,
+        )  # fmt: skip
     if "merge" in stages:
         # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
         merge_bm, merge_bd = (1 if q.is_cuda else MERGE_ROWS_INTERPRETED), min(dim, MERGE_BLOCK_D)
