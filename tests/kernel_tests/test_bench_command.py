@@ -99,3 +99,28 @@ def test_ab_cycle_script_without_a_staged_baseline_says_how_to_stage_one(tmp_pat
     assert result.returncode == 2
     assert "no baseline staged under .stage/base/serving" in result.stderr
     assert not (tmp_path / "out").exists(), "nothing runs without a baseline"
+
+
+def test_ab_cycle_script_names_each_runs_commit(tmp_path: Path) -> None:
+    """The base run's results name the staged baseline's commit (.stage/base/COMMIT), the head
+    run's the caller's LUMOBENCH_COMMIT; the base imports the staged serving/ first. A scripted
+    `python3` on PATH stands for the benchmark: it records what each call was given."""
+    script = Path(__file__).parents[2] / "lumobench/bench/device/ab_cycle_h200.sh"
+    (tmp_path / ".stage/base/serving").mkdir(parents=True)
+    (tmp_path / ".stage/base/COMMIT").write_text("abc1234\n")
+    (tmp_path / "lumobench/bench/device").mkdir(parents=True)
+    (tmp_path / "lumobench/bench/device/carried_wheels.sh").write_text("")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/bin/bash\necho "${{LUMOBENCH_COMMIT:-none}} $PYTHONPATH $*" >> {calls}\n')
+    fake.chmod(0o755)
+    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": "/site",
+           "LUMOBENCH_COMMIT": "def5678"}  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    benches = [line.split() for line in calls.read_text().splitlines() if "lumobench.bench.cycle" in line]
+    assert [b[0] for b in benches] == ["abc1234", "def5678"]
+    assert benches[0][1] == f"{tmp_path}/.stage/base/serving:/site" and benches[1][1] == "/site"

@@ -2,10 +2,11 @@
 # The cycle benchmark of a baseline revision's serving/ and of the working tree's, back to back in
 # one call on the device machine (one machine, one speed: like for like). Stage the baseline here
 # first (the device copy has no repository):
-#   rm -rf .stage/base && mkdir -p .stage/base && git archive REV serving | tar -x -C .stage/base && rm -r .stage/base/serving/models
+#   rm -rf .stage/base && mkdir -p .stage/base && git archive REV serving | tar -x -C .stage/base && rm -r .stage/base/serving/models && git rev-parse --short REV > .stage/base/COMMIT
 # then on the device, carrying .whl and .stage:
 #   OUT=$OUT bash lumobench/bench/device/ab_cycle_h200.sh
 # Run n of an arm writes $OUT/cycle-ARM-n/cycle.md and cycle.json and its log $OUT/cycle-ARM-n.log;
+# a base run's results name the commit in .stage/base/COMMIT, a head run's LUMOBENCH_COMMIT;
 # ORDER sets the runs (default "base head"; repeat names to alternate, e.g. "base head base head").
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
@@ -18,15 +19,17 @@ source lumobench/bench/device/carried_wheels.sh
 mkdir -p "$OUT"
 args=(--contexts "${CONTEXTS:-4096}" --variants fused --iters "${ITERS:-50}" --warmup 10
     --draft-vocab "${DRAFT_VOCAB:-16384}")
+base_commit=$(cat .stage/base/COMMIT 2>/dev/null || echo "a staged baseline")
 run=0
 for arm in ${ORDER:-base head}; do
     run=$((run + 1))
     path=$PYTHONPATH
-    [[ $arm == base ]] && path=$PWD/.stage/base/serving:$PYTHONPATH
+    commit=${LUMOBENCH_COMMIT:-}
+    [[ $arm == base ]] && path=$PWD/.stage/base/serving:$PYTHONPATH && commit=$base_commit
     dest="$OUT/cycle-$arm-$run"
     PYTHONPATH=$path python3 -c "import lumotree; print('lumotree from', lumotree.__file__)" > "$dest.log"
-    PYTHONPATH=$path timeout "${CYCLE_S:-150}" python3 -m lumobench.bench.cycle --out "$dest" "${args[@]}" \
-        >> "$dest.log" 2>&1
+    LUMOBENCH_COMMIT=$commit PYTHONPATH=$path timeout "${CYCLE_S:-150}" python3 -m lumobench.bench.cycle \
+        --out "$dest" "${args[@]}" >> "$dest.log" 2>&1
     echo "$arm (run $run): $(head -1 "$dest.log")"
     grep -E "^\| [0-9]" "$dest/cycle.md" 2>/dev/null | head -7 || tail -5 "$dest.log"
 done
