@@ -231,18 +231,25 @@ KERNELS["skinny n64 k128 t1 split m1"] = (
 )
 
 
-def compile_for_hopper(
+def compile_hopper(
     kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
-) -> dict:
-    """{"ok", "error", "wgmma", "registers", "spill_bytes"} for one kernel at the given constexprs and
-    compile options, the `divisible` arguments marked as multiples of 16."""
+) -> triton.compiler.CompiledKernel:
+    """One kernel compiled for sm_90a at the given constexprs and compile options, the `divisible`
+    arguments marked as multiples of 16 (the compiler's exception if it refuses)."""
     params = list(inspect.signature(kernel.fn).parameters)
     signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "*fp32") for p in params}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}
     constants = {(params.index(k),): v for k, v in constexprs.items()}
     source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=HOPPER, options=options)
+
+
+def compile_for_hopper(
+    kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
+) -> dict:
+    """{"ok", "error", "wgmma", "registers", "spill_bytes"} of `compile_hopper`."""
     try:
-        compiled = triton.compile(source, target=HOPPER, options=options)
+        compiled = compile_hopper(kernel, constexprs, options, divisible)
     except Exception as exc:  # the test reports the compiler's message
         return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1}
     ptx = compiled.asm["ptx"]

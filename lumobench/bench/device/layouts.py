@@ -5,11 +5,9 @@ root: python3 lumobench/bench/device/layouts.py"""
 
 from __future__ import annotations
 
-import inspect
 import sys
 
 import triton
-from triton.compiler import ASTSource
 
 sys.path.insert(0, "tests/kernel_tests")
 import hopper_aot  # the compile entries live beside the sm_90 compile test
@@ -23,14 +21,9 @@ def dim0_layouts(ttgir: str) -> tuple[int, list[str]]:
 
 def main() -> None:
     print("triton", triton.__version__)
-    for name, (kernel, constexprs, options, *rest) in hopper_aot.KERNELS.items():
-        params = list(inspect.signature(kernel.fn).parameters)
-        signature = {p: "constexpr" if p in constexprs else hopper_aot.TYPES.get(p, "*fp32") for p in params}
-        attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in (rest[0] if rest else ())}
-        constants = {(params.index(k),): v for k, v in constexprs.items()}
-        source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
+    for name, spec in hopper_aot.KERNELS.items():
         try:
-            compiled = triton.compile(source, target=hopper_aot.HOPPER, options=options)
+            compiled = hopper_aot.compile_hopper(*spec)
         except Exception as error:  # a compile error is reported, the survey goes on
             print(name, "ERROR", str(error)[-200:])
             continue
