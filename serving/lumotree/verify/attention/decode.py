@@ -151,10 +151,14 @@ def tree_attention_partial_kernel(
     BN-key tiles."""
     h = tl.program_id(1)
     m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
-    prefix = tl.load(prefix_ptr)
+    prefix = tl.load(prefix_ptr).to(tl.int32)
     chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
-    bound = _tail_start(bits, prefix, TAIL)  # [BM]
+    bound = _tail_start(bits, prefix, TAIL).to(tl.int32)  # [BM]
     offs_n = tl.arange(0, BN)
+    # the committed rows [0, prefix) of this KV head's columns: a tile past the prefix reads zeros
+    # (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
+    k_rows = tl.make_tensor_descriptor(k_ptr, [prefix, HKV * D], [stride_kt, 1], [BN, D])
+    v_rows = tl.make_tensor_descriptor(v_ptr, [prefix, HKV * D], [stride_kt, 1], [BN, D])
     held = _partitions_holding(prefix, chunk, shorts, SHORT)
     for i in range(tl.program_id(2), held, tl.num_programs(2)):
         s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
@@ -166,9 +170,7 @@ def tree_attention_partial_kernel(
         acc = tl.zeros([BM, D], dtype=tl.float32)
         for start in range(lo, hi, BN):
             keys = start + offs_n
-            kv_off = keys.to(tl.int64)[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
-            in_range = keys < hi
-            k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
+            k = k_rows.load([start, h * D])
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
             scores = tl.where(keys[None, :] < bound[:, None], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -176,7 +178,7 @@ def tree_attention_partial_kernel(
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(scores - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + kv_off, mask=in_range[:, None], other=0.0)
+            v = v_rows.load([start, h * D])
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         base = (s * HKV + h) * MPAD + m
@@ -543,6 +545,8 @@ def tree_attention_(
     long_rows = triton.cdiv(max(k_cache.shape[0] - short * SHORT_KEYS, 1), max(splits - short, 1))
     chunk = splits if by_prefix else triton.cdiv(long_rows, config.block_n) * config.block_n
     if "partial" in stages:
+        _check_descriptor_layout(k_cache, v_cache)
+        triton.set_allocator(_descriptor_scratch)  # a context variable: set by the launching thread
         programs = device_programs(q.device, (mpad // bm) * hkv, config.program_waves)
         tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
             q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk, short,
@@ -565,6 +569,30 @@ def tree_attention_(
             D=dim, BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n, NSPLIT=splits + 1,
             MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS, num_warps=MERGE_WARPS,
         )  # fmt: skip
+
+
+def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    """Global memory for the K and V descriptors the split-K programs build on the device (a graph
+    capture keeps its allocation; the programs write them at every launch)."""
+    return torch.empty(size, dtype=torch.int8, device=torch.device("cuda", torch.cuda.current_device()))
+
+
+def _check_descriptor_layout(k_cache: Tensor, v_cache: Tensor) -> None:
+    """ValueError unless K and V are [T_max, Hkv, D] caches of one layout, each row's heads contiguous
+    and 16-byte aligned (what a tensor-memory descriptor over [rows, Hkv * D] needs)."""
+    _, hkv, dim = k_cache.shape
+    row_bytes = k_cache.stride(0) * k_cache.element_size()
+    if (
+        k_cache.stride() != v_cache.stride()
+        or k_cache.stride()[1:] != (dim, 1)
+        or row_bytes % 16
+        or k_cache.data_ptr() % 16
+        or v_cache.data_ptr() % 16
+    ):
+        raise ValueError(
+            "tree attention reads K and V caches [T_max, Hkv, D] of one layout with each row's heads "
+            f"contiguous and 16-byte aligned; got strides {k_cache.stride()} and {v_cache.stride()}"
+        )
 
 
 def tree_attention(
