@@ -168,21 +168,53 @@ def tree_attention_partial_kernel(
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
         acc = tl.zeros([BM, D], dtype=tl.float32)
-        for start in range(lo, hi, BN):
-            keys = start + offs_n
-            k = k_rows.load([start, h * D])
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 domain
-            scores = tl.where(keys[None, :] < bound[:, None], scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = v_rows.load([start, h * D])
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+        # every row's bound is at least prefix + 1 - TAIL (the root's): the tiles below it take no mask
+        unmasked_end = lo + tl.maximum(tl.minimum(hi, prefix + 1 - TAIL) - lo, 0) // BN * BN
+        for start in range(lo, unmasked_end, BN):
+            acc, m_i, l_i = _attend_tile(
+                q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, False
+            )
+        for start in tl.range(unmasked_end, hi, BN, num_stages=1):  # at most two tiles a program
+            acc, m_i, l_i = _attend_tile(
+                q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, True
+            )
         base = (s * HKV + h) * MPAD + m
         _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < R * G)
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    k_rows,
+    v_rows,
+    start,
+    h,
+    bound,
+    offs_n,
+    acc,
+    m_i,
+    l_i,
+    qk_scale,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One BN-key tile of the online softmax from cache row `start`: (acc, m_i, l_i) updated. Scores
+    run in the log2 domain, the scale applied in the exponent by one fused multiply-add; MASKED
+    drops each row's keys at or past its bound (a tile all below every bound gives the same bits
+    without it)."""
+    k = k_rows.load([start, h * D])
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if MASKED:
+        scores = tl.where((start + offs_n)[None, :] < bound[:, None], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1) * qk_scale)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(tl.fma(scores, qk_scale, -m_safe[:, None]))
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = v_rows.load([start, h * D])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
 
 
 @triton.jit
