@@ -213,7 +213,11 @@ def _attend_tile(
     p = tl.exp2(tl.fma(scores, qk_scale, -m_safe[:, None]))
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = v_rows.load([start, h * D])
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    # alpha is exactly 1 where a row's maximum held (exp2(0)), and 0 times a zero accumulator where a
+    # row has seen no key yet: the block rescales only when some row's maximum moved, the same bits
+    if tl.max((m_new != m_i).to(tl.int32), axis=0) != 0:
+        acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
