@@ -1,7 +1,8 @@
 """Compile Triton kernels for Hopper (sm_90) ahead of time, without a GPU; run as a script.
 
 Run with TRITON_INTERPRET unset (the interpreter replaces @triton.jit functions). Prints one JSON
-object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX), "registers": int,
+object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX), "tma": bool
+(tensor-memory copies in its PTX), "registers": int,
 "spill_bytes": int (spill stores, from Triton's ptxas run again with -v)}.
 """
 
@@ -191,6 +192,13 @@ KERNELS["tree attention partial, by prefix"] = (
     dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=True, SHORT=attention.SHORT_KEYS),
     dict(num_warps=8, num_stages=2),
 )
+# the engine's split-K at Qwen3.5-27B's attention (24 query and 4 KV heads of 256 dims, bf16 caches)
+KERNELS["tree attention partial, 27B tiles"] = (
+    attention.tree_attention_partial_kernel,
+    dict(ATTENTION, D=256, BN=64, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
+    dict(num_warps=4, num_stages=3),
+    ("q_ptr", "k_ptr", "v_ptr", "stride_qr", "stride_qh", "stride_kt"),
+)
 # the merge as the GPU launches it: a grouped row a program, 64 partitions a load
 TYPES |= {"stride_or": "i64", "stride_oh": "i64"}
 KERNELS["tree attention merge"] = (
@@ -247,13 +255,26 @@ def compile_hopper(
 def compile_for_hopper(
     kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
 ) -> dict:
-    """{"ok", "error", "wgmma", "registers", "spill_bytes"} of `compile_hopper`."""
+    """{"ok", "error", "wgmma", "tma", "registers", "spill_bytes"} of `compile_hopper`."""
     try:
         compiled = compile_hopper(kernel, constexprs, options, divisible)
     except Exception as exc:  # the test reports the compiler's message
-        return {"ok": False, "error": str(exc)[-2000:], "wgmma": False, "registers": -1, "spill_bytes": -1}
+        return {
+            "ok": False,
+            "error": str(exc)[-2000:],
+            "wgmma": False,
+            "tma": False,
+            "registers": -1,
+            "spill_bytes": -1,
+        }
     ptx = compiled.asm["ptx"]
-    return {"ok": True, "error": "", "wgmma": "wgmma.mma_async" in ptx, **resource_usage(ptx)}
+    return {
+        "ok": True,
+        "error": "",
+        "wgmma": "wgmma.mma_async" in ptx,
+        "tma": "cp.async.bulk.tensor" in ptx,
+        **resource_usage(ptx),
+    }
 
 
 def resource_usage(ptx: str) -> dict:

@@ -277,6 +277,31 @@ def test_tree_rows_ignore_keys_outside_their_ancestry() -> None:
     assert torch.equal(o[row], o2[row])
 
 
+@pytest.mark.parametrize("by_prefix", [False, True])
+def test_cache_rows_past_the_tree_are_never_read(by_prefix: bool) -> None:
+    # NaN in every row past the prefix and the tree's slots (a cache's unwritten rows): the key tile
+    # holding the prefix's end spans them, and the split-K must read zeros there (its descriptors
+    # end at the prefix), or NaN times a zero weight poisons the row.
+    tree = chain_tree([0, 1, 2], prefix_len=37)
+    gen = torch.Generator().manual_seed(17)
+    k_cache, v_cache = (torch.randn(tree.prefix_len + 40, HKV, DIM, generator=gen) for _ in range(2))
+    q = torch.randn(tree.rows, HQ, DIM, generator=gen)
+    expected, expected_lse = ref.tree_attention(q, k_cache, v_cache, tree)
+    for cache in (k_cache, v_cache):
+        cache[tree.prefix_len + tree.rows :] = float("nan")
+    o, lse, _, _ = _run_with_partials(tree, q, k_cache, v_cache, splits=3, by_prefix=by_prefix)
+    torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_caches_whose_heads_are_not_contiguous_are_refused() -> None:
+    tree = chain_tree([0, 1], prefix_len=5)
+    k_cache, v_cache = (torch.randn(DIM, tree.prefix_len + 2, HKV).permute(1, 2, 0) for _ in range(2))
+    q = torch.randn(tree.rows, HQ, DIM)
+    with pytest.raises(ValueError, match="heads contiguous"):
+        _run(tree, q, k_cache, v_cache, splits=1)
+
+
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "random_order"])
 def test_kv_publication_matches_reference(shape: str) -> None:
     tree = random_tree(shape, random.Random(11), prefix_len=9)

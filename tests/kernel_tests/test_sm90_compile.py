@@ -38,7 +38,8 @@ def compiled() -> dict:
         "value-major prepare", "value-major apply", "tree-parallel", "row scan", "paths scan",
         "paths scan, tree register cap", "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
-        "tree attention partial, by prefix", "tree attention tail", "tree attention merge", "kv write",
+        "tree attention partial, by prefix", "tree attention partial, 27B tiles",
+        "tree attention tail", "tree attention merge", "kv write",
         "gdn prepare", "tree conv, operands prepared",
     ],
 )  # fmt: skip
@@ -52,6 +53,20 @@ def test_the_tree_register_cap_holds_the_paths_scan_to_its_registers(compiled: d
     capped, free = compiled["paths scan, tree register cap"], compiled["paths scan"]
     assert 0 < capped["registers"] <= 128, capped["registers"]
     assert capped["registers"] <= free["registers"] and capped["spill_bytes"] == 0, (capped, free)
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    ["tree attention partial", "tree attention partial, by prefix", "tree attention partial, 27B tiles"],
+)
+def test_tree_attention_reads_its_keys_by_tensor_memory_copies_into_wgmma(
+    compiled: dict, kernel: str
+) -> None:
+    # K and V tiles come by descriptor (no per-element addresses or masks a key tile), both dots on wgmma
+    result = compiled[kernel]
+    assert result["ok"], result["error"]
+    assert result["tma"] and result["wgmma"], result
+    assert 0 < result["registers"] <= 255
 
 
 def test_value_major_state_products_run_on_wgmma(compiled: dict) -> None:

@@ -5,9 +5,11 @@ of its ancestors and itself. Its keys below p - MAX_DEPTH (all committed) go thr
 (query block, KV head, split) stages each K/V tile once for all query heads of its group (M = tree
 rows x group heads) and runs an online softmax over its split, a fixed range of physical cache rows
 (`_partition_start`: SHORT_KEYS rows each for the first ones, then `chunk`), each row masked at its
-own bound. Its last TAIL_KEYS keys, the committed ones above that bound and then its tree slots (bit
-j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot before its
-children's), are gathered in logical order by the tail kernel, one program per (tree row, KV head),
+own bound (on the GPU K and V tiles come by tensor-memory copies from descriptors that end at the
+prefix; the tiles below every row's bound take no mask, and the accumulator is rescaled only when a
+row's maximum moved). Its last TAIL_KEYS keys, the committed ones above that bound and then its
+tree slots (bit j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot
+before its children's), are gathered in logical order by the tail kernel, one program per (tree row, KV head),
 and attended in one pass: the last partition. A merge kernel combines the partitions by
 log-sum-exp, each in its own lane of a fixed-width load, the tail's last. The prefix length is read
 on the device, so one captured graph serves every cycle.
@@ -28,6 +30,7 @@ trees parted from AR on long sampled answers (results/h200/row-invariance).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -132,7 +135,6 @@ def tree_attention_partial_kernel(
     stride_qr,
     stride_qh,
     stride_kt,
-    stride_kh,
     chunk,
     shorts,
     G: tl.constexpr,
@@ -157,8 +159,9 @@ def tree_attention_partial_kernel(
     offs_n = tl.arange(0, BN)
     # the committed rows [0, prefix) of this KV head's columns: a tile past the prefix reads zeros
     # (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
-    k_rows = tl.make_tensor_descriptor(k_ptr, [prefix, HKV * D], [stride_kt, 1], [BN, D])
-    v_rows = tl.make_tensor_descriptor(v_ptr, [prefix, HKV * D], [stride_kt, 1], [BN, D])
+    committed = tl.maximum(prefix, 1)  # (an empty prefix loads nothing; a descriptor needs a row)
+    k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
+    v_rows = tl.make_tensor_descriptor(v_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
     held = _partitions_holding(prefix, chunk, shorts, SHORT)
     for i in range(tl.program_id(2), held, tl.num_programs(2)):
         s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
@@ -582,11 +585,11 @@ def tree_attention_(
     chunk = splits if by_prefix else triton.cdiv(long_rows, config.block_n) * config.block_n
     if "partial" in stages:
         _check_descriptor_layout(k_cache, v_cache)
-        triton.set_allocator(_descriptor_scratch)  # a context variable: set by the launching thread
+        triton.set_allocator(_descriptor_scratch(q.device))  # a context variable: the launching thread's
         programs = device_programs(q.device, (mpad // bm) * hkv, config.program_waves)
         tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
-            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk, short,
-            G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
+            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides[:3], chunk,
+            short, G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
             PRECISION=precision, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS, num_warps=config.num_warps,
             num_stages=config.num_stages,
         )  # fmt: skip
@@ -607,16 +610,17 @@ def tree_attention_(
         )  # fmt: skip
 
 
-def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
-    """Global memory for the K and V descriptors the split-K programs build on the device (a graph
-    capture keeps its allocation; the programs write them at every launch)."""
-    return torch.empty(size, dtype=torch.int8, device=torch.device("cuda", torch.cuda.current_device()))
+def _descriptor_scratch(device: torch.device) -> Callable[[int, int, int | None], Tensor]:
+    """Triton's allocator for the K and V descriptors the split-K programs build on the device:
+    global memory on `device` (a graph capture keeps its allocation; the programs write them at
+    every launch)."""
+    return lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device)
 
 
 def _check_descriptor_layout(k_cache: Tensor, v_cache: Tensor) -> None:
     """ValueError unless K and V are [T_max, Hkv, D] caches of one layout, each row's heads contiguous
     and 16-byte aligned (what a tensor-memory descriptor over [rows, Hkv * D] needs)."""
-    _, hkv, dim = k_cache.shape
+    dim = k_cache.shape[2]
     row_bytes = k_cache.stride(0) * k_cache.element_size()
     if (
         k_cache.stride() != v_cache.stride()
