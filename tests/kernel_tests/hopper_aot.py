@@ -200,7 +200,7 @@ KERNELS["tree attention partial, 27B tiles"] = (
     ("q_ptr", "k_ptr", "v_ptr", "stride_qr", "stride_qh", "stride_kt"),
 )
 # the merge as the GPU launches it: a grouped row a program, 64 partitions a load
-TYPES |= {"stride_or": "i64", "stride_oh": "i64"}
+TYPES |= {"stride_or": "i64", "stride_oh": "i64", "stride_gr": "i64", "stride_gh": "i64", "gate_ptr": "*bf16"}
 KERNELS["tree attention merge"] = (
     attention.tree_attention_merge_kernel,
     dict(
@@ -212,6 +212,7 @@ KERNELS["tree attention merge"] = (
         NSPLIT=33,
         BY_PREFIX=False,
         SHORT=attention.SHORT_KEYS,
+        GATED=True,
     ),
     dict(num_warps=attention.MERGE_WARPS),
 )

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lumobench.checks.random_trees import SHAPES, random_tree
+from lumotree.model.fused import elementwise
 from lumotree.tree import TreeDescriptor, chain_tree
 from lumotree.verify.attention import decode
 from lumotree.verify.attention import reference as ref
@@ -36,6 +37,7 @@ def _run_with_partials(
     splits: int,
     by_prefix: bool = False,
     short: int = 0,
+    gate: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """o [R, HQ, D] and lse [R, HQ], and the partials o_part [splits + 1, HKV, MPAD, D] and
     lse_part [splits + 1, HKV, MPAD] (the cache's splits, then the tail walk's; row m of a head's
@@ -63,6 +65,7 @@ def _run_with_partials(
         CONFIG,
         by_prefix=by_prefix,
         short=short,
+        gate=gate,
     )
     return o, lse, o_part.view(splits + 1, HKV, -1, DIM), lse_part.view(splits + 1, HKV, -1)
 
@@ -275,6 +278,27 @@ def test_tree_rows_ignore_keys_outside_their_ancestry() -> None:
     v2[tree.prefix_len :][hidden] = 1e4
     o2, _ = _run(tree, q, k2, v2, splits=2)
     assert torch.equal(o[row], o2[row])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_gated_merge_has_the_bits_of_the_models_output_gate(dtype: torch.dtype) -> None:
+    # the merge stores o * sigmoid(gate) as the model's sigmoid_mul kernel rounds it, from a gate that
+    # is a strided view (the q projection's second half, as the model passes it); 2-byte outputs in
+    # float16 (the interpreter's bf16 dots are not the GPU's: the GPU tests run bf16 at Qwen shapes)
+    tree = random_tree("paper", random.Random(23), prefix_len=29)
+    gen = torch.Generator().manual_seed(23)
+    k_cache, v_cache = (
+        torch.randn(tree.prefix_len + tree.rows, HKV, DIM, generator=gen).to(dtype) for _ in range(2)
+    )
+    q_gate = torch.randn(tree.rows, HQ, 2 * DIM, generator=gen).to(dtype)
+    q, gate = q_gate[..., :DIM].contiguous(), q_gate[..., DIM:]
+    o, lse, _, _ = _run_with_partials(tree, q, k_cache, v_cache, splits=3)
+    gated, gated_lse, _, _ = _run_with_partials(tree, q, k_cache, v_cache, splits=3, gate=gate)
+    assert_written(gated)
+    assert torch.equal(gated, elementwise.sigmoid_mul(o, gate))
+    assert torch.equal(gated_lse, lse)
+    with pytest.raises(ValueError, match="the gate must be"):
+        _run_with_partials(tree, q, k_cache, v_cache, splits=3, gate=gate[:, :1])
 
 
 @pytest.mark.parametrize("by_prefix", [False, True])

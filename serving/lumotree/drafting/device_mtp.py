@@ -44,8 +44,9 @@ from lumotree.model.model import HybridLM
 from lumotree.model.state import KVCache
 from lumotree.verify.attention.decode import check_depth, write_kv_
 
-# (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1]) -> (o, lse)
-TreeAttention = Callable[[Tensor, Tensor, Tensor, "AttentionTables"], tuple[Tensor, Tensor]]
+# (q [T, Hq, D], k_cache, v_cache, tables with .bits [T] and .prefix_len [1], gate=the output gate
+# [T, Hq, D] pre-sigmoid) -> (o * sigmoid(gate), lse): `device_ops.tree_attention`
+TreeAttention = Callable[..., tuple[Tensor, Tensor]]
 # Partitions of the MTP prefix in the device drafter's attention: at 4K context, 128 keys each over
 # 32 x 4 KV heads programs (fixed 1024-key partitions left 16 programs reading 1 MB each).
 ATTENTION_PARTITIONS = 32
@@ -200,7 +201,7 @@ class DeviceMTP:
         def attend(attn: GatedAttention, y: Tensor) -> Tensor:
             q, k, v, gate = attn.project(y, cos, sin)
             write_kv_(cache.key, cache.value, k[0], v[0], positions)
-            o, _ = self.attention(q[0], cache.key, cache.value, tables)
-            return attn.output(o[None], gate)
+            o, _ = self.attention(q[0], cache.key, cache.value, tables, gate=gate[0])  # gated as it stores
+            return attn.project_out(o[None])
 
         return mtp.step(hidden[None], tokens[None], model.model.embed_tokens.weight, attend)[0]

@@ -78,8 +78,12 @@ class GatedAttention(nn.Module):
 
     def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """attn, gate: [B, T, Hq, D] -> [B, T, hidden]."""
-        bsz, seq = attn.shape[:2]
-        return self.o_proj(ops.sigmoid_mul(attn, gate).reshape(bsz, seq, -1))
+        return self.project_out(ops.sigmoid_mul(attn, gate))
+
+    def project_out(self, gated: torch.Tensor) -> torch.Tensor:
+        """The output projection of attention already gated: [B, T, Hq, D] -> [B, T, hidden]."""
+        bsz, seq = gated.shape[:2]
+        return self.o_proj(gated.reshape(bsz, seq, -1))
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:

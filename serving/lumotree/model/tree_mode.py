@@ -126,6 +126,9 @@ def _attention_tree(
 ) -> Tensor:
     q, k, v, gate = attn.project(x, cos, sin)
     kernels.write_tree_kv(cache.key, cache.value, k[0], v[0], tree)
+    if kernels.gated_tree_attention is not None:
+        gated = kernels.gated_tree_attention(q[0], cache.key, cache.value, tree, gate[0])
+        return attn.project_out(gated[None])
     o, _ = kernels.tree_attention(q[0], cache.key, cache.value, tree)
     return attn.output(o[None], gate)
 

@@ -200,9 +200,15 @@ def write_tree_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, tree: 
 
 
 def tree_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, partitions: int | None = None
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    tree: DeviceTree,
+    partitions: int | None = None,
+    gate: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse).
+    """q [R, Hq, D] against the committed prefix and the tree rows it may see -> (o, lse); with the
+    output gate [R, Hq, D] (pre-sigmoid), o is already gated (`decode.tree_attention_`).
 
     partitions: None for the cache's fixed partitions (a row's bits equal the AR step's at its
     position); a count to spread whatever prefix there is over that many (a short context keeps
@@ -235,8 +241,16 @@ def tree_attention(
         config,
         by_prefix=partitions is not None,
         short=short,
+        gate=gate,
     )
     return o, lse
+
+
+def gated_tree_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, gate: Tensor
+) -> Tensor:
+    """`tree_attention` with the output gate applied by its merge: o * sigmoid(gate) [R, Hq, D]."""
+    return tree_attention(q, k_cache, v_cache, tree, gate=gate)[0]
 
 
 def replay(

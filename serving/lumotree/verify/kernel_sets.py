@@ -57,6 +57,10 @@ class TreeKernels:
     # record, records), and the scan reads them (records, state, tree, output dtype) -> o
     conv_operands: Callable[..., None] | None = None
     gdn_scan: Callable[..., Tensor] | None = None
+    # tree attention with the output gate applied as it stores (q, K and V caches, tree, the gate
+    # [R, Hq, D] pre-sigmoid -> o * sigmoid(gate) with the model's sigmoid_mul bits); None:
+    # tree_attention, then the model's gate
+    gated_tree_attention: Callable[[Tensor, Tensor, Tensor, TreeDescriptor, Tensor], Tensor] | None = None
 
     @property
     def prepares_gdn(self) -> bool:
@@ -112,4 +116,5 @@ def triton_kernels() -> TreeKernels:
         publish_conv_layers=device_ops.publish_conv_layers,
         conv_operands=device_ops.conv_operands,
         gdn_scan=device_ops.gdn_scan,
+        gated_tree_attention=device_ops.gated_tree_attention,
     )

@@ -329,12 +329,15 @@ def tree_attention_merge_kernel(
     lse_part_ptr,
     o_ptr,
     lse_ptr,
+    gate_ptr,
     prefix_ptr,
     R,
     chunk,
     shorts,
     stride_or,
     stride_oh,
+    stride_gr,
+    stride_gh,
     G: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -346,13 +349,15 @@ def tree_attention_merge_kernel(
     HKV: tl.constexpr,
     BY_PREFIX: tl.constexpr,
     SHORT: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     """Program (BM grouped rows, KV head, head-dim block): per row, the partials' BD columns merged
     by lse. The partitions in use are read NB at a time, partition i always in lane i % NB of read
     i // NB (the first read together with the tail's), summed lane-wise by weight exp2(lse - the
     largest lse), the reads in order, the tail's last. A partition that saw none of a row's keys
     (past its bound) adds exact zeros in its own lane, so a row's bits do not depend on how many
-    partitions the prefix fills past its own, nor on BM."""
+    partitions the prefix fills past its own, nor on BM. GATED: a row stores the output gate's
+    product (`_gate` of the output and the gate's columns) instead of the output."""
     h = tl.program_id(1)
     offs_d = tl.program_id(2) * BD + tl.arange(0, BD)
     prefix = tl.load(prefix_ptr)
@@ -381,13 +386,22 @@ def tree_attention_merge_kernel(
         acc += tail_weight * tail
         weight_sum += tail_weight
         row, head = m // G, h * G + m % G
-        tl.store(
-            o_ptr + row * stride_or + head * stride_oh + offs_d, (acc / weight_sum).to(o_ptr.dtype.element_ty)
-        )
+        out = (acc / weight_sum).to(o_ptr.dtype.element_ty)
+        if GATED:
+            out = _gate(out, tl.load(gate_ptr + row * stride_gr + head * stride_gh + offs_d))
+        tl.store(o_ptr + row * stride_or + head * stride_oh + offs_d, out)
         if tl.program_id(2) == 0:  # one head-dim block writes the lse
             tl.store(
                 lse_ptr + row * (HKV * G) + head, (top + tl.log2(weight_sum)) * 0.6931471805599453
             )  # ln 2
+
+
+@triton.jit
+def _gate(out, gate):
+    """Attention's output gate out * sigmoid(gate) in out's dtype, as the model's `sigmoid_mul` rounds
+    it (the sigmoid rounded to that dtype, the product in fp32)."""
+    dtype = out.dtype
+    return (out.to(tl.float32) * tl.sigmoid(gate.to(tl.float32)).to(dtype).to(tl.float32)).to(dtype)
 
 
 @triton.jit
@@ -557,6 +571,7 @@ def tree_attention_(
     stages: frozenset[str] = STAGES,
     by_prefix: bool = False,
     short: int = 0,
+    gate: Tensor | None = None,
 ) -> None:
     """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
     and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
@@ -566,7 +581,9 @@ def tree_attention_(
     partitions, read on the device (a short context fills every partition), instead of fixed cache
     rows: the bits then follow the prefix, so a row no longer equals the AR step at its position
     (for callers without that contract: the MTP drafter's passes). short: the first `short` of the
-    `splits` partitions hold SHORT_KEYS rows each (`short_partitions`), the others share the rest."""
+    `splits` partitions hold SHORT_KEYS rows each (`short_partitions`), the others share the rest.
+    gate: the attention output gate [R, Hq, D] (pre-sigmoid, last dim contiguous): o then holds
+    o * sigmoid(gate) with the model's `sigmoid_mul` rounding (one launch fewer than applying it)."""
     rows, hq, dim = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -603,10 +620,14 @@ def tree_attention_(
     if "merge" in stages:
         # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
         merge_bm, merge_bd = (1 if q.is_cuda else MERGE_ROWS_INTERPRETED), min(dim, MERGE_BLOCK_D)
+        if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1):
+            raise ValueError(f"the gate must be [R, Hq, D] like q, its last dim contiguous; got {gate.shape}")
+        gates = (o, 0, 0) if gate is None else (gate, gate.stride(0), gate.stride(1))
         tree_attention_merge_kernel[(triton.cdiv(rows * group, merge_bm), hkv, dim // merge_bd)](
-            o_part, lse_part, o, lse, prefix_len, rows, chunk, short, o.stride(0), o.stride(1), G=group,
-            D=dim, BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n, NSPLIT=splits + 1,
-            MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS, num_warps=MERGE_WARPS,
+            o_part, lse_part, o, lse, gates[0], prefix_len, rows, chunk, short, o.stride(0), o.stride(1),
+            *gates[1:], G=group, D=dim, BD=merge_bd, BM=merge_bm, NB=MERGE_PARTITIONS, BN=config.block_n,
+            NSPLIT=splits + 1, MPAD=mpad, HKV=hkv, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS,
+            GATED=gate is not None, num_warps=MERGE_WARPS,
         )  # fmt: skip
 
 
