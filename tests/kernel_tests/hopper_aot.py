@@ -21,7 +21,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
-from lumotree.model.fused import skinny_gemm
+from lumotree.model.fused import elementwise, skinny_gemm
 from lumotree.verify import device_ops
 from lumotree.verify.attention import decode as attention
 from lumotree.verify.conv import fused_conv
@@ -192,13 +192,22 @@ KERNELS["tree attention partial, by prefix"] = (
     dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=True, SHORT=attention.SHORT_KEYS),
     dict(num_warps=8, num_stages=2),
 )
+ATTENTION_DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "bits_ptr", "prefix_ptr", "o_part_ptr", "lse_part_ptr")
+ATTENTION_DIVISIBLE += ("stride_qr", "stride_qh", "stride_kt", "chunk", "shorts")
 # the engine's split-K at Qwen3.5-27B's attention (24 query and 4 KV heads of 256 dims, bf16 caches)
 KERNELS["tree attention partial, 27B tiles"] = (
     attention.tree_attention_partial_kernel,
     dict(ATTENTION, D=256, BN=64, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
     dict(num_warps=4, num_stages=3),
-    ("q_ptr", "k_ptr", "v_ptr", "stride_qr", "stride_qh", "stride_kt"),
+    # what the launcher specializes at these shapes: allocations 16-byte aligned, strides and the
+    # partition rows multiples of 16 (without the partials' alignment Triton 3.6 spills 768 bytes)
+    ATTENTION_DIVISIBLE,
 )
+# attention's q and k norms with RoPE in one launch (head dim 256, a quarter of it rotated)
+TYPES |= {name: "*bf16" for name in ("wa_ptr", "wb_ptr", "ya_ptr", "yb_ptr")}
+TYPES |= {name: "i64" for name in ("sa_r", "sa_h", "sb_r", "sb_h", "sc_r", "ss_r")}
+TYPES |= {"heads_a": "i32", "D": "i32", "eps": "fp32"}
+KERNELS["norm rope pair"] = (elementwise._norm_rope_kernel, dict(ROT=64, BLOCK_D=256), dict(num_warps=4))
 # the merge as the GPU launches it: a grouped row a program, 64 partitions a load
 TYPES |= {"stride_or": "i64", "stride_oh": "i64", "stride_gr": "i64", "stride_gh": "i64", "gate_ptr": "*bf16"}
 KERNELS["tree attention merge"] = (

@@ -120,6 +120,28 @@ def _row_by_row(op: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     return torch.cat([op(x[:, i : i + 1]) for i in range(x.shape[1])], dim=1)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_rope_pair_has_the_bits_of_two_launches(
+    dtype: torch.dtype, poisoned_outputs: list[Tensor]
+) -> None:
+    # attention's queries (the query half of [query | gate] heads) and keys (a column slice of the
+    # fused projection) in one launch, each with its own heads and weight
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, rows = 6, 2, 32, 5
+    q = _columns(gen, rows, heads * 2 * dim, 3, dtype).reshape(1, rows, heads, 2 * dim)[..., :dim]
+    k = _columns(gen, rows, kv_heads * dim, 9, dtype).reshape(1, rows, kv_heads, dim)
+    wq, wk = (torch.randn(dim, generator=gen).to(dtype) for _ in range(2))
+    cos, sin = RotaryEmbedding(8, 10000.0)(torch.tensor([[3, 9, 4, 100, 7]]))
+    got_q, got_k = kernels.norm_rope_pair(q, wq, k, wk, EPS, cos, sin)
+    for out in poisoned_outputs[-2:]:
+        assert_written(out)
+    assert torch.equal(got_q, kernels.norm_rope(q, wq, EPS, cos, sin))
+    assert torch.equal(got_k, kernels.norm_rope(k, wk, EPS, cos, sin))
+    torch.testing.assert_close(got_k, ref.norm_rope(k, wk, EPS, cos, sin), **TOL[dtype])
+    with pytest.raises(ValueError, match="not the same rows"):
+        kernels.norm_rope_pair(q, wq, k[:, :2], wk, EPS, cos, sin)
+
+
 def test_every_row_normalises_the_same_whatever_the_rows_beside_it() -> None:
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(1, 6, 200, generator=gen) * 3

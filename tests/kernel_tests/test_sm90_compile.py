@@ -40,7 +40,7 @@ def compiled() -> dict:
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
         "tree attention partial, by prefix", "tree attention partial, 27B tiles",
         "tree attention tail", "tree attention merge", "kv write",
-        "gdn prepare", "tree conv, operands prepared",
+        "gdn prepare", "tree conv, operands prepared", "norm rope pair",
     ],
 )  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:
@@ -67,6 +67,9 @@ def test_tree_attention_reads_its_keys_by_tensor_memory_copies_into_wgmma(
     assert result["ok"], result["error"]
     assert result["tma"] and result["wgmma"], result
     assert 0 < result["registers"] <= 255
+    # at the 27B tiles a few values spill outside the key-tile loop (48 bytes under Triton 3.9, 80
+    # under the H200's 3.6: SASS read here); the unaligned compile spilled 768
+    assert result["spill_bytes"] <= 128, result
 
 
 def test_value_major_state_products_run_on_wgmma(compiled: dict) -> None:

@@ -51,9 +51,9 @@ class GatedAttention(nn.Module):
         else:
             q_gate, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         q, gate = q_gate.view(bsz, seq, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = ops.norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
         k = k.view(bsz, seq, self.num_kv_heads, self.head_dim)
-        k = ops.norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
+        # (both norms take the config's eps)
+        q, k = ops.norm_rope_pair(q, self.q_norm.weight, k, self.k_norm.weight, self.q_norm.eps, cos, sin)
         return q, k, v.view(bsz, seq, self.num_kv_heads, self.head_dim), gate
 
     def mix(

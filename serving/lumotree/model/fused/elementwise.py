@@ -124,26 +124,39 @@ def _gated_rms_norm_kernel(
 
 @triton.jit
 def _norm_rope_kernel(
-    x_ptr,
-    sx_r,
-    sx_h,
-    w_ptr,
+    a_ptr,
+    sa_r,
+    sa_h,
+    wa_ptr,
+    ya_ptr,
+    heads_a,
+    b_ptr,
+    sb_r,
+    sb_h,
+    wb_ptr,
+    yb_ptr,
     cos_ptr,
     sc_r,
     sin_ptr,
     ss_r,
-    y_ptr,
     D,
     eps,
     ROT: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    """Program (row r, head h): head h of tensor a (h < heads_a, weight wa, output ya) or head
+    h - heads_a of tensor b, normed then rotated on its first ROT dims (b's heads are the grid's rest)."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    src = x_ptr + r * sx_r + h * sx_h
+    in_a = h < heads_a
+    hb = h - heads_a
+    src = tl.where(in_a, a_ptr + r * sa_r + h * sa_h, b_ptr + r * sb_r + hb * sb_h)
+    w_ptr = tl.where(in_a, wa_ptr, wb_ptr)
+    heads_b = tl.num_programs(1) - heads_a
+    dst = tl.where(in_a, ya_ptr + (r * heads_a + h) * D, yb_ptr + (r * heads_b + hb) * D)
     offs = tl.arange(0, BLOCK_D)
     m = offs < D
-    dtype = y_ptr.dtype.element_ty
+    dtype = ya_ptr.dtype.element_ty
     xf = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
     rstd = _inv_rms(xf, D, eps)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
@@ -161,7 +174,7 @@ def _norm_rope_kernel(
     turned = ((y.to(tl.float32) * c).to(dtype).to(tl.float32) + (rotated * s).to(dtype).to(tl.float32)).to(
         dtype
     )
-    tl.store(y_ptr + (r * tl.num_programs(1) + h) * D + offs, tl.where(rot, turned, y), mask=m)
+    tl.store(dst + offs, tl.where(rot, turned, y), mask=m)
 
 
 @triton.jit
@@ -275,17 +288,35 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
 def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
     """reference.norm_rope: x [B, T, H, D], cos/sin [B or 1, T, rot] fp32 -> [B, T, H, D] (cos/sin
     rows read through their stride: views of a wider table need no copy)."""
-    bsz, seq, heads, d = x.shape
+    return _norm_rope([(x, weight)], eps, cos, sin)[0]
+
+
+def norm_rope_pair(
+    q: Tensor, q_weight: Tensor, k: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`norm_rope` of attention's queries and keys (their rows and head dim alike, each head count
+    and weight its own) in one launch: the same bits as two."""
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1] or q.dtype != k.dtype:
+        shapes = f"queries {tuple(q.shape)} {q.dtype}, keys {tuple(k.shape)} {k.dtype}"
+        raise ValueError(f"{shapes}: not the same rows, head dim and dtype")
+    yq, yk = _norm_rope([(q, q_weight), (k, k_weight)], eps, cos, sin)
+    return yq, yk
+
+
+def _norm_rope(pairs: list[tuple[Tensor, Tensor]], eps: float, cos: Tensor, sin: Tensor) -> list[Tensor]:
+    """One launch over the heads of each (x [B, T, H, D], weight) of `pairs` (one or two)."""
+    bsz, seq, heads, d = pairs[0][0].shape
     rot = cos.shape[-1]
     cos, sin = (_unit_stride(t.expand(bsz, seq, rot).reshape(bsz * seq, rot).float()) for t in (cos, sin))
-    xs = _rows_heads(x)
-    y = _empty(x.shape, x)
+    xs = [_rows_heads(x) for x, _ in pairs]
+    ys = [_empty(x.shape, x) for x, _ in pairs]
+    (a, wa), (b, wb) = (xs[0], pairs[0][1]), (xs[-1], pairs[-1][1])
     block = _block(d)
-    _norm_rope_kernel[(xs.shape[0], heads)](
-        xs, xs.stride(0), xs.stride(1), weight, cos, cos.stride(0), sin, sin.stride(0), y, d, eps,
-        ROT=rot, BLOCK_D=block, num_warps=_warps(block),
+    _norm_rope_kernel[(a.shape[0], sum(x.shape[1] for x in xs))](
+        a, a.stride(0), a.stride(1), wa, ys[0], heads, b, b.stride(0), b.stride(1), wb, ys[-1], cos,
+        cos.stride(0), sin, sin.stride(0), d, eps, ROT=rot, BLOCK_D=block, num_warps=_warps(block),
     )  # fmt: skip
-    return y
+    return ys
 
 
 def silu_mul(gate_up: Tensor) -> Tensor:

@@ -150,6 +150,16 @@ def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -
     return (_kernels() if kernels_for(x) else reference).norm_rope(x, weight, eps, cos, sin)
 
 
+def norm_rope_pair(
+    q: Tensor, q_weight: Tensor, k: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Attention's q and k norms + partial RoPE, one launch on the fused path (reference.norm_rope
+    of each)."""
+    if kernels_for(q):
+        return _kernels().norm_rope_pair(q, q_weight, k, k_weight, eps, cos, sin)
+    return reference.norm_rope(q, q_weight, eps, cos, sin), reference.norm_rope(k, k_weight, eps, cos, sin)
+
+
 def silu_mul(gate_up: Tensor) -> Tensor:
     """SwiGLU activation of a fused [gate | up] projection (reference.silu_mul)."""
     return (_kernels() if kernels_for(gate_up) else reference).silu_mul(gate_up)
