@@ -180,16 +180,17 @@ KERNELS["tree drafter assemble"] = (
 )
 # Tree attention at the 27B's heads (24 query, 4 KV, head dim 128), the engine's tiles
 TYPES |= {"bits_ptr": "*i64", "prefix_ptr": "*i64", "qk_scale": "fp32", "chunk": "i32", "shorts": "i32"}
-TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt", "stride_kh")}
+TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt")} | {"programs": "i32"}
 ATTENTION = dict(G=6, D=128, BM=64, MPAD=192, HKV=4, TAIL=attention.TAIL_KEYS)
+TAILS = dict(GP=16, TP=16, RP=attention.BITSET_SLOTS, SPLIT=22)  # the tails in the split-K's launch
 KERNELS["tree attention partial"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
+    dict(ATTENTION, **TAILS, BN=32, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
     dict(num_warps=8, num_stages=2),
 )
 KERNELS["tree attention partial, by prefix"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, BN=32, PRECISION="tf32", BY_PREFIX=True, SHORT=attention.SHORT_KEYS),
+    dict(ATTENTION, **TAILS, BN=32, PRECISION="tf32", BY_PREFIX=True, SHORT=attention.SHORT_KEYS),
     dict(num_warps=8, num_stages=2),
 )
 ATTENTION_DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "bits_ptr", "prefix_ptr", "o_part_ptr", "lse_part_ptr")
@@ -197,7 +198,7 @@ ATTENTION_DIVISIBLE += ("stride_qr", "stride_qh", "stride_kt", "chunk", "shorts"
 # the engine's split-K at Qwen3.5-27B's attention (24 query and 4 KV heads of 256 dims, bf16 caches)
 KERNELS["tree attention partial, 27B tiles"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, D=256, BN=64, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
+    dict(ATTENTION, **TAILS, D=256, BN=64, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
     dict(num_warps=4, num_stages=3),
     # what the launcher specializes at these shapes: allocations 16-byte aligned, strides and the
     # partition rows multiples of 16 (without the partials' alignment Triton 3.6 spills 768 bytes)
@@ -224,18 +225,6 @@ KERNELS["tree attention merge"] = (
         GATED=True,
     ),
     dict(num_warps=attention.MERGE_WARPS),
-)
-KERNELS["tree attention tail"] = (
-    attention.tree_attention_tail_kernel,
-    dict(
-        {k: v for k, v in ATTENTION.items() if k != "BM"},
-        GP=16,
-        TP=16,
-        RP=attention.BITSET_SLOTS,
-        SPLIT=22,
-        PRECISION="tf32",
-    ),
-    dict(num_warps=attention.AttentionConfig().tail_warps),
 )
 TYPES |= {"k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64", "HD": "i32"}
 TYPES |= {name: "i64" for name in ("stride_kr", "stride_vr", "stride_t")}

@@ -39,7 +39,7 @@ def compiled() -> dict:
         "paths scan, tree register cap", "tree drafter append",
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
         "tree attention partial, by prefix", "tree attention partial, 27B tiles",
-        "tree attention tail", "tree attention merge", "kv write",
+        "tree attention merge", "kv write",
         "gdn prepare", "tree conv, operands prepared", "norm rope pair",
     ],
 )  # fmt: skip

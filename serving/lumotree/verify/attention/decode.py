@@ -9,8 +9,9 @@ own bound (on the GPU K and V tiles come by tensor-memory copies from descriptor
 prefix; the tiles below every row's bound take no mask, and the accumulator is rescaled only when a
 row's maximum moved). Its last TAIL_KEYS keys, the committed ones above that bound and then its
 tree slots (bit j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot
-before its children's), are gathered in logical order by the tail kernel, one program per (tree row, KV head),
-and attended in one pass: the last partition. A merge kernel combines the partitions by
+before its children's), are gathered in logical order and attended in one pass, the last
+partition, by one more program per (tree row, KV head) of the split-K's launch (it needs none of
+the split-K's results, so it runs beside them). A merge kernel combines the partitions by
 log-sum-exp, each in its own lane of a fixed-width load, the tail's last. The prefix length is read
 on the device, so one captured graph serves every cycle.
 
@@ -48,7 +49,7 @@ MERGE_PARTITIONS = 64  # partitions a merge program reads at once (a 64K context
 MERGE_ROWS_INTERPRETED = 16  # grouped rows a merge program under the interpreter (1 on the GPU)
 MERGE_WARPS = 1  # a merge program's warps: a [MERGE_PARTITIONS, MERGE_BLOCK_D] tile, many programs
 BITSET_SLOTS = 64  # the visibility bitset's width (an int64; 63 tree slots usable)
-STAGES = frozenset({"partial", "tail", "merge"})  # tree_attention_'s launches
+STAGES = frozenset({"partials", "merge"})  # tree_attention_'s launches
 # Cache partitions fixed by the cache's rows, whatever the cache's size, so a short context in a
 # large cache (the engine sizes it for max_model_len) still spreads over many programs; the split-K
 # programs loop over the partitions that hold committed keys, and the merge reads only those. The
@@ -81,13 +82,15 @@ def _tail_start(bits, prefix, TAIL: tl.constexpr):
 
 
 @triton.jit
-def _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr):
-    """The program's query block (program_id(0)) of KV head program_id(1): grouped rows m (tree row
-    m // G, head m % G), which are real rows, the head-dim offsets, q [BM, D] (0 past the rows) and
-    each row's visibility bits (1 past the rows: the root only)."""
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
+def _query_rows(
+    q_ptr, bits_ptr, block, h, R, stride_qr, stride_qh, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr
+):
+    """Query block `block` of KV head h: grouped rows m (tree row m // G, head m % G), which are
+    real rows, the head-dim offsets, q [BM, D] (0 past the rows) and each row's visibility bits (1
+    past the rows: the root only)."""
+    m = block * BM + tl.arange(0, BM)
     row = m // G
-    head = tl.program_id(1) * G + m % G
+    head = h * G + m % G
     valid_m = row < R
     offs_d = tl.arange(0, D)
     q = tl.load(
@@ -122,7 +125,7 @@ def _partition_rows(prefix, chunk, BN: tl.constexpr, BY_PREFIX: tl.constexpr):
 
 
 @triton.jit
-def tree_attention_partial_kernel(
+def _split_k(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -137,6 +140,10 @@ def tree_attention_partial_kernel(
     stride_kt,
     chunk,
     shorts,
+    block,
+    h,
+    program,
+    programs,
     G: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
@@ -148,11 +155,10 @@ def tree_attention_partial_kernel(
     BY_PREFIX: tl.constexpr,
     SHORT: tl.constexpr,
 ):
-    """Program (query block, KV head, p): partitions n - 1 - p, n - 1 - p - P, ... (P programs) of the n
-    holding committed keys, each a range of cache rows (`_partition_start`), by online softmax over
-    BN-key tiles."""
-    h = tl.program_id(1)
-    m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, R, stride_qr, stride_qh, G, D, BM)
+    """Query block `block` of KV head h, split-K program `program` of `programs`: partitions
+    n - 1 - program, n - 1 - program - programs, ... of the n holding committed keys, each a range
+    of cache rows (`_partition_start`), by online softmax over BN-key tiles."""
+    m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, block, h, R, stride_qr, stride_qh, G, D, BM)
     prefix = tl.load(prefix_ptr).to(tl.int32)
     chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
     bound = _tail_start(bits, prefix, TAIL).to(tl.int32)  # [BM]
@@ -163,7 +169,7 @@ def tree_attention_partial_kernel(
     k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
     v_rows = tl.make_tensor_descriptor(v_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
     held = _partitions_holding(prefix, chunk, shorts, SHORT)
-    for i in range(tl.program_id(2), held, tl.num_programs(2)):
+    for i in range(program, held, programs):
         s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
         lo = _partition_start(s, chunk, shorts, SHORT)
         # committed keys only: the tree's are in the tail
@@ -253,7 +259,7 @@ def _tail_rows(bits, prefix, position, TAIL: tl.constexpr, TP: tl.constexpr, RP:
 
 
 @triton.jit
-def tree_attention_tail_kernel(
+def _tail(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -265,7 +271,8 @@ def tree_attention_tail_kernel(
     stride_qr,
     stride_qh,
     stride_kt,
-    stride_kh,
+    r,
+    h,
     G: tl.constexpr,
     GP: tl.constexpr,
     D: tl.constexpr,
@@ -277,11 +284,9 @@ def tree_attention_tail_kernel(
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (tree row, KV head): the row's last TAIL logical keys (the committed ones above its
-    split-K bound, then its ancestors' tree slots and its own), gathered in logical order and attended
-    in one pass by the G query heads of the group, as partition SPLIT (the last)."""
-    r = tl.program_id(0)
-    h = tl.program_id(1)
+    """Tree row r, KV head h: the row's last TAIL logical keys (the committed ones above its split-K
+    bound, then its ancestors' tree slots and its own), gathered in logical order and attended in
+    one pass by the G query heads of the group, as partition SPLIT (the last)."""
     g = tl.arange(0, GP)
     offs_d = tl.arange(0, D)
     head = g < G
@@ -293,7 +298,7 @@ def tree_attention_tail_kernel(
     bits = tl.load(bits_ptr + r)
     prefix = tl.load(prefix_ptr)
     rows, live = _tail_rows(bits, prefix, prefix + _popcount(bits) - 1, TAIL, TP, RP)
-    kv_off = rows.to(tl.int64)[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
+    kv_off = rows.to(tl.int64)[:, None] * stride_kt + h * D + offs_d[None, :]
     k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
     v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TP], log2 domain
@@ -303,6 +308,59 @@ def tree_attention_tail_kernel(
     acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     base = (SPLIT * HKV + h) * MPAD + r * G + g
     _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, tl.sum(p, axis=1), acc, D, head)
+
+
+@triton.jit
+def tree_attention_partial_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bits_ptr,
+    prefix_ptr,
+    o_part_ptr,
+    lse_part_ptr,
+    R,
+    qk_scale,
+    stride_qr,
+    stride_qh,
+    stride_kt,
+    chunk,
+    shorts,
+    programs,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MPAD: tl.constexpr,
+    HKV: tl.constexpr,
+    TAIL: tl.constexpr,
+    TP: tl.constexpr,
+    RP: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BY_PREFIX: tl.constexpr,
+    SHORT: tl.constexpr,
+):
+    """Every partial of one launch: the first (MPAD / BM) * HKV * `programs` programs run the split-K
+    (`_split_k`: query block fastest, then KV head, then split-K program, so each program's longest
+    partitions start first), the last R * HKV the tails (`_tail`: one a tree row and KV head), which
+    need nothing of the split-K's and so run beside it, not after it."""
+    pid = tl.program_id(0)
+    NBLOCKS: tl.constexpr = MPAD // BM
+    split_programs = NBLOCKS * HKV * programs
+    if pid < split_programs:
+        _split_k(
+            q_ptr, k_ptr, v_ptr, bits_ptr, prefix_ptr, o_part_ptr, lse_part_ptr, R, qk_scale, stride_qr,
+            stride_qh, stride_kt, chunk, shorts, pid % NBLOCKS, (pid // NBLOCKS) % HKV,
+            pid // (NBLOCKS * HKV), programs, G, D, BM, BN, MPAD, HKV, TAIL, PRECISION, BY_PREFIX, SHORT,
+        )  # fmt: skip
+    else:
+        t = pid - split_programs
+        _tail(
+            q_ptr, k_ptr, v_ptr, bits_ptr, prefix_ptr, o_part_ptr, lse_part_ptr, qk_scale, stride_qr,
+            stride_qh, stride_kt, t // HKV, t % HKV, G, GP, D, MPAD, HKV, TAIL, TP, RP, SPLIT, PRECISION,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -470,7 +528,7 @@ def publish_kv_kernel(
 @dataclass(frozen=True, kw_only=True)
 class AttentionConfig:
     """Tile sizes: BM query rows (tree rows x group heads) per program, BN keys per step, and the
-    warps of the split-K and tail programs (the defaults: the fastest tiles of `lumobench bench
+    warps of the split-K's programs (and its tails'; the defaults: the fastest tiles of `lumobench bench
     attention --sweep` at Qwen3.5-27B's shapes on the H200, results/h200/attention.md); the cache
     partitions (`splits`, fixed per cache: they set the bits) and the split-K programs over them,
     `program_waves` waves over the multiprocessors, at most one a partition (free: a partition is
@@ -483,7 +541,6 @@ class AttentionConfig:
     splits: int | None = None  # equal cache partitions; None: `cache_partitions` of the cache
     num_warps: int = 4
     num_stages: int = 3
-    tail_warps: int = 4
     program_waves: int = 4
 
     @classmethod
@@ -576,12 +633,13 @@ def tree_attention_(
     """Caller-owned form. q [R, Hq, D]; caches [T_max, Hkv, D] (last dim contiguous); bits [R] int64
     and prefix_len [1] int32/int64 on the device; o [R, Hq, D] (q's dtype), lse [R, Hq] fp32;
     o_part/lse_part from `partial_buffers` with the same splits and block_m. Trees of depth
-    < TAIL_KEYS. `stages`: which of the launches ("partial", "tail", "merge") to issue (all, but in
-    benchmarks that time them apart). by_prefix: spread the committed prefix over the `splits`
-    partitions, read on the device (a short context fills every partition), instead of fixed cache
-    rows: the bits then follow the prefix, so a row no longer equals the AR step at its position
-    (for callers without that contract: the MTP drafter's passes). short: the first `short` of the
-    `splits` partitions hold SHORT_KEYS rows each (`short_partitions`), the others share the rest.
+    < TAIL_KEYS. `stages`: which of the launches ("partials": the split-K's and the tails', "merge")
+    to issue (both, but in benchmarks that time them apart). by_prefix: spread the committed prefix
+    over the `splits` partitions, read on the device (a short context fills every partition),
+    instead of fixed cache rows: the bits then follow the prefix, so a row no longer equals the AR
+    step at its position (for callers without that contract: the MTP drafter's passes). short: the
+    first `short` of the `splits` partitions hold SHORT_KEYS rows each (`short_partitions`), the
+    others share the rest.
     gate: the attention output gate [R, Hq, D] (pre-sigmoid, last dim contiguous): o then holds
     o * sigmoid(gate) with the model's `sigmoid_mul` rounding (one launch fewer than applying it)."""
     rows, hq, dim = q.shape
@@ -591,7 +649,7 @@ def tree_attention_(
     mpad = triton.cdiv(rows * group, bm) * bm
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     qk_scale = scale * LOG2E
-    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1))
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0))
     # fixed partitions of the whole cache: `short` of SHORT_KEYS rows, then chunk rows each, a whole
     # number of key tiles (by_prefix: the kernels size them from the prefix)
     if by_prefix and short:
@@ -600,22 +658,16 @@ def tree_attention_(
         raise ValueError(f"{short} short partitions of {SHORT_KEYS} rows do not fit {splits} in this cache")
     long_rows = triton.cdiv(max(k_cache.shape[0] - short * SHORT_KEYS, 1), max(splits - short, 1))
     chunk = splits if by_prefix else triton.cdiv(long_rows, config.block_n) * config.block_n
-    if "partial" in stages:
+    if "partials" in stages:
         _check_descriptor_layout(k_cache, v_cache)
         triton.set_allocator(_descriptor_scratch(q.device))  # a context variable: the launching thread's
-        programs = device_programs(q.device, (mpad // bm) * hkv, config.program_waves)
-        tree_attention_partial_kernel[(mpad // bm, hkv, min(splits, programs))](
-            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides[:3], chunk,
-            short, G=group, D=dim, BM=bm, BN=config.block_n, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
-            PRECISION=precision, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS, num_warps=config.num_warps,
-            num_stages=config.num_stages,
-        )  # fmt: skip
-    if "tail" in stages:
-        tree_attention_tail_kernel[(rows, hkv)](
-            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, qk_scale, *strides, G=group,
-            GP=max(16, triton.next_power_of_2(group)), D=dim, MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS,
-            TP=max(16, triton.next_power_of_2(TAIL_KEYS)), RP=BITSET_SLOTS, SPLIT=splits,
-            PRECISION=precision, num_warps=config.tail_warps,
+        programs = min(splits, device_programs(q.device, (mpad // bm) * hkv, config.program_waves))
+        tree_attention_partial_kernel[((mpad // bm) * hkv * programs + rows * hkv,)](
+            q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk, short,
+            programs, G=group, GP=max(16, triton.next_power_of_2(group)), D=dim, BM=bm, BN=config.block_n,
+            MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS, TP=max(16, triton.next_power_of_2(TAIL_KEYS)),
+            RP=BITSET_SLOTS, SPLIT=splits, PRECISION=precision, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS,
+            num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
     if "merge" in stages:
         # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
