@@ -158,37 +158,38 @@ def _split_k(
     """Query block `block` of KV head h, split-K program `program` of `programs`: partitions
     n - 1 - program, n - 1 - program - programs, ... of the n holding committed keys, each a range
     of cache rows (`_partition_start`), by online softmax over BN-key tiles."""
-    m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, block, h, R, stride_qr, stride_qh, G, D, BM)
     prefix = tl.load(prefix_ptr).to(tl.int32)
     chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
-    bound = _tail_start(bits, prefix, TAIL).to(tl.int32)  # [BM]
-    offs_n = tl.arange(0, BN)
-    # the committed rows [0, prefix) of this KV head's columns: a tile past the prefix reads zeros
-    # (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
-    committed = tl.maximum(prefix, 1)  # (an empty prefix loads nothing; a descriptor needs a row)
-    k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
-    v_rows = tl.make_tensor_descriptor(v_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
     held = _partitions_holding(prefix, chunk, shorts, SHORT)
-    for i in range(program, held, programs):
-        s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
-        lo = _partition_start(s, chunk, shorts, SHORT)
-        # committed keys only: the tree's are in the tail
-        hi = tl.minimum(_partition_start(s + 1, chunk, shorts, SHORT), prefix)
-        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BM], dtype=tl.float32)
-        acc = tl.zeros([BM, D], dtype=tl.float32)
-        # every row's bound is at least prefix + 1 - TAIL (the root's): the tiles below it take no mask
-        unmasked_end = lo + tl.maximum(tl.minimum(hi, prefix + 1 - TAIL) - lo, 0) // BN * BN
-        for start in range(lo, unmasked_end, BN):
-            acc, m_i, l_i = _attend_tile(
-                q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, False
-            )
-        for start in tl.range(unmasked_end, hi, BN, num_stages=1):  # at most two tiles a program
-            acc, m_i, l_i = _attend_tile(
-                q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, True
-            )
-        base = (s * HKV + h) * MPAD + m
-        _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < R * G)
+    if program < held:  # (a program past the partitions in use has nothing to do)
+        m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, block, h, R, stride_qr, stride_qh, G, D, BM)
+        bound = _tail_start(bits, prefix, TAIL).to(tl.int32)  # [BM]
+        offs_n = tl.arange(0, BN)
+        # the committed rows [0, prefix) of this KV head's columns: a tile past the prefix reads zeros
+        # (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
+        committed = tl.maximum(prefix, 1)  # (an empty prefix loads nothing; a descriptor needs a row)
+        k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
+        v_rows = tl.make_tensor_descriptor(v_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
+        for i in range(program, held, programs):
+            s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
+            lo = _partition_start(s, chunk, shorts, SHORT)
+            # committed keys only: the tree's are in the tail
+            hi = tl.minimum(_partition_start(s + 1, chunk, shorts, SHORT), prefix)
+            m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BM], dtype=tl.float32)
+            acc = tl.zeros([BM, D], dtype=tl.float32)
+            # every row's bound is at least prefix + 1 - TAIL (the root's): the tiles below it take no mask
+            unmasked_end = lo + tl.maximum(tl.minimum(hi, prefix + 1 - TAIL) - lo, 0) // BN * BN
+            for start in range(lo, unmasked_end, BN):
+                acc, m_i, l_i = _attend_tile(
+                    q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, False
+                )
+            for start in tl.range(unmasked_end, hi, BN, num_stages=1):  # at most two tiles a program
+                acc, m_i, l_i = _attend_tile(
+                    q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, True
+                )
+            base = (s * HKV + h) * MPAD + m
+            _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < R * G)
 
 
 @triton.jit
