@@ -22,6 +22,9 @@ from lumotree.verify.attention.decode import (
     tree_visibility_bits,
     write_kv_,
 )
+from lumotree.verify.device_ops import publish_kv_layers, stacked_view
+from lumotree.verify.device_tree import DeviceTree
+from tests.model.conftest import perturbed_model, tiny_config
 
 from .helpers import assert_written, poisoned
 
@@ -324,6 +327,40 @@ def test_caches_whose_heads_are_not_contiguous_are_refused() -> None:
     q = torch.randn(tree.rows, HQ, DIM)
     with pytest.raises(ValueError, match="heads contiguous"):
         _run(tree, q, k_cache, v_cache, splits=1)
+
+
+def test_a_new_state_holds_its_kv_caches_in_two_banks() -> None:
+    config = tiny_config(vocab_size=64)
+    config = config.replace(num_hidden_layers=8, layer_types=config.layer_types * 2)  # 2 attention layers
+    state = perturbed_model(config, seed=1).new_state(16)
+    caches = [layer for layer in state.layers if hasattr(layer, "key")]
+    for tensors in ([c.key for c in caches], [c.value for c in caches]):
+        bank = stacked_view(tensors)
+        assert bank is not None and bank.shape == (2, 16, *caches[0].key.shape[1:])
+    assert stacked_view([c.key for c in state.clone().layers if hasattr(c, "key")]) is None
+
+
+def test_kv_publication_of_a_bank_moves_every_layer_as_one_layer_alone() -> None:
+    # 3 layers' caches as views of one K and one V bank (`HybridLM.new_state`): one launch over the
+    # banks equals the reference layer by layer for every node's path; caches that are not a bank's
+    # views take the per-layer launches and get the same.
+    tree = random_tree("paper", random.Random(13), prefix_len=7)
+    tables = DeviceTree(tree.rows, tree.max_depth, "cpu").load_(tree)
+    gen = torch.Generator().manual_seed(13)
+    banks = [torch.randn(3, tree.prefix_len + tree.rows + 2, HKV, DIM, generator=gen) for _ in range(2)]
+    for node in range(tree.n_active):
+        path = tree.path_to(node)
+        accepted = tree.padded_path(path)
+        expected = [b.clone() for b in banks]
+        for layer in range(3):
+            ref.publish_kv_(expected[0][layer], expected[1][layer], tree, accepted, len(path))
+        banked = [b.clone() for b in banks]
+        publish_kv_layers(list(banked[0]), list(banked[1]), tables, accepted, len(path))
+        assert all(torch.equal(b, e) for b, e in zip(banked, expected, strict=True)), f"node {node}"
+        separate = [[layer.clone() for layer in b] for b in banks]
+        publish_kv_layers(separate[0], separate[1], tables, accepted, len(path))
+        for got, want in zip(separate, expected, strict=True):
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), f"node {node}"
 
 
 @pytest.mark.parametrize("shape", ["paper", "deep_and_wide", "random_order"])

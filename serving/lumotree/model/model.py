@@ -104,21 +104,26 @@ class HybridLM(nn.Module):
         """Empty request state on the model's device: GDN states zero, KV caches [max_tokens, Hkv, D].
 
         The GDN recurrent states are views of one stacked fp32 bank [L_gdn, HV, V, K]
-        (`ModelState.gdn_bank`) and the conv states views of one [L_gdn, C, W-1], so publication
-        can update every layer in one launch each.
+        (`ModelState.gdn_bank`), the conv states views of one [L_gdn, C, W-1], and the K and V
+        caches views of one [L_attn, max_tokens, Hkv, D] each, so publication can update every
+        layer in one launch each.
         """
         cfg, dev, dtype = self.config, self.device, self.dtype
         n_gdn = sum(layer.is_linear for layer in self.model.layers)
         head_shape = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim)
         bank = torch.zeros((n_gdn, *head_shape), dtype=torch.float32, device=dev)
         convs = torch.zeros(n_gdn, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=dev)
+        n_attn = len(self.model.layers) - n_gdn
+        kv_shape = (n_attn, max_tokens, cfg.num_key_value_heads, cfg.head_dim)
+        keys, values = (torch.zeros(kv_shape, dtype=dtype, device=dev) for _ in range(2))
         layers: list[GDNState | KVCache] = []
         for layer in self.model.layers:
             if layer.is_linear:
                 index = sum(isinstance(s, GDNState) for s in layers)
                 layers.append(GDNState(bank[index], convs[index]))
             else:
-                layers.append(self._new_kv(max_tokens))
+                index = sum(isinstance(s, KVCache) for s in layers)
+                layers.append(KVCache(keys[index], values[index]))
         return ModelState(layers, 0, gdn_bank=bank)
 
     def new_mtp_state(self, max_tokens: int) -> ModelState:

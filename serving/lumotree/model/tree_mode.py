@@ -222,6 +222,10 @@ def publish_path_(
     else:
         for layer_state, record in zip(gdn_states, forward.gdn, strict=True):
             kernels.publish_conv(layer_state.conv, record.x, accepted, path_len)
-    for cache in state.layers:
-        if isinstance(cache, KVCache):
+    caches = [cache for cache in state.layers if isinstance(cache, KVCache)]
+    if kernels.publish_kv_layers is not None:
+        keys, values = [c.key for c in caches], [c.value for c in caches]
+        kernels.publish_kv_layers(keys, values, forward.tree, accepted, path_len)
+    else:
+        for cache in caches:
             kernels.publish_kv(cache.key, cache.value, forward.tree, accepted, path_len)

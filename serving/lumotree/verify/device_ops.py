@@ -317,6 +317,23 @@ def publish_conv_layers(
     publish_conv_layers_(bank, stacked(xs), accepted, length)
 
 
+def publish_kv_layers(
+    k_caches: Sequence[Tensor],
+    v_caches: Sequence[Tensor],
+    tree: DeviceTree,
+    accepted: Tensor,
+    path_len: Tensor | int,
+) -> None:
+    """Every attention layer's KV publication: one launch over the K and V banks when the caches are
+    their views (`HybridLM.new_state` makes them so), else one launch per layer."""
+    k_bank, v_bank = stacked_view(k_caches), stacked_view(v_caches)
+    if k_bank is None or v_bank is None:
+        for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
+            publish_kv(k_cache, v_cache, tree, accepted, path_len)
+        return
+    publish_kv(k_bank, v_bank, tree, accepted, path_len)
+
+
 def publish_kv(
     k_cache: Tensor, v_cache: Tensor, tree: DeviceTree, accepted: Tensor, path_len: Tensor | int
 ) -> bool:

@@ -51,6 +51,11 @@ class TreeKernels:
     # every GDN layer's conv publication at once (states, their inputs, accepted, path length); None:
     # publish_conv per layer
     publish_conv_layers: Callable[[Sequence[Tensor], Sequence[Tensor], Tensor, int], None] | None = None
+    # every attention layer's KV publication at once (K caches, V caches, tree, accepted, path
+    # length); None: publish_kv per layer
+    publish_kv_layers: (
+        Callable[[Sequence[Tensor], Sequence[Tensor], TreeDescriptor, Tensor, int], None] | None
+    ) = None
     # both or neither (`prepares_gdn`): the forward keeps every GDN layer's records in stacked banks
     # (publication reads them without stacking); a layer's conv copies its inputs and prepares the
     # scan's operands into its slices in one launch (x, conv state, weight, tree, gates, conv input
@@ -114,6 +119,7 @@ def triton_kernels() -> TreeKernels:
         publish_conv=device_ops.publish_conv,
         publish_kv=device_ops.publish_kv,
         publish_conv_layers=device_ops.publish_conv_layers,
+        publish_kv_layers=device_ops.publish_kv_layers,
         conv_operands=device_ops.conv_operands,
         gdn_scan=device_ops.gdn_scan,
         gated_tree_attention=device_ops.gated_tree_attention,

@@ -502,10 +502,16 @@ def publish_kv_kernel(
     accepted_ptr,
     len_ptr,
     stride_t,
+    stride_layer,
     HD,
     P: tl.constexpr,
     BD: tl.constexpr,
 ):
+    """Program (column block, layer): the accepted path's K and V rows of layer program_id(1) (at
+    stride_layer elements from the first's) moved to the rows after the prefix."""
+    layer = tl.program_id(1).to(tl.int64) * stride_layer
+    k_ptr += layer
+    v_ptr += layer
     offs = tl.program_id(0) * BD + tl.arange(0, BD)
     i = tl.arange(0, P)
     n = tl.load(len_ptr)
@@ -784,17 +790,23 @@ def publish_kv_device_(
     path_len: Tensor,
 ) -> None:
     """Graph-capturable KV remap: slot_map [R] int64, prefix_len [1], accepted [D+1] int64,
-    path_len [1], all on the device. Caches [T_max, Hkv, D] with rows contiguous."""
-    row = k_cache.shape[1] * k_cache.shape[2]
+    path_len [1], all on the device. Caches [T_max, Hkv, D] with rows contiguous, or banks
+    [L, T_max, Hkv, D] of L layers' caches (one launch for them all)."""
+    k_bank, v_bank = (c if c.dim() == 4 else c[None] for c in (k_cache, v_cache))
+    if k_bank.shape != v_bank.shape or k_bank.stride() != v_bank.stride():
+        raise ValueError(f"K and V caches differ: {tuple(k_bank.shape)} {k_bank.stride()} and "
+                         f"{tuple(v_bank.shape)} {v_bank.stride()}")  # fmt: skip
+    row = k_bank.shape[2] * k_bank.shape[3]
     block = 1024
-    publish_kv_kernel[(triton.cdiv(row, block),)](
-        k_cache,
-        v_cache,
+    publish_kv_kernel[(triton.cdiv(row, block), k_bank.shape[0])](
+        k_bank,
+        v_bank,
         slot_map,
         prefix_len,
         accepted,
         path_len,
-        k_cache.stride(0),
+        k_bank.stride(1),
+        k_bank.stride(0),
         row,
         P=triton.next_power_of_2(accepted.shape[0]),
         BD=block,
