@@ -182,7 +182,8 @@ KERNELS["tree drafter assemble"] = (
 TYPES |= {"bits_ptr": "*i64", "prefix_ptr": "*i64", "qk_scale": "fp32", "chunk": "i32", "shorts": "i32"}
 TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt")} | {"programs": "i32"}
 ATTENTION = dict(G=6, D=128, BM=64, MPAD=192, HKV=4, TAIL=attention.TAIL_KEYS)
-TAILS = dict(GP=16, TP=16, RP=attention.BITSET_SLOTS, SPLIT=22)  # the tails in the split-K's launch
+# the tails in the split-K's launch; K and V tiles by descriptor (2-byte caches)
+TAILS = dict(GP=16, TP=16, RP=attention.BITSET_SLOTS, SPLIT=22, DESCRIPTORS=True)
 KERNELS["tree attention partial"] = (
     attention.tree_attention_partial_kernel,
     dict(ATTENTION, **TAILS, BN=32, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
@@ -201,8 +202,18 @@ KERNELS["tree attention partial, 27B tiles"] = (
     dict(ATTENTION, **TAILS, D=256, BN=64, PRECISION="tf32", BY_PREFIX=False, SHORT=attention.SHORT_KEYS),
     dict(num_warps=4, num_stages=3),
     # what the launcher specializes at these shapes: allocations 16-byte aligned, strides and the
-    # partition rows multiples of 16 (without the partials' alignment Triton 3.6 spills 768 bytes)
+    # partition rows multiples of 16
     ATTENTION_DIVISIBLE,
+)
+# float32 caches at the 27B's heads: exact dots, 32-key tiles in 2 stages, masked loads (from the
+# descriptors' tiles Triton 3.6 compiled them to 32 registers and 35-78 KB of spills)
+KERNELS["tree attention partial, fp32"] = (
+    attention.tree_attention_partial_kernel,
+    dict(ATTENTION, **TAILS, D=256, BN=32, PRECISION="ieee", BY_PREFIX=False, SHORT=attention.SHORT_KEYS)
+    | dict(DESCRIPTORS=False),
+    dict(num_warps=4, num_stages=2),
+    ATTENTION_DIVISIBLE,
+    {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr")},
 )
 # attention's q and k norms with RoPE in one launch (head dim 256, a quarter of it rotated)
 TYPES |= {name: "*bf16" for name in ("wa_ptr", "wb_ptr", "ya_ptr", "yb_ptr")}
@@ -239,12 +250,17 @@ KERNELS["skinny n64 k128 t1 split m1"] = (
 
 
 def compile_hopper(
-    kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
+    kernel: triton.JITFunction,
+    constexprs: dict,
+    options: dict,
+    divisible: tuple[str, ...] = (),
+    types: dict[str, str] | None = None,
 ) -> triton.compiler.CompiledKernel:
     """One kernel compiled for sm_90a at the given constexprs and compile options, the `divisible`
-    arguments marked as multiples of 16 (the compiler's exception if it refuses)."""
+    arguments marked as multiples of 16, `types` over TYPES (the compiler's exception if it refuses)."""
     params = list(inspect.signature(kernel.fn).parameters)
-    signature = {p: "constexpr" if p in constexprs else TYPES.get(p, "*fp32") for p in params}
+    known = TYPES | (types or {})
+    signature = {p: "constexpr" if p in constexprs else known.get(p, "*fp32") for p in params}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}
     constants = {(params.index(k),): v for k, v in constexprs.items()}
     source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
@@ -252,11 +268,15 @@ def compile_hopper(
 
 
 def compile_for_hopper(
-    kernel: triton.JITFunction, constexprs: dict, options: dict, divisible: tuple[str, ...] = ()
+    kernel: triton.JITFunction,
+    constexprs: dict,
+    options: dict,
+    divisible: tuple[str, ...] = (),
+    types: dict[str, str] | None = None,
 ) -> dict:
     """{"ok", "error", "wgmma", "tma", "registers", "spill_bytes"} of `compile_hopper`."""
     try:
-        compiled = compile_hopper(kernel, constexprs, options, divisible)
+        compiled = compile_hopper(kernel, constexprs, options, divisible, types)
     except Exception as exc:  # the test reports the compiler's message
         return {
             "ok": False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -41,6 +42,7 @@ def _run_with_partials(
     by_prefix: bool = False,
     short: int = 0,
     gate: Tensor | None = None,
+    config: AttentionConfig = CONFIG,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """o [R, HQ, D] and lse [R, HQ], and the partials o_part [splits + 1, HKV, MPAD, D] and
     lse_part [splits + 1, HKV, MPAD] (the cache's splits, then the tail walk's; row m of a head's
@@ -65,7 +67,7 @@ def _run_with_partials(
         lse_part,
         splits,
         1.0 / math.sqrt(DIM),
-        CONFIG,
+        config,
         by_prefix=by_prefix,
         short=short,
         gate=gate,
@@ -304,8 +306,9 @@ def test_the_gated_merge_has_the_bits_of_the_models_output_gate(dtype: torch.dty
         _run_with_partials(tree, q, k_cache, v_cache, splits=3, gate=gate[:, :1])
 
 
+@pytest.mark.parametrize("descriptors", [True, False])
 @pytest.mark.parametrize("by_prefix", [False, True])
-def test_cache_rows_past_the_tree_are_never_read(by_prefix: bool) -> None:
+def test_cache_rows_past_the_tree_are_never_read(by_prefix: bool, descriptors: bool) -> None:
     # NaN in every row past the prefix and the tree's slots (a cache's unwritten rows): the key tile
     # holding the prefix's end spans them, and the split-K must read zeros there (its descriptors
     # end at the prefix), or NaN times a zero weight poisons the row.
@@ -316,9 +319,26 @@ def test_cache_rows_past_the_tree_are_never_read(by_prefix: bool) -> None:
     expected, expected_lse = ref.tree_attention(q, k_cache, v_cache, tree)
     for cache in (k_cache, v_cache):
         cache[tree.prefix_len + tree.rows :] = float("nan")
-    o, lse, _, _ = _run_with_partials(tree, q, k_cache, v_cache, splits=3, by_prefix=by_prefix)
+    config = replace(CONFIG, descriptors=descriptors)
+    o, lse, _, _ = _run_with_partials(tree, q, k_cache, v_cache, splits=3, by_prefix=by_prefix, config=config)
     torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["paper", "chain", "random_order"])
+def test_descriptor_and_masked_loads_give_the_same_bits(shape: str) -> None:
+    # the fp32 default loads K and V tiles by masked loads, 2-byte caches by descriptors: one kernel
+    tree = random_tree(shape, random.Random(31), prefix_len=45)
+    gen = torch.Generator().manual_seed(31)
+    k_cache, v_cache = (
+        torch.randn(tree.prefix_len + tree.rows + 5, HKV, DIM, generator=gen) for _ in range(2)
+    )
+    q = torch.randn(tree.rows, HQ, DIM, generator=gen)
+    loaded = [
+        _run_with_partials(tree, q, k_cache, v_cache, splits=3, config=replace(CONFIG, descriptors=d))
+        for d in (True, False)
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(loaded[0][:2], loaded[1][:2], strict=True))
 
 
 def test_caches_whose_heads_are_not_contiguous_are_refused() -> None:

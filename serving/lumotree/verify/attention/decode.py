@@ -5,8 +5,8 @@ of its ancestors and itself. Its keys below p - MAX_DEPTH (all committed) go thr
 (query block, KV head, split) stages each K/V tile once for all query heads of its group (M = tree
 rows x group heads) and runs an online softmax over its split, a fixed range of physical cache rows
 (`_partition_start`: SHORT_KEYS rows each for the first ones, then `chunk`), each row masked at its
-own bound (on the GPU K and V tiles come by tensor-memory copies from descriptors that end at the
-prefix; the tiles below every row's bound take no mask, and the accumulator is rescaled only when a
+own bound (K and V tiles of 2-byte caches come by tensor-memory copies from descriptors that end
+at the prefix; the tiles below every row's bound take no mask, and the accumulator is rescaled only when a
 row's maximum moved). Its last TAIL_KEYS keys, the committed ones above that bound and then its
 tree slots (bit j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot
 before its children's), are gathered in logical order and attended in one pass, the last
@@ -154,10 +154,12 @@ def _split_k(
     PRECISION: tl.constexpr,
     BY_PREFIX: tl.constexpr,
     SHORT: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
 ):
     """Query block `block` of KV head h, split-K program `program` of `programs`: partitions
     n - 1 - program, n - 1 - program - programs, ... of the n holding committed keys, each a range
-    of cache rows (`_partition_start`), by online softmax over BN-key tiles."""
+    of cache rows (`_partition_start`), by online softmax over BN-key tiles (K and V tiles by
+    tensor-memory descriptors, or without DESCRIPTORS by masked loads: `_kv_tile`)."""
     prefix = tl.load(prefix_ptr).to(tl.int32)
     chunk = _partition_rows(prefix, chunk, BN, BY_PREFIX)
     held = _partitions_holding(prefix, chunk, shorts, SHORT)
@@ -167,9 +169,12 @@ def _split_k(
         offs_n = tl.arange(0, BN)
         # the committed rows [0, prefix) of this KV head's columns: a tile past the prefix reads zeros
         # (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
-        committed = tl.maximum(prefix, 1)  # (an empty prefix loads nothing; a descriptor needs a row)
-        k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
-        v_rows = tl.make_tensor_descriptor(v_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
+        if DESCRIPTORS:
+            committed = tl.maximum(prefix, 1)  # (an empty prefix loads nothing; a descriptor needs a row)
+            k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
+            v_rows = tl.make_tensor_descriptor(v_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
+        else:
+            k_rows, v_rows = k_ptr, v_ptr
         for i in range(program, held, programs):
             s = held - 1 - i  # the last (longest) partitions first: the short ones fill in behind them
             lo = _partition_start(s, chunk, shorts, SHORT)
@@ -182,11 +187,45 @@ def _split_k(
             unmasked_end = lo + tl.maximum(tl.minimum(hi, prefix + 1 - TAIL) - lo, 0) // BN * BN
             for start in range(lo, unmasked_end, BN):
                 acc, m_i, l_i = _attend_tile(
-                    q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, False
+                    q,
+                    k_rows,
+                    v_rows,
+                    start,
+                    h,
+                    bound,
+                    prefix,
+                    stride_kt,
+                    offs_n,
+                    offs_d,
+                    acc,
+                    m_i,
+                    l_i,
+                    qk_scale,
+                    D,
+                    PRECISION,
+                    DESCRIPTORS,
+                    False,
                 )
-            for start in tl.range(unmasked_end, hi, BN, num_stages=1):  # at most two tiles a program
+            for start in range(unmasked_end, hi, BN):  # at most two tiles a program
                 acc, m_i, l_i = _attend_tile(
-                    q, k_rows, v_rows, start, h, bound, offs_n, acc, m_i, l_i, qk_scale, D, PRECISION, True
+                    q,
+                    k_rows,
+                    v_rows,
+                    start,
+                    h,
+                    bound,
+                    prefix,
+                    stride_kt,
+                    offs_n,
+                    offs_d,
+                    acc,
+                    m_i,
+                    l_i,
+                    qk_scale,
+                    D,
+                    PRECISION,
+                    DESCRIPTORS,
+                    True,
                 )
             base = (s * HKV + h) * MPAD + m
             _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < R * G)
@@ -200,20 +239,24 @@ def _attend_tile(
     start,
     h,
     bound,
+    prefix,
+    stride_kt,
     offs_n,
+    offs_d,
     acc,
     m_i,
     l_i,
     qk_scale,
     D: tl.constexpr,
     PRECISION: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
     MASKED: tl.constexpr,
 ):
     """One BN-key tile of the online softmax from cache row `start`: (acc, m_i, l_i) updated. Scores
     run in the log2 domain, the scale applied in the exponent by one fused multiply-add; MASKED
     drops each row's keys at or past its bound (a tile all below every bound gives the same bits
     without it)."""
-    k = k_rows.load([start, h * D])
+    k = _kv_tile(k_rows, start, h, prefix, stride_kt, offs_n, offs_d, D, DESCRIPTORS)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if MASKED:
         scores = tl.where((start + offs_n)[None, :] < bound[:, None], scores, float("-inf"))
@@ -222,13 +265,29 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(tl.fma(scores, qk_scale, -m_safe[:, None]))
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = v_rows.load([start, h * D])
+    v = _kv_tile(v_rows, start, h, prefix, stride_kt, offs_n, offs_d, D, DESCRIPTORS)
     # alpha is exactly 1 where a row's maximum held (exp2(0)), and 0 times a zero accumulator where a
     # row has seen no key yet: the block rescales only when some row's maximum moved, the same bits
     if tl.max((m_new != m_i).to(tl.int32), axis=0) != 0:
         acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _kv_tile(rows, start, h, prefix, stride_kt, offs_n, offs_d, D: tl.constexpr, DESCRIPTORS: tl.constexpr):
+    """Cache rows start .. start + BN - 1 of KV head h [BN, D], zeros from the prefix on: from a
+    descriptor, or (without DESCRIPTORS: `rows` is the cache's pointer) by masked loads."""
+    if DESCRIPTORS:
+        tile = rows.load([start, h * D])
+    else:
+        keys = start + offs_n
+        tile = tl.load(
+            rows + keys.to(tl.int64)[:, None] * stride_kt + h * D + offs_d[None, :],
+            mask=(keys < prefix)[:, None],
+            other=0.0,
+        )
+    return tile
 
 
 @triton.jit
@@ -342,6 +401,7 @@ def tree_attention_partial_kernel(
     PRECISION: tl.constexpr,
     BY_PREFIX: tl.constexpr,
     SHORT: tl.constexpr,
+    DESCRIPTORS: tl.constexpr,
 ):
     """Every partial of one launch: the first (MPAD / BM) * HKV * `programs` programs run the split-K
     (`_split_k`: query block fastest, then KV head, then split-K program, so each program's longest
@@ -355,6 +415,7 @@ def tree_attention_partial_kernel(
             q_ptr, k_ptr, v_ptr, bits_ptr, prefix_ptr, o_part_ptr, lse_part_ptr, R, qk_scale, stride_qr,
             stride_qh, stride_kt, chunk, shorts, pid % NBLOCKS, (pid // NBLOCKS) % HKV,
             pid // (NBLOCKS * HKV), programs, G, D, BM, BN, MPAD, HKV, TAIL, PRECISION, BY_PREFIX, SHORT,
+            DESCRIPTORS,
         )  # fmt: skip
     else:
         t = pid - split_programs
@@ -549,12 +610,16 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 3
     program_waves: int = 4
+    descriptors: bool = True  # K and V tiles by tensor-memory descriptors (else masked loads)
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype) -> AttentionConfig:
-        """The defaults for 2-byte caches; 32-key tiles in 2 stages for float32 (BN64's 3 stages of
-        4-byte K and V tiles need 336 KiB of shared memory at head dim 256, past the H200's 227)."""
-        return cls() if dtype.itemsize <= 2 else cls(block_n=32, num_stages=2)
+        """The defaults for 2-byte caches; for float32 32-key tiles in 2 stages (BN64's 3 stages of
+        4-byte K and V tiles need 336 KiB of shared memory at head dim 256, past the H200's 227),
+        loaded without descriptors (Triton 3.6 compiles the exact fp32 dots over a descriptor's
+        tiles for sm_90 to 32 registers and tens of KB of spills, over masked loads to 255 and
+        3.8 KB: tests/kernel_tests/test_sm90_compile.py)."""
+        return cls() if dtype.itemsize <= 2 else cls(block_n=32, num_stages=2, descriptors=False)
 
 
 def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
@@ -666,15 +731,16 @@ def tree_attention_(
     long_rows = triton.cdiv(max(k_cache.shape[0] - short * SHORT_KEYS, 1), max(splits - short, 1))
     chunk = splits if by_prefix else triton.cdiv(long_rows, config.block_n) * config.block_n
     if "partials" in stages:
-        _check_descriptor_layout(k_cache, v_cache)
-        triton.set_allocator(_descriptor_scratch(q.device))  # a context variable: the launching thread's
+        _check_cache_layout(k_cache, v_cache)
+        if config.descriptors:
+            triton.set_allocator(_descriptor_scratch(q.device))  # a context variable: the launching thread's
         programs = min(splits, device_programs(q.device, (mpad // bm) * hkv, config.program_waves))
         tree_attention_partial_kernel[((mpad // bm) * hkv * programs + rows * hkv,)](
             q, k_cache, v_cache, bits, prefix_len, o_part, lse_part, rows, qk_scale, *strides, chunk, short,
             programs, G=group, GP=max(16, triton.next_power_of_2(group)), D=dim, BM=bm, BN=config.block_n,
             MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS, TP=max(16, triton.next_power_of_2(TAIL_KEYS)),
             RP=BITSET_SLOTS, SPLIT=splits, PRECISION=precision, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            DESCRIPTORS=config.descriptors, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
     if "merge" in stages:
         # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
@@ -697,9 +763,10 @@ def _descriptor_scratch(device: torch.device) -> Callable[[int, int, int | None]
     return lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device)
 
 
-def _check_descriptor_layout(k_cache: Tensor, v_cache: Tensor) -> None:
+def _check_cache_layout(k_cache: Tensor, v_cache: Tensor) -> None:
     """ValueError unless K and V are [T_max, Hkv, D] caches of one layout, each row's heads contiguous
-    and 16-byte aligned (what a tensor-memory descriptor over [rows, Hkv * D] needs)."""
+    and 16-byte aligned (what a tensor-memory descriptor over [rows, Hkv * D] needs, and the split-K
+    assumes either way)."""
     dim = k_cache.shape[2]
     row_bytes = k_cache.stride(0) * k_cache.element_size()
     if (
