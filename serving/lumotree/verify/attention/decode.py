@@ -187,46 +187,14 @@ def _split_k(
             unmasked_end = lo + tl.maximum(tl.minimum(hi, prefix + 1 - TAIL) - lo, 0) // BN * BN
             for start in range(lo, unmasked_end, BN):
                 acc, m_i, l_i = _attend_tile(
-                    q,
-                    k_rows,
-                    v_rows,
-                    start,
-                    h,
-                    bound,
-                    prefix,
-                    stride_kt,
-                    offs_n,
-                    offs_d,
-                    acc,
-                    m_i,
-                    l_i,
-                    qk_scale,
-                    D,
-                    PRECISION,
-                    DESCRIPTORS,
-                    False,
-                )
+                    q, k_rows, v_rows, start, h, bound, prefix, stride_kt, offs_n, offs_d, acc, m_i, l_i,
+                    qk_scale, D, PRECISION, DESCRIPTORS, False,
+                )  # fmt: skip
             for start in range(unmasked_end, hi, BN):  # at most two tiles a program
                 acc, m_i, l_i = _attend_tile(
-                    q,
-                    k_rows,
-                    v_rows,
-                    start,
-                    h,
-                    bound,
-                    prefix,
-                    stride_kt,
-                    offs_n,
-                    offs_d,
-                    acc,
-                    m_i,
-                    l_i,
-                    qk_scale,
-                    D,
-                    PRECISION,
-                    DESCRIPTORS,
-                    True,
-                )
+                    q, k_rows, v_rows, start, h, bound, prefix, stride_kt, offs_n, offs_d, acc, m_i, l_i,
+                    qk_scale, D, PRECISION, DESCRIPTORS, True,
+                )  # fmt: skip
             base = (s * HKV + h) * MPAD + m
             _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D, m < R * G)
 
