@@ -124,3 +124,39 @@ def test_ab_cycle_script_names_each_runs_commit(tmp_path: Path) -> None:
     benches = [line.split() for line in calls.read_text().splitlines() if "lumobench.bench.cycle" in line]
     assert [b[0] for b in benches] == ["abc1234", "def5678"]
     assert benches[0][1] == f"{tmp_path}/.stage/base/serving:/site" and benches[1][1] == "/site"
+
+
+def test_ab_attention_script_runs_staged_revisions_and_the_head_by_name(tmp_path: Path) -> None:
+    """Each named revision runs from .stage/NAME/serving with its COMMIT as the label, "head" from
+    the working tree with the caller's LUMOBENCH_COMMIT, in ORDER; an unstaged name stops the run.
+    A scripted `python3` on PATH stands for the benchmark: it records what each call was given."""
+    script = Path(__file__).parents[2] / "lumobench/bench/device/ab_attention_h200.sh"
+    for name, commit in (("base", "abc1234"), ("v2", "bcd2345")):
+        (tmp_path / f".stage/{name}/serving").mkdir(parents=True)
+        (tmp_path / f".stage/{name}/COMMIT").write_text(f"{commit}\n")
+    (tmp_path / "lumobench/bench/device").mkdir(parents=True)
+    (tmp_path / "lumobench/bench/device/carried_wheels.sh").write_text("")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/bin/bash\necho "${{LUMOBENCH_COMMIT:-none}} $PYTHONPATH $*" >> {calls}\n')
+    fake.chmod(0o755)
+    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": "/site",
+           "LUMOBENCH_COMMIT": "def5678", "ORDER": "v2 head base", "ATTN_ARGS": "--no-drafter"}  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    benches = [line.split() for line in calls.read_text().splitlines() if "lumobench.bench.attention" in line]
+    assert [b[0] for b in benches] == ["bcd2345", "def5678", "abc1234"]
+    assert [b[1] for b in benches] == [
+        f"{tmp_path}/.stage/v2/serving:/site",
+        "/site",
+        f"{tmp_path}/.stage/base/serving:/site",
+    ]
+    assert all(b[-1] == "--no-drafter" and f"{tmp_path}/out/attention-" in " ".join(b) for b in benches)
+    env["ORDER"] = "missing"
+    result = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2 and "no revision staged under .stage/missing/serving" in result.stderr
