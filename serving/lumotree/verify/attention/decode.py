@@ -6,8 +6,8 @@ of its ancestors and itself. Its keys below p - MAX_DEPTH (all committed) go thr
 rows x group heads) and runs an online softmax over its split, a fixed range of physical cache rows
 (`_partition_start`: SHORT_KEYS rows each for the first ones, then `chunk`), each row masked at its
 own bound (K and V tiles of 2-byte caches come by tensor-memory copies from descriptors that end
-at the prefix; the tiles below every row's bound take no mask, and the accumulator is rescaled only when a
-row's maximum moved). Its last TAIL_KEYS keys, the committed ones above that bound and then its
+at the prefix; the tiles below every row's bound take no mask, and the accumulator is rescaled
+only when a row's maximum moved). Its last TAIL_KEYS keys, the committed ones above that bound and then its
 tree slots (bit j of `bits[r]` says row r sees tree slot j; physical order puts a parent's slot
 before its children's), are gathered in logical order and attended in one pass, the last
 partition, by one more program per (tree row, KV head) of the split-K's launch (it needs none of
@@ -167,8 +167,8 @@ def _split_k(
         m, _, offs_d, q, bits = _query_rows(q_ptr, bits_ptr, block, h, R, stride_qr, stride_qh, G, D, BM)
         bound = _tail_start(bits, prefix, TAIL).to(tl.int32)  # [BM]
         offs_n = tl.arange(0, BN)
-        # the committed rows [0, prefix) of this KV head's columns: a tile past the prefix reads zeros
-        # (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
+        # descriptors over the committed rows [0, prefix) of the caches: a tile past the prefix reads
+        # zeros (the tensor-memory unit fills rows past a descriptor's shape), so no load takes a mask
         if DESCRIPTORS:
             committed = tl.maximum(prefix, 1)  # (an empty prefix loads nothing; a descriptor needs a row)
             k_rows = tl.make_tensor_descriptor(k_ptr, [committed, HKV * D], [stride_kt, 1], [BN, D])
