@@ -209,8 +209,8 @@ KERNELS["tree attention partial, 27B tiles"] = (
 # descriptors' tiles Triton 3.6 compiled them to 32 registers and 35-78 KB of spills)
 KERNELS["tree attention partial, fp32"] = (
     attention.tree_attention_partial_kernel,
-    dict(ATTENTION, **TAILS, D=256, BN=32, PRECISION="ieee", BY_PREFIX=False, SHORT=attention.SHORT_KEYS)
-    | dict(DESCRIPTORS=False),
+    {**ATTENTION, **TAILS, "D": 256, "BN": 32, "PRECISION": "ieee", "BY_PREFIX": False}
+    | {"SHORT": attention.SHORT_KEYS, "DESCRIPTORS": False},
     dict(num_warps=4, num_stages=2),
     ATTENTION_DIVISIBLE,
     {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr")},
@@ -277,10 +277,14 @@ def compile_for_hopper(
     """{"ok", "error", "wgmma", "tma", "registers", "spill_bytes"} of `compile_hopper`."""
     try:
         compiled = compile_hopper(kernel, constexprs, options, divisible, types)
-    except Exception as exc:  # the test reports the compiler's message
+    except Exception as exc:  # the test reports the compiler's message and its innermost cause's
+        cause = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
         return {
             "ok": False,
-            "error": str(exc)[-2000:],
+            "error": str(exc)[-1000:]
+            + ("" if cause is exc else f"\ncaused by {type(cause).__name__}: {str(cause)[-1000:]}"),
             "wgmma": False,
             "tma": False,
             "registers": -1,
