@@ -97,7 +97,7 @@ def test_ab_cycle_script_without_a_staged_baseline_says_how_to_stage_one(tmp_pat
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 2
-    assert "no baseline staged under .stage/base/serving" in result.stderr
+    assert "no revision staged under .stage/base/serving" in result.stderr
     assert not (tmp_path / "out").exists(), "nothing runs without a baseline"
 
 
@@ -155,8 +155,10 @@ def test_ab_attention_script_runs_staged_revisions_and_the_head_by_name(tmp_path
         f"{tmp_path}/.stage/base/serving:/site",
     ]
     assert all(b[-1] == "--no-drafter" and f"{tmp_path}/out/attention-" in " ".join(b) for b in benches)
-    env["ORDER"] = "missing"
+    calls.unlink()
+    env["ORDER"] = "v2 head missing"
     result = subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
     )
     assert result.returncode == 2 and "no revision staged under .stage/missing/serving" in result.stderr
+    assert not calls.exists(), "an unstaged arm stops the run before any arm runs"

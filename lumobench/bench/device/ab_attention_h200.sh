@@ -10,22 +10,15 @@
 # "head" is the working tree (labelled LUMOBENCH_COMMIT), any other name .stage/NAME/serving.
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
+source "$(dirname "$0")/staged_arms.sh"
+require_staged ${ORDER:-base head}
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 source lumobench/bench/device/carried_wheels.sh
 mkdir -p "$OUT"
 run=0
 for arm in ${ORDER:-base head}; do
     run=$((run + 1))
-    path=$PYTHONPATH
-    commit=${LUMOBENCH_COMMIT:-}
-    if [[ $arm != head ]]; then
-        [[ -d .stage/$arm/serving ]] || {
-            echo "no revision staged under .stage/$arm/serving (see the first lines of this script)" >&2
-            exit 2
-        }
-        path=$PWD/.stage/$arm/serving:$PYTHONPATH
-        commit=$(cat ".stage/$arm/COMMIT" 2>/dev/null || echo "staged as $arm")
-    fi
+    staged_arm "$arm"
     dest="$OUT/attention-$arm-$run"
     PYTHONPATH=$path python3 -c "import lumotree; print('lumotree from', lumotree.__file__)" > "$dest.log"
     LUMOBENCH_COMMIT=$commit PYTHONPATH=$path timeout "${ATTN_S:-150}" python3 -m lumobench.bench.attention \

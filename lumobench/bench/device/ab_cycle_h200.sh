@@ -6,26 +6,22 @@
 # then on the device, carrying .whl and .stage:
 #   OUT=$OUT bash lumobench/bench/device/ab_cycle_h200.sh
 # Run n of an arm writes $OUT/cycle-ARM-n/cycle.md and cycle.json and its log $OUT/cycle-ARM-n.log;
-# a base run's results name the commit in .stage/base/COMMIT, a head run's LUMOBENCH_COMMIT;
-# ORDER sets the runs (default "base head"; repeat names to alternate, e.g. "base head base head").
+# ORDER sets the runs (default "base head"; repeat names to alternate, e.g. "base head base head"):
+# "head" is the working tree, labelled LUMOBENCH_COMMIT, any other NAME the revision staged as above
+# under .stage/NAME (labelled by .stage/NAME/COMMIT).
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
-[[ -d .stage/base/serving ]] || {
-    echo "no baseline staged under .stage/base/serving (see the first lines of this script)" >&2
-    exit 2
-}
+source "$(dirname "$0")/staged_arms.sh"
+require_staged ${ORDER:-base head}
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 source lumobench/bench/device/carried_wheels.sh
 mkdir -p "$OUT"
 args=(--contexts "${CONTEXTS:-4096}" --variants fused --iters "${ITERS:-50}" --warmup 10
     --draft-vocab "${DRAFT_VOCAB:-16384}")
-base_commit=$(cat .stage/base/COMMIT 2>/dev/null || echo "a staged baseline")
 run=0
 for arm in ${ORDER:-base head}; do
     run=$((run + 1))
-    path=$PYTHONPATH
-    commit=${LUMOBENCH_COMMIT:-}
-    [[ $arm == base ]] && path=$PWD/.stage/base/serving:$PYTHONPATH && commit=$base_commit
+    staged_arm "$arm"
     dest="$OUT/cycle-$arm-$run"
     PYTHONPATH=$path python3 -c "import lumotree; print('lumotree from', lumotree.__file__)" > "$dest.log"
     LUMOBENCH_COMMIT=$commit PYTHONPATH=$path timeout "${CYCLE_S:-150}" python3 -m lumobench.bench.cycle \
