@@ -101,37 +101,11 @@ def test_ab_cycle_script_without_a_staged_baseline_says_how_to_stage_one(tmp_pat
     assert not (tmp_path / "out").exists(), "nothing runs without a baseline"
 
 
-def test_ab_cycle_script_names_each_runs_commit(tmp_path: Path) -> None:
-    """The base run's results name the staged baseline's commit (.stage/base/COMMIT), the head
-    run's the caller's LUMOBENCH_COMMIT; the base imports the staged serving/ first. A scripted
-    `python3` on PATH stands for the benchmark: it records what each call was given."""
-    script = Path(__file__).parents[2] / "lumobench/bench/device/ab_cycle_h200.sh"
-    (tmp_path / ".stage/base/serving").mkdir(parents=True)
-    (tmp_path / ".stage/base/COMMIT").write_text("abc1234\n")
-    (tmp_path / "lumobench/bench/device").mkdir(parents=True)
-    (tmp_path / "lumobench/bench/device/carried_wheels.sh").write_text("")
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text(f'#!/bin/bash\necho "${{LUMOBENCH_COMMIT:-none}} $PYTHONPATH $*" >> {calls}\n')
-    fake.chmod(0o755)
-    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": "/site",
-           "LUMOBENCH_COMMIT": "def5678"}  # fmt: skip
-    result = subprocess.run(
-        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    benches = [line.split() for line in calls.read_text().splitlines() if "lumobench.bench.cycle" in line]
-    assert [b[0] for b in benches] == ["abc1234", "def5678"]
-    assert benches[0][1] == f"{tmp_path}/.stage/base/serving:/site" and benches[1][1] == "/site"
-
-
-def test_ab_attention_script_runs_staged_revisions_and_the_head_by_name(tmp_path: Path) -> None:
-    """Each named revision runs from .stage/NAME/serving with its COMMIT as the label, "head" from
-    the working tree with the caller's LUMOBENCH_COMMIT, in ORDER; an unstaged name stops the run.
-    A scripted `python3` on PATH stands for the benchmark: it records what each call was given."""
-    script = Path(__file__).parents[2] / "lumobench/bench/device/ab_attention_h200.sh"
-    for name, commit in (("base", "abc1234"), ("v2", "bcd2345")):
+def _staged_device_copy(tmp_path: Path, staged: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """tmp_path as the device's copy of the repository: each staged revision NAME (with its COMMIT
+    label) under .stage, a scripted `python3` on PATH standing for the benchmarks (it appends what
+    each call was given to the returned file), and the environment to run an A/B script in."""
+    for name, commit in staged.items():
         (tmp_path / f".stage/{name}/serving").mkdir(parents=True)
         (tmp_path / f".stage/{name}/COMMIT").write_text(f"{commit}\n")
     (tmp_path / "lumobench/bench/device").mkdir(parents=True)
@@ -142,10 +116,35 @@ def test_ab_attention_script_runs_staged_revisions_and_the_head_by_name(tmp_path
     fake.write_text(f'#!/bin/bash\necho "${{LUMOBENCH_COMMIT:-none}} $PYTHONPATH $*" >> {calls}\n')
     fake.chmod(0o755)
     env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": "/site",
-           "LUMOBENCH_COMMIT": "def5678", "ORDER": "v2 head base", "ATTN_ARGS": "--no-drafter"}  # fmt: skip
-    result = subprocess.run(
+           "LUMOBENCH_COMMIT": "def5678"}  # fmt: skip
+    return calls, env
+
+
+def _run_script(name: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    script = Path(__file__).parents[2] / "lumobench/bench/device" / name
+    return subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
     )
+
+
+def test_ab_cycle_script_names_each_runs_commit(tmp_path: Path) -> None:
+    """The base run's results name the staged baseline's commit (.stage/base/COMMIT), the head
+    run's the caller's LUMOBENCH_COMMIT; the base imports the staged serving/ first."""
+    calls, env = _staged_device_copy(tmp_path, {"base": "abc1234"})
+    result = _run_script("ab_cycle_h200.sh", tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    benches = [line.split() for line in calls.read_text().splitlines() if "lumobench.bench.cycle" in line]
+    assert [b[0] for b in benches] == ["abc1234", "def5678"]
+    assert benches[0][1] == f"{tmp_path}/.stage/base/serving:/site" and benches[1][1] == "/site"
+
+
+def test_ab_attention_script_runs_staged_revisions_and_the_head_by_name(tmp_path: Path) -> None:
+    """Each named revision runs from .stage/NAME/serving with its COMMIT as the label, "head" from
+    the working tree with the caller's LUMOBENCH_COMMIT, in ORDER; an unstaged name stops the run
+    before any arm runs."""
+    calls, env = _staged_device_copy(tmp_path, {"base": "abc1234", "v2": "bcd2345"})
+    env |= {"ORDER": "v2 head base", "ATTN_ARGS": "--no-drafter"}
+    result = _run_script("ab_attention_h200.sh", tmp_path, env)
     assert result.returncode == 0, result.stderr
     benches = [line.split() for line in calls.read_text().splitlines() if "lumobench.bench.attention" in line]
     assert [b[0] for b in benches] == ["bcd2345", "def5678", "abc1234"]
@@ -157,8 +156,6 @@ def test_ab_attention_script_runs_staged_revisions_and_the_head_by_name(tmp_path
     assert all(b[-1] == "--no-drafter" and f"{tmp_path}/out/attention-" in " ".join(b) for b in benches)
     calls.unlink()
     env["ORDER"] = "v2 head missing"
-    result = subprocess.run(
-        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
-    )
+    result = _run_script("ab_attention_h200.sh", tmp_path, env)
     assert result.returncode == 2 and "no revision staged under .stage/missing/serving" in result.stderr
     assert not calls.exists(), "an unstaged arm stops the run before any arm runs"

@@ -11,18 +11,5 @@
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 source "$(dirname "$0")/staged_arms.sh"
-require_staged ${ORDER:-base head}
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-source lumobench/bench/device/carried_wheels.sh
-mkdir -p "$OUT"
-run=0
-for arm in ${ORDER:-base head}; do
-    run=$((run + 1))
-    staged_arm "$arm"
-    dest="$OUT/attention-$arm-$run"
-    PYTHONPATH=$path python3 -c "import lumotree; print('lumotree from', lumotree.__file__)" > "$dest.log"
-    LUMOBENCH_COMMIT=$commit PYTHONPATH=$path timeout "${ATTN_S:-150}" python3 -m lumobench.bench.attention \
-        --out "$dest" --contexts "${CONTEXTS:-4096,32768}" ${ATTN_ARGS:-} >> "$dest.log" 2>&1
-    echo "$arm (run $run, $commit): $(head -1 "$dest.log")"
-    grep -E "^\| (BM|[0-9])" "$dest/attention.md" 2>/dev/null | head -8 || tail -5 "$dest.log"
-done
+start_arms
+run_arms attention "${ATTN_S:-150}" "^\| (BM|[0-9])" --contexts "${CONTEXTS:-4096,32768}" ${ATTN_ARGS:-}

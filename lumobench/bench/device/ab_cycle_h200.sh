@@ -12,20 +12,6 @@
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
 source "$(dirname "$0")/staged_arms.sh"
-require_staged ${ORDER:-base head}
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-source lumobench/bench/device/carried_wheels.sh
-mkdir -p "$OUT"
-args=(--contexts "${CONTEXTS:-4096}" --variants fused --iters "${ITERS:-50}" --warmup 10
-    --draft-vocab "${DRAFT_VOCAB:-16384}")
-run=0
-for arm in ${ORDER:-base head}; do
-    run=$((run + 1))
-    staged_arm "$arm"
-    dest="$OUT/cycle-$arm-$run"
-    PYTHONPATH=$path python3 -c "import lumotree; print('lumotree from', lumotree.__file__)" > "$dest.log"
-    LUMOBENCH_COMMIT=$commit PYTHONPATH=$path timeout "${CYCLE_S:-150}" python3 -m lumobench.bench.cycle \
-        --out "$dest" "${args[@]}" >> "$dest.log" 2>&1
-    echo "$arm (run $run): $(head -1 "$dest.log")"
-    grep -E "^\| [0-9]" "$dest/cycle.md" 2>/dev/null | head -7 || tail -5 "$dest.log"
-done
+start_arms
+run_arms cycle "${CYCLE_S:-150}" "^\| [0-9]" --contexts "${CONTEXTS:-4096}" --variants fused \
+    --iters "${ITERS:-50}" --warmup 10 --draft-vocab "${DRAFT_VOCAB:-16384}"
