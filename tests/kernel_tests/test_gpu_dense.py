@@ -61,6 +61,10 @@ def test_dense_kernels_match_their_references_at_27b_shapes(
     _close(
         kernels.norm_rope(q, qw, EPS, cos, sin), ref.norm_rope(q.float(), qw.float(), EPS, cos, sin), dtype
     )
+    k, kw = randn(1, rows, 4, 256), randn(256) * 0.1  # queries and keys in one launch: two launches' bits
+    pair = kernels.norm_rope_pair(q, qw, k, kw, EPS, cos, sin)
+    assert torch.equal(pair[0], kernels.norm_rope(q, qw, EPS, cos, sin))
+    assert torch.equal(pair[1], kernels.norm_rope(k, kw, EPS, cos, sin))
     attn, gate = randn(1, rows, 24, 256), q_gate[..., 256:]
     _close(kernels.sigmoid_mul(attn, gate), ref.sigmoid_mul(attn.float(), gate.float()), dtype)
     gate_up = randn(1, rows, 2 * 17408)
