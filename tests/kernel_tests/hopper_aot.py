@@ -2,7 +2,7 @@
 
 Run with TRITON_INTERPRET unset (the interpreter replaces @triton.jit functions). Prints one JSON
 object: for every kernel, {"ok": bool, "error": str, "wgmma": bool (wgmma in its PTX), "tma": bool
-(tensor-memory copies in its PTX), "registers": int,
+(tensor-memory copies in its PTX), "shared_bytes": int (static shared memory), "registers": int,
 "spill_bytes": int (spill stores, from Triton's ptxas run again with -v)}.
 """
 
@@ -215,6 +215,15 @@ KERNELS["tree attention partial, fp32"] = (
     ATTENTION_DIVISIBLE,
     {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr")},
 )
+# float32 at 64-key tiles in 2 stages on 8 warps (tests/kernel_tests/test_gpu_parity.py's second
+# attention config), by masked loads as the launcher takes 4-byte tiles on the GPU
+KERNELS["tree attention partial, fp32 BN64"] = (
+    attention.tree_attention_partial_kernel,
+    {**KERNELS["tree attention partial, fp32"][1], "BN": 64},
+    dict(num_warps=8, num_stages=2),
+    ATTENTION_DIVISIBLE,
+    {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr")},
+)
 # attention's q and k norms with RoPE in one launch (head dim 256, a quarter of it rotated)
 TYPES |= {name: "*bf16" for name in ("wa_ptr", "wb_ptr", "ya_ptr", "yb_ptr")}
 TYPES |= {name: "i64" for name in ("sa_r", "sa_h", "sb_r", "sb_h", "sc_r", "ss_r")}
@@ -274,7 +283,7 @@ def compile_for_hopper(
     divisible: tuple[str, ...] = (),
     types: dict[str, str] | None = None,
 ) -> dict:
-    """{"ok", "error", "wgmma", "tma", "registers", "spill_bytes"} of `compile_hopper`."""
+    """{"ok", "error", "wgmma", "tma", "shared_bytes", "registers", "spill_bytes"} of `compile_hopper`."""
     try:
         compiled = compile_hopper(kernel, constexprs, options, divisible, types)
     except Exception as exc:  # the test reports the compiler's message and its innermost cause's
@@ -287,6 +296,7 @@ def compile_for_hopper(
             + ("" if cause is exc else f"\ncaused by {type(cause).__name__}: {str(cause)[-1000:]}"),
             "wgmma": False,
             "tma": False,
+            "shared_bytes": -1,
             "registers": -1,
             "spill_bytes": -1,
         }
@@ -296,6 +306,7 @@ def compile_for_hopper(
         "error": "",
         "wgmma": "wgmma.mma_async" in ptx,
         "tma": "cp.async.bulk.tensor" in ptx,
+        "shared_bytes": compiled.metadata.shared,
         **resource_usage(ptx),
     }
 

@@ -578,7 +578,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 3
     program_waves: int = 4
-    descriptors: bool = True  # K and V tiles by tensor-memory descriptors (else masked loads)
+    descriptors: bool = True  # K and V tiles by tensor-memory descriptors (2-byte caches on the GPU)
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype) -> AttentionConfig:
@@ -700,7 +700,11 @@ def tree_attention_(
     chunk = splits if by_prefix else triton.cdiv(long_rows, config.block_n) * config.block_n
     if "partials" in stages:
         _check_cache_layout(k_cache, v_cache)
-        if config.descriptors:
+        # 4-byte tiles never by descriptor on the GPU, whatever the config: Triton 3.6 compiles their
+        # exact dots over descriptor tiles to 32-128 registers, and BN64's past the shared memory
+        # (262 KB; test_sm90_compile.py); the interpreter has neither limit
+        descriptors = config.descriptors and (k_cache.element_size() <= 2 or not k_cache.is_cuda)
+        if descriptors:
             triton.set_allocator(_descriptor_scratch(q.device))  # a context variable: the launching thread's
         programs = min(splits, device_programs(q.device, (mpad // bm) * hkv, config.program_waves))
         tree_attention_partial_kernel[((mpad // bm) * hkv * programs + rows * hkv,)](
@@ -708,7 +712,7 @@ def tree_attention_(
             programs, G=group, GP=max(16, triton.next_power_of_2(group)), D=dim, BM=bm, BN=config.block_n,
             MPAD=mpad, HKV=hkv, TAIL=TAIL_KEYS, TP=max(16, triton.next_power_of_2(TAIL_KEYS)),
             RP=BITSET_SLOTS, SPLIT=splits, PRECISION=precision, BY_PREFIX=by_prefix, SHORT=SHORT_KEYS,
-            DESCRIPTORS=config.descriptors, num_warps=config.num_warps, num_stages=config.num_stages,
+            DESCRIPTORS=descriptors, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
     if "merge" in stages:
         # a grouped row a program on the GPU (many short programs), fewer programs under the interpreter
