@@ -311,6 +311,17 @@ def compile_for_hopper(
     }
 
 
+def sass_of(cubin: bytes) -> str:
+    """nvdisasm's listing of a cubin (the disassembler Triton ships), with source lines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+        return subprocess.run(
+            [str(nvdisasm), "-c", "-g", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+
+
 def resource_usage(ptx: str) -> dict:
     """{"registers", "spill_bytes"} that Triton's ptxas reports (-v) for the PTX on sm_90a."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,7 +19,6 @@ from lumotree.drafting.fused_selection import select_spine_topk
 from lumotree.model.fused import elementwise
 from lumotree.sampling import walk as walk_ref
 from lumotree.sampling.device_walk import DeviceWalk
-from lumotree.tree import TreeDescriptor
 from lumotree.verify.attention import decode as attn_kernel
 from lumotree.verify.attention import reference as attn_ref
 from lumotree.verify.conv import fused_conv as conv_kernel
@@ -218,32 +217,6 @@ ATTENTION_CONFIGS = {
 }
 
 
-def _gated_tree_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    tree: TreeDescriptor,
-    gate: torch.Tensor,
-    config: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`decode.tree_attention` with the output gate given to the merge (its caller-owned form)."""
-    cfg = ATTENTION_CONFIGS[config] or attn_kernel.AttentionConfig.for_dtype(q.dtype)
-    cfg = attn_kernel.fitted_query_tile(cfg, q.shape[0] * (q.shape[1] // k_cache.shape[1]))
-    splits = cfg.splits or attn_kernel.cache_partitions(k_cache.shape[0])
-    short = 0 if cfg.splits else attn_kernel.short_partitions(k_cache.shape[0])
-    o, lse = torch.empty_like(q), torch.empty(q.shape[:2], dtype=torch.float32, device=CUDA)
-    parts = attn_kernel.partial_buffers(
-        q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2], splits, cfg.block_m, CUDA
-    )
-    bits = attn_kernel.tree_visibility_bits(tree).to(CUDA)
-    prefix = torch.tensor([tree.prefix_len], dtype=torch.int32, device=CUDA)
-    attn_kernel.tree_attention_(
-        q, k_cache, v_cache, bits, prefix, o, lse, *parts, splits, 1.0 / math.sqrt(q.shape[2]), cfg,
-        short=short, gate=gate,
-    )  # fmt: skip
-    return o, lse
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", list(ATTENTION_CONFIGS))
 def test_tree_attention_at_qwen_shapes(dtype: torch.dtype, config: str) -> None:
@@ -258,8 +231,8 @@ def test_tree_attention_at_qwen_shapes(dtype: torch.dtype, config: str) -> None:
     o_ref, lse_ref = attn_ref.tree_attention(q, k_cache, v_cache, tree)
     # the output gate applied by the merge has the model's sigmoid_mul bits
     gate = torch.randn(q.shape, generator=gen).to(dtype).to(CUDA)
-    gated, gated_lse = _gated_tree_attention(
-        q.to(CUDA), k_cache.to(CUDA), v_cache.to(CUDA), tree, gate, config
+    gated, gated_lse = attn_kernel.tree_attention(
+        q.to(CUDA), k_cache.to(CUDA), v_cache.to(CUDA), tree, config=ATTENTION_CONFIGS[config], gate=gate
     )
     assert torch.equal(gated, elementwise.sigmoid_mul(o, gate)) and torch.equal(gated_lse, lse)
     # bf16: P is rounded to bf16 before P @ V, as flash attention does.

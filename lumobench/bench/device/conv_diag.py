@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import tempfile
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton
@@ -33,6 +31,9 @@ from lumotree.verify.conv.fused_conv import tree_conv_, tree_conv_kernel, tree_c
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.prepare import BLOCK_C, prepared_channels, store_gates, store_operands
 from lumotree.verify.graphs import CapturedStage
+
+sys.path.insert(0, "tests/kernel_tests")
+from hopper_aot import sass_of  # the sm_90 compile helpers live beside their test
 
 NCU = os.environ.get("DIAG_NCU") == "1"
 SASS = os.environ.get("DIAG_SASS") == "1"
@@ -105,14 +106,6 @@ def variants() -> dict[str, dict | None]:
     table["flat: + norm"] = dict(off, NORM=True, FLAT=True)
     table["flat: all (the engine's kernel since 9ca593c)"] = dict(on, FLAT=True)
     return table
-
-
-def sass_of(cubin: bytes) -> str:
-    """nvdisasm's listing of a cubin (the disassembler Triton ships)."""
-    path = Path(tempfile.mkdtemp()) / "k.cubin"
-    path.write_bytes(cubin)
-    nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
-    return subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True).stdout
 
 
 def print_compiles() -> None:

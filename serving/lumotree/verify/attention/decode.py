@@ -30,6 +30,7 @@ trees parted from AR on long sampled answers (results/h200/row-invariance).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -582,12 +583,10 @@ class AttentionConfig:
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype) -> AttentionConfig:
-        """The defaults for 2-byte caches; for float32 32-key tiles in 2 stages (BN64's 3 stages of
-        4-byte K and V tiles need 336 KiB of shared memory at head dim 256, past the H200's 227),
-        loaded without descriptors (Triton 3.6 compiles the exact fp32 dots over a descriptor's
-        tiles for sm_90 to 32 registers and tens of KB of spills, over masked loads to 255 and
-        3.8 KB: tests/kernel_tests/test_sm90_compile.py)."""
-        return cls() if dtype.itemsize <= 2 else cls(block_n=32, num_stages=2, descriptors=False)
+        """The defaults for 2-byte caches; 32-key tiles in 2 stages for float32 (BN64's 3 stages of
+        4-byte K and V tiles need 336 KiB of shared memory at head dim 256, past the H200's 227;
+        on the GPU they load without descriptors: `tree_attention_`)."""
+        return cls() if dtype.itemsize <= 2 else cls(block_n=32, num_stages=2)
 
 
 def tree_visibility_bits(tree: TreeDescriptor) -> Tensor:
@@ -701,8 +700,9 @@ def tree_attention_(
     if "partials" in stages:
         _check_cache_layout(k_cache, v_cache)
         # 4-byte tiles never by descriptor on the GPU, whatever the config: Triton 3.6 compiles their
-        # exact dots over descriptor tiles to 32-128 registers, and BN64's past the shared memory
-        # (262 KB; test_sm90_compile.py); the interpreter has neither limit
+        # exact dots over descriptor tiles to 32-128 registers and tens of KB of spills (masked loads:
+        # 255 registers), and BN64's past the shared memory (262 KB; test_sm90_compile.py); the
+        # interpreter has neither limit
         descriptors = config.descriptors and (k_cache.element_size() <= 2 or not k_cache.is_cuda)
         if descriptors:
             triton.set_allocator(_descriptor_scratch(q.device))  # a context variable: the launching thread's
@@ -728,6 +728,7 @@ def tree_attention_(
         )  # fmt: skip
 
 
+@functools.cache
 def _descriptor_scratch(device: torch.device) -> Callable[[int, int, int | None], Tensor]:
     """Triton's allocator for the K and V descriptors the split-K programs build on the device:
     global memory on `device` (a graph capture keeps its allocation; the programs write them at
@@ -761,10 +762,12 @@ def tree_attention(
     tree: TreeDescriptor,
     scale: float | None = None,
     config: AttentionConfig | None = None,
+    gate: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The reference's signature: q [R, Hq, D] against prefix + tree KV -> o [R, Hq, D] (q's dtype),
     lse [R, Hq] fp32. Head dim must be a power of two (>= 16 on the GPU); depth < TAIL_KEYS.
-    config: None for `AttentionConfig.for_dtype` of q's dtype."""
+    config: None for `AttentionConfig.for_dtype` of q's dtype; gate: the output gate the merge
+    applies (`tree_attention_`)."""
     _check_cache(k_cache, v_cache, tree)
     check_depth(int(tree.depth.max()))
     rows, hq, dim = q.shape
@@ -797,6 +800,7 @@ def tree_attention(
         scale,
         config,
         short=short,
+        gate=gate,
     )
     return o, lse
 
