@@ -258,6 +258,39 @@ KERNELS["skinny n64 k128 t1 split m1"] = (
 )
 
 
+# The pending pre-norm (fused/pending_norm.py) at the 27B shapes: the output and down projections
+# (split, residual) store the next norm's operands; the input projections and the gate-up read them
+TYPES |= {"nw_ptr": "*bf16", "ny_ptr": "*bf16", "in_blocks": "i32", "eps": "fp32"}
+for tiles in (1, 2):
+    KERNELS[f"skinny n64 k128 t{tiles} split norm out"] = (
+        skinny_gemm.skinny_gemm_kernel,
+        dict(
+            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3,
+            RESIDUAL=True, NORM_OUT=True,
+        ),
+        dict(num_warps=4, num_stages=3),
+        SKINNY_DIVISIBLE,
+    )  # fmt: skip
+    KERNELS[f"skinny n128 k64 t{tiles} norm in"] = (
+        skinny_gemm.skinny_gemm_kernel,
+        dict(
+            ROWS=16 * tiles, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, PRECISION="tf32", SPLITS=1,
+            RESIDUAL=False, ROW_NORM=True, IN_BLOCKS_PAD=128,
+        ),
+        dict(num_warps=4, num_stages=3),
+        SKINNY_DIVISIBLE,
+    )  # fmt: skip
+    KERNELS[f"skinny swiglu n64 k64 t{tiles} norm in"] = (
+        skinny_gemm.skinny_gemm_kernel,
+        dict(
+            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, PRECISION="tf32", SPLITS=1,
+            RESIDUAL=False, SWIGLU=True, ROW_NORM=True, IN_BLOCKS_PAD=128,
+        ),
+        dict(num_warps=4, num_stages=3),
+        SKINNY_DIVISIBLE,
+    )  # fmt: skip
+
+
 def compile_hopper(
     kernel: triton.JITFunction,
     constexprs: dict,
@@ -267,7 +300,14 @@ def compile_hopper(
 ) -> triton.compiler.CompiledKernel:
     """One kernel compiled for sm_90a at the given constexprs and compile options, the `divisible`
     arguments marked as multiples of 16, `types` over TYPES (the compiler's exception if it refuses)."""
-    params = list(inspect.signature(kernel.fn).parameters)
+    signature_params = inspect.signature(kernel.fn).parameters
+    params = list(signature_params)
+    defaults = {  # constexprs the entry leaves at their defaults (e.g. an epilogue switched off)
+        name: p.default
+        for name, p in signature_params.items()
+        if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)
+    }
+    constexprs = defaults | constexprs
     known = TYPES | (types or {})
     signature = {p: "constexpr" if p in constexprs else known.get(p, "*fp32") for p in params}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible}

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from lumotree.model.fused.elementwise import silu_mul
-from lumotree.model.fused.skinny_gemm import SkinnyConfig, skinny_linear, skinny_swiglu, split_counts
+from lumotree.model.fused.skinny_gemm import (
+    SkinnyConfig,
+    skinny_linear,
+    skinny_linear_normed,
+    skinny_swiglu,
+    split_counts,
+)
 from lumotree.verify.graphs import CapturedStage
 
 from .helpers import GPU_ONLY, assert_written, poisoned
@@ -125,3 +131,36 @@ def test_the_swiglu_epilogue_has_the_bits_of_the_product_then_silu_mul(m: int) -
     assert_written(y)
     assert torch.equal(y, silu_mul(skinny_linear(x, w)))
     assert torch.equal(y[-1:], skinny_swiglu(x[m - 1 : m].clone(), w))
+
+
+@pytest.mark.parametrize("producer", [(5120, 17408), (5120, 6144)], ids=["down", "output"])
+def test_a_pending_norm_gives_a_row_the_same_bits_at_1_6_and_32_rows(producer: tuple[int, int]) -> None:
+    """The producer-side pre-norm at the 27B shapes (fused/pending_norm.py): a down or output
+    projection adds the residual and stores the next norm's operands, then the GDN input
+    projection and the MLP's gate-up read them. Every row's h, scaled rows, block sums and both
+    consumers' outputs have the one-row call's bits (the block sums run in one layout whatever the
+    row tile), every output is written, and the consumers stay within bf16 rounding of float64."""
+    n, k = producer
+    w, x = _weights(n, k), _rows(32, k)
+    residual, norm_weight = _rows(132, n)[100:], 0.3 * _rows(1, n)[0]
+    wide, gate_up = _weights(16480, 5120), _weights(34816, 5120)
+
+    def chain(rows: slice) -> tuple[torch.Tensor, ...]:
+        h, pending = skinny_linear_normed(x[rows].clone(), w, residual[rows].clone(), norm_weight, 1e-6)
+        out = skinny_linear(pending.scaled, wide, in_norm=pending)
+        act = skinny_swiglu(pending.scaled, gate_up, in_norm=pending)
+        return h, pending.scaled, pending.block_sums, out, act
+
+    for m in ROWS:
+        got = chain(slice(0, m))
+        for t in got:
+            assert_written(t)
+        for row in {0, m - 1}:
+            single = chain(slice(row, row + 1))
+            for name, a, b in zip(("h", "scaled", "sums", "out", "act"), got, single, strict=True):
+                assert torch.equal(a[row : row + 1], b), f"{m} rows, row {row}: {name}"
+    h = got[0].double()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + norm_weight.double())
+    expected = normed @ wide.double().t()
+    error = torch.linalg.norm(got[3].double() - expected) / torch.linalg.norm(expected)
+    assert error < 1e-2, f"relative Frobenius error {float(error):.2e}"

@@ -235,9 +235,9 @@ def test_the_fused_mlp_activation_takes_the_epilogue_where_k_stays_in_one_range(
     # values as the unfused activation.
     epilogues: list[int] = []
 
-    def counted(x: Tensor, w: Tensor) -> Tensor:
+    def counted(x: Tensor, w: Tensor, **options: object) -> Tensor:
         epilogues.append(w.shape[0])
-        return skinny_swiglu(x, w)
+        return skinny_swiglu(x, w, **options)  # type: ignore[arg-type]
 
     monkeypatch.setattr(skinny_gemm, "skinny_swiglu", counted)
     gen = torch.Generator().manual_seed(8)

@@ -103,6 +103,9 @@ SKINNY = [
     "skinny n64 k128 t1 split m1",
     "skinny swiglu n64 k64 t1",
     "skinny swiglu n64 k64 t2",
+    *(f"skinny n64 k128 t{t} split norm out" for t in (1, 2)),
+    *(f"skinny n128 k64 t{t} norm in" for t in (1, 2)),
+    *(f"skinny swiglu n64 k64 t{t} norm in" for t in (1, 2)),
 ]
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lumotree.model import HybridLM
+from lumotree.model.fused import elementwise
 from lumotree.model.fused.ops import GemmBackend, kernel_mode
 from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.tree_mode import verify_tree
@@ -84,3 +85,33 @@ def test_a_moved_model_leaves_the_stale_fusion_unused(tiny_model: HybridLM) -> N
     with torch.inference_mode(), kernel_mode("auto"):  # CPU: references, separate GEMMs
         got = _prefill_and_decode(tiny_model, tokens)
     assert torch.equal(got, want)
+
+
+def test_the_verification_forward_launches_no_norm_between_its_layers(
+    tiny_model: HybridLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the fused path each layer's output projection and down projection leave the next pre-norm
+    pending: the forward runs the first layer's input norm and the final norm, nothing between,
+    and its hidden rows stay those of the reference forward."""
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (8,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode(), kernel_mode("off"):
+        state = tiny_model.new_state(32)
+        tiny_model.prefill(tokens[:4], state)
+        want = verify_tree(tiny_model, state, chain_tree(tokens[4:7].tolist(), prefix_len=4)).hidden
+    fuse_projections_(tiny_model)
+    launched: list[str] = []
+    for name in ("rms_norm", "add_rms_norm"):
+        original = getattr(elementwise, name)
+
+        def counted(*args: object, _name: str = name, _original: object = original) -> object:
+            launched.append(_name)
+            return _original(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(elementwise, name, counted)
+    with torch.inference_mode(), kernel_mode("always"):
+        state = tiny_model.new_state(32)
+        tiny_model.prefill(tokens[:4], state)
+        launched.clear()
+        got = verify_tree(tiny_model, state, chain_tree(tokens[4:7].tolist(), prefix_len=4)).hidden
+    assert launched == ["rms_norm", "rms_norm"]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

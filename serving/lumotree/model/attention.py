@@ -14,6 +14,7 @@ from torch import nn
 
 from lumotree.model.config import HybridConfig
 from lumotree.model.fused import ops
+from lumotree.model.fused.pending_norm import PendingNorm
 from lumotree.model.fused.weights import FusedProjection
 from lumotree.model.norms import RMSNorm
 
@@ -38,9 +39,10 @@ class GatedAttention(nn.Module):
         self.fused: FusedProjection | None = None  # [q_proj | k_proj | v_proj], set by fuse_projections_
 
     def project(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, h: torch.Tensor | PendingNorm, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [B, T, hidden]; cos/sin: [B or 1, T, rotary_dim] for each row's position.
+        """h: [B, T, hidden] (or its norm left pending); cos/sin: [B or 1, T, rotary_dim] for each
+        row's position.
 
         Returns q [B, T, Hq, D] (normed, rotated), k [B, T, Hkv, D] (normed, rotated), v [B, T, Hkv, D],
         gate [B, T, Hq, D] (pre-sigmoid; may be a strided view).
@@ -82,8 +84,12 @@ class GatedAttention(nn.Module):
 
     def project_out(self, gated: torch.Tensor) -> torch.Tensor:
         """The output projection of attention already gated: [B, T, Hq, D] -> [B, T, hidden]."""
-        bsz, seq = gated.shape[:2]
-        return self.o_proj(gated.reshape(bsz, seq, -1))
+        return self.o_proj(output_rows(gated))
+
+
+def output_rows(gated: torch.Tensor) -> torch.Tensor:
+    """o_proj's input: attention gated [B, T, Hq, D] -> [B, T, Hq * D]."""
+    return gated.reshape(*gated.shape[:2], -1)
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:

@@ -17,6 +17,7 @@ from torch import nn
 from lumotree.model import gdn_ops
 from lumotree.model.config import HybridConfig
 from lumotree.model.fused import ops
+from lumotree.model.fused.pending_norm import PendingNorm
 from lumotree.model.fused.weights import FusedProjection
 from lumotree.model.norms import GatedRMSNorm
 
@@ -53,8 +54,11 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = ops.Linear(self.value_dim, hidden)
         self.fused: FusedProjection | None = None  # [qkv | z | b | a], set by fuse_projections_
 
-    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [B, T, hidden] -> (conv inputs [B, T, C], z [B, T, HV, V], a [B, T, HV], b [B, T, HV])."""
+    def project(
+        self, h: torch.Tensor | PendingNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h: [B, T, hidden] (or its norm left pending) -> (conv inputs [B, T, C], z [B, T, HV, V],
+        a [B, T, HV], b [B, T, HV])."""
         bsz, seq, _ = h.shape
         if self.fused is not None and ops.kernels_for(h) and self.fused.current():
             qkv, z, b, a = self.fused(h)  # column slices of one GEMM
@@ -106,8 +110,12 @@ class GatedDeltaNet(nn.Module):
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z: [B, T, HV, V] -> gated RMSNorm per head -> out_proj -> [B, T, hidden]."""
+        return self.out_proj(self.normed_output(o, z))
+
+    def normed_output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """out_proj's input: o, z [B, T, HV, V] -> gated RMSNorm per head [B, T, HV * V]."""
         bsz, seq = o.shape[:2]
-        return self.out_proj(self.norm(o, z).reshape(bsz, seq, self.value_dim))
+        return self.norm(o, z).reshape(bsz, seq, self.value_dim)
 
     def forward(
         self, h: torch.Tensor, conv_state: torch.Tensor | None = None, state: torch.Tensor | None = None

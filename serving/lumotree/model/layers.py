@@ -10,6 +10,7 @@ from torch import nn
 from lumotree.model.attention import GatedAttention
 from lumotree.model.config import LINEAR, HybridConfig
 from lumotree.model.fused import ops
+from lumotree.model.fused.pending_norm import PendingNorm
 from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.mlp import MLP, SparseMoE
 from lumotree.model.norms import RMSNorm
@@ -82,8 +83,8 @@ class DecoderLayer(nn.Module):
         return self._residual_mlp(h, mixed)
 
     def with_mixer(self, h: torch.Tensor, mixer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """`forward`'s structure with the token mixer swapped (tree verification, MTP drafting):
-        pre-norm mixer, pre-norm MLP, both residual."""
+        """`forward`'s structure with the token mixer swapped (MTP drafting): pre-norm mixer,
+        pre-norm MLP, both residual."""
         return self._residual_mlp(h, mixer(self.input_layernorm(h)))
 
     def _residual_mlp(self, h: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
@@ -92,3 +93,32 @@ class DecoderLayer(nn.Module):
         norm = self.post_attention_layernorm
         h, x = ops.add_rms_norm(h, mixed, norm.weight, norm.eps)
         return self.mlp(x, residual=h)
+
+    @property
+    def output_projection(self) -> nn.Linear:
+        """The token mixer's output projection (GDN's out_proj, attention's o_proj)."""
+        return self.linear_attn.out_proj if self.is_linear else self.self_attn.o_proj
+
+    def chained(
+        self,
+        h: torch.Tensor,
+        x: torch.Tensor | PendingNorm,
+        mixer: Callable[[torch.Tensor | PendingNorm], torch.Tensor],
+        next_norm: RMSNorm | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | PendingNorm | None]:
+        """One layer of a forward whose layers hand on their pre-norms (tree verification): x is
+        h's input norm (a tensor, or left pending by the previous layer's last GEMM) and `mixer`
+        returns its output projection's input. The output projection adds the residual, the MLP's
+        down projection too, and each leaves the next norm pending where the fused path can
+        (`ops.linear_add_norm`). Returns (the layer's output h, next_norm of h, a tensor or pending;
+        None when next_norm is None: the last layer)."""
+        post = self.post_attention_layernorm
+        out = self.output_projection.weight
+        h, x = ops.linear_add_norm(mixer(x), out, h, post.weight, post.eps)
+        if not isinstance(self.mlp, MLP):
+            h = self.mlp(ops.normalized(x), residual=h)
+            return h, None if next_norm is None else ops.rms_norm(h, next_norm.weight, next_norm.eps)
+        act = self.mlp.activation(x)
+        if next_norm is None:
+            return ops.linear(act, self.mlp.down_proj.weight, h), None
+        return ops.linear_add_norm(act, self.mlp.down_proj.weight, h, next_norm.weight, next_norm.eps)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lumotree.model.fused import ops
+from lumotree.model.fused.pending_norm import PendingNorm
 from lumotree.model.fused.weights import FusedProjection
 
 
@@ -27,10 +28,14 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden], plus `residual` [..., hidden] if given (on the fused
         path the down projection adds it as it stores)."""
+        return ops.linear(self.activation(x), self.down_proj.weight, residual)
+
+    def activation(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+        """The down projection's input silu(gate(x)) * up(x) [..., intermediate] (one launch on the
+        fused path, which also applies a pending norm of x)."""
         if self.fused is not None and ops.kernels_for(x) and self.fused.current():
-            return ops.linear(ops.linear_silu_mul(x, self.fused.weight), self.down_proj.weight, residual)
-        out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return out if residual is None else residual + out
+            return ops.linear_silu_mul(x, self.fused.weight)
+        return F.silu(self.gate_proj(x)) * self.up_proj(x)
 
 
 class SparseMoE(nn.Module):

@@ -1,10 +1,12 @@
 """The model's tree-verification mode: one target forward over every row of a draft tree, then
 publication of the accepted path into the request's durable state (DESIGN §3.3, §3.5).
 
-The layers' own project and output code runs unchanged; only the mixers are swapped for the tree
-op families (tree conv + GDN path scan for linear layers, tree attention for full-attention layers),
-taken from a `TreeKernels` set. A root-only tree is one autoregressive decode step and a chain is
-chain-speculation verification: AR, chain MTP and LumoTree share this code path.
+The layers' own projection code runs unchanged (`DecoderLayer.chained`: each output projection
+adds the residual and, on the fused path, leaves the next pre-norm pending); only the mixers are
+swapped for the tree op families (tree conv + GDN path scan for linear layers, tree attention for
+full-attention layers), taken from a `TreeKernels` set. A root-only tree is one autoregressive
+decode step and a chain is chain-speculation verification: AR, chain MTP and LumoTree share this
+code path.
 
 verify_tree never writes durable GDN or conv state; it writes the tree's KV rows into the cache
 slots past the committed prefix (prefix_len + slot_map), where publication finds them.
@@ -20,7 +22,9 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 from torch import Tensor
 
-from lumotree.model.attention import GatedAttention
+from lumotree.model.attention import GatedAttention, output_rows
+from lumotree.model.fused import ops as fused_ops
+from lumotree.model.fused.pending_norm import PendingNorm
 from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.model import HybridLM
 from lumotree.model.state import GDNState, KVCache, ModelState
@@ -88,7 +92,7 @@ class RecordBanks:
 
 def _gdn_tree(
     mixer: GatedDeltaNet,
-    x: Tensor,
+    x: Tensor | PendingNorm,
     *,
     state: GDNState,
     tree: TreeTables,
@@ -105,18 +109,18 @@ def _gdn_tree(
         gates = GateInputs(a[0], b[0], mixer.A_log, mixer.dt_bias)
         kernels.conv_operands(mixed_qkv[0], state.conv, weight, tree, gates, x_record, ops)
         records.append(GdnRecord(x_record, ops))
-        return mixer.output(kernels.gdn_scan(ops, state.recurrent, tree, mixed_qkv.dtype)[None], z)
+        return mixer.normed_output(kernels.gdn_scan(ops, state.recurrent, tree, mixed_qkv.dtype)[None], z)
     conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, weight, None, tree)
     q, k, v = mixer.split_qkv(conv_out[None])
     inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
     result = kernels.gdn_verify(inputs, state.recurrent, tree)
     records.append(GdnRecord(mixed_qkv[0], result.operands))
-    return mixer.output(result.o[None], z)
+    return mixer.normed_output(result.o[None], z)
 
 
 def _attention_tree(
     attn: GatedAttention,
-    x: Tensor,
+    x: Tensor | PendingNorm,
     *,
     cos: Tensor,
     sin: Tensor,
@@ -128,9 +132,9 @@ def _attention_tree(
     kernels.write_tree_kv(cache.key, cache.value, k[0], v[0], tree)
     if kernels.gated_tree_attention is not None:
         gated = kernels.gated_tree_attention(q[0], cache.key, cache.value, tree, gate[0])
-        return attn.project_out(gated[None])
+        return output_rows(gated[None])
     o, _ = kernels.tree_attention(q[0], cache.key, cache.value, tree)
-    return attn.output(o[None], gate)
+    return output_rows(fused_ops.sigmoid_mul(o[None], gate))
 
 
 def verify_tree(
@@ -160,10 +164,13 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
     cos, sin = model.rotary(tables.position[None])
     h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
-    linear = sum(1 for layer in model.model.layers if layer.is_linear)
+    layers = model.model.layers
+    linear = sum(1 for layer in layers if layer.is_linear)
     banks = RecordBanks(linear) if kernels.prepares_gdn else None
-    for layer, layer_state in zip(model.model.layers, state.layers, strict=True):
-        mixer: Callable[[Tensor], Tensor]
+    first = layers[0].input_layernorm
+    x: Tensor | PendingNorm | None = fused_ops.rms_norm(h, first.weight, first.eps)
+    for index, (layer, layer_state) in enumerate(zip(layers, state.layers, strict=True)):
+        mixer: Callable[[Tensor | PendingNorm], Tensor]
         if layer.is_linear:
             assert isinstance(layer_state, GDNState)
             mixer = partial(
@@ -186,7 +193,9 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
                 tree=tables,
                 kernels=kernels,
             )
-        h = layer.with_mixer(h, mixer)
+        following = layers[index + 1].input_layernorm if index + 1 < len(layers) else None
+        assert x is not None
+        h, x = layer.chained(h, x, mixer, following)
     return TreeForward(tables, model.model.norm(h)[0], records)
 
 

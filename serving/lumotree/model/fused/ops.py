@@ -18,6 +18,7 @@ the projections' GEMM on the fused path:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lumotree.model.fused import reference
+from lumotree.model.fused.pending_norm import PendingNorm
 
 KernelMode = Literal["auto", "off", "always"]
 GemmBackend = Literal["exact", "skinny", "cublas"]
@@ -55,11 +57,18 @@ def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[N
         _mode, _gemm = previous
 
 
-def kernels_for(x: Tensor) -> bool:
+def kernels_for(x: Tensor | PendingNorm) -> bool:
     """Whether ops on `x` take the fused path (kernels and fused projections)."""
+    if isinstance(x, PendingNorm):
+        return True  # (only the fused path leaves a norm pending)
     if _mode == "off" or x.requires_grad:
         return False
     return _mode == "always" or x.is_cuda
+
+
+def normalized(x: Tensor | PendingNorm) -> Tensor:
+    """x itself, or a pending norm's rows normalised (for a reader that cannot apply it)."""
+    return x.materialize() if isinstance(x, PendingNorm) else x
 
 
 def _kernels() -> ModuleType:
@@ -69,9 +78,9 @@ def _kernels() -> ModuleType:
     return elementwise
 
 
-def _skinny_rows(x: Tensor, weight: Tensor) -> int:
+def _skinny_rows(x: Tensor | PendingNorm, weight: Tensor) -> int:
     """x's rows where the skinny Triton GEMM takes x @ weight^T under the current backend, else 0."""
-    rows = x.numel() // max(1, x.shape[-1])
+    rows = math.prod(x.shape[:-1]) if x.shape[-1] else 0
     limit = MAX_ROWS if _gemm == "exact" else SKINNY_ROWS
     if _gemm == "cublas" or not kernels_for(x) or not 0 < rows <= limit or weight.dtype != x.dtype:
         return 0
@@ -80,22 +89,52 @@ def _skinny_rows(x: Tensor, weight: Tensor) -> int:
     return rows if _gemm == "exact" or beats_cublas(*weight.shape, x.device, x.dtype) else 0
 
 
-def linear(x: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
+def _rows_of(x: Tensor | PendingNorm, rows: int) -> tuple[Tensor, PendingNorm | None]:
+    """x's rows [rows, in] for the skinny GEMM, and the pending norm it applies (or None)."""
+    if isinstance(x, PendingNorm):
+        return x.scaled.reshape(rows, -1), x
+    return x.reshape(rows, x.shape[-1]), None
+
+
+def linear(x: Tensor | PendingNorm, weight: Tensor, residual: Tensor | None = None) -> Tensor:
     """x [..., in] @ weight [out, in]^T, plus `residual` [..., out] if given: the skinny Triton GEMM
     on the fused path when chosen and the rows fit it (the residual added as it stores: one launch
-    where the product and the add were two, the same bits), F.linear and an add otherwise."""
+    where the product and the add were two, the same bits; a pending norm applied in its epilogue),
+    F.linear and an add otherwise."""
     rows = _skinny_rows(x, weight)
     if rows:
         from lumotree.model.fused.skinny_gemm import skinny_linear
 
-        n, k = weight.shape
+        n = weight.shape[0]
         add = None if residual is None else residual.reshape(rows, n)
-        return skinny_linear(x.reshape(rows, k), weight.contiguous(), residual=add).view(*x.shape[:-1], n)
-    y = F.linear(x, weight)
+        flat, norm = _rows_of(x, rows)
+        y = skinny_linear(flat, weight.contiguous(), residual=add, in_norm=norm)
+        return y.view(*x.shape[:-1], n)
+    y = F.linear(normalized(x), weight)
     return y if residual is None else residual + y
 
 
-def linear_silu_mul(x: Tensor, weight: Tensor) -> Tensor:
+def linear_add_norm(
+    x: Tensor | PendingNorm, weight: Tensor, residual: Tensor, norm_weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor | PendingNorm]:
+    """(h = residual + x @ weight^T, the zero-centred RMSNorm of h): on the fused path where the
+    skinny GEMM takes the product, one launch that leaves the norm pending for the GEMMs that read
+    it (`pending_norm.py`); the product, then add_rms_norm (the same bits as before) otherwise."""
+    rows = _skinny_rows(x, weight)
+    if rows and norm_weight.dtype == weight.dtype:
+        from lumotree.model.fused.skinny_gemm import skinny_linear_normed
+
+        n = weight.shape[0]
+        flat, norm = _rows_of(x, rows)
+        h, pending = skinny_linear_normed(
+            flat, weight.contiguous(), residual.reshape(rows, n), norm_weight, eps, in_norm=norm
+        )
+        shape = (*x.shape[:-1], n)
+        return h.view(shape), PendingNorm(pending.scaled.view(shape), pending.block_sums, eps)
+    return add_rms_norm(residual, linear(x, weight), norm_weight, eps)
+
+
+def linear_silu_mul(x: Tensor | PendingNorm, weight: Tensor) -> Tensor:
     """SwiGLU of a fused [gate | up] projection weight [2I, in]: silu_mul(linear(x, weight)) [..., I].
     One launch where the skinny GEMM takes the product and keeps K in one range (its SwiGLU
     epilogue, `skinny_swiglu`: the 27B MLPs); the product and silu_mul otherwise."""
@@ -105,7 +144,9 @@ def linear_silu_mul(x: Tensor, weight: Tensor) -> Tensor:
 
         n2, k = weight.shape
         if SkinnyConfig.for_shape(n2, k, x.device, x.dtype).splits == 1:
-            return skinny_swiglu(x.reshape(rows, k), weight.contiguous()).view(*x.shape[:-1], n2 // 2)
+            flat, norm = _rows_of(x, rows)
+            y = skinny_swiglu(flat, weight.contiguous(), in_norm=norm)
+            return y.view(*x.shape[:-1], n2 // 2)
     return silu_mul(linear(x, weight))
 
 

@@ -23,13 +23,15 @@ same result across configs, or against F.linear for M > 32.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from lumotree.model.fused.pending_norm import PendingNorm
 
 MAX_ROWS = 32
 ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
@@ -121,12 +123,52 @@ def _store_tile(ptr, acc, rows, offs_n, M, N, stride_m):
 @triton.jit
 def _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL: tl.constexpr):
     """y[rows, offs_n] = acc, or with RESIDUAL acc rounded to y's dtype plus r[rows, offs_n] (in
-    fp32, rounded again: the bits of the product stored and then added to r)."""
+    fp32, rounded again: the bits of the product stored and then added to r). Returns the tile as
+    stored, in fp32."""
     if RESIDUAL:
         mask = (offs_n[:, None] < N) & (rows[None, :] < M)
         r = tl.load(r_ptr + rows[None, :].to(tl.int64) * stride_rm + offs_n[:, None], mask=mask, other=0.0)
         acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32) + r.to(tl.float32)
     _store_tile(y_ptr, acc, rows, offs_n, M, N, stride_ym)
+    return acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _store_norm_operands(h, nw_ptr, ny_ptr, sums_ptr, rows, offs_n, M, N):
+    """The next pre-norm's operands of the rows h [BLOCK_N, ROWS] (fp32 of the stored values, in a
+    layout that runs along the columns alike for every row tile): ny[rows, offs_n] = h * (1 + w)
+    in ny's dtype, and sums[rows, block] = the fp32 sum of h squared over the block's columns
+    (`pending_norm.py`)."""
+    w = tl.load(nw_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    _store_tile(ny_ptr, h * (1.0 + w[:, None]), rows, offs_n, M, N, N)
+    blocks = tl.num_programs(0)
+    tl.store(sums_ptr + rows * blocks + tl.program_id(0), tl.sum(h * h, axis=0), mask=rows < M)
+
+
+@triton.jit
+def _reload_tile(ptr, rows, offs_n, M, N, stride_m):
+    """ptr[rows, offs_n] as fp32 [BLOCK_N, ROWS] in a blocked layout, after a barrier: a tile this
+    program just stored from an MMA layout (whose lanes split the columns by the row tile's height)
+    read back so its column sums run in the same order for 16- and 32-row tiles."""
+    tl.debug_barrier()
+    mask = (offs_n[:, None] < N) & (rows[None, :] < M)
+    return tl.load(ptr + rows[None, :].to(tl.int64) * stride_m + offs_n[:, None], mask=mask, other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _block_sums_tile(sums_ptr, rows, M, blocks, BLOCKS_PAD: tl.constexpr):
+    """sums[rows, :blocks] as a [BLOCKS_PAD, ROWS] fp32 tile, zeros past the blocks and rows."""
+    b = tl.arange(0, BLOCKS_PAD)
+    mask = (b[:, None] < blocks) & (rows[None, :] < M)
+    return tl.load(sums_ptr + rows[None, :] * blocks + b[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _inverse_rms_scale(acc, block_sums, K, eps):
+    """acc [BLOCK_N, ROWS] times each row's 1 / rms: rsqrt(the sum of its block sums / K + eps)."""
+    return acc * tl.rsqrt(tl.sum(block_sums, axis=0) / K + eps)[None, :]
 
 
 @triton.jit
@@ -141,28 +183,16 @@ def _store_swiglu(y_ptr, acc_gate, acc_up, rows, offs_n, M, N, stride_ym):
 
 
 @triton.jit
-def _sum_splits(
-    part_ptr,
-    y_ptr,
-    rows,
-    offs_n,
-    M,
-    N,
-    stride_ym,
-    r_ptr,
-    stride_rm,
-    SPLITS: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-):
-    """y[rows, offs_n] = the fp32 partials [SPLITS, M, N] of these rows summed in split order (then
-    the residual, as _store_output)."""
+def _sum_splits(part_ptr, rows, offs_n, M, N, SPLITS: tl.constexpr):
+    """The fp32 partials [SPLITS, M, N] of these rows and columns summed in split order, as a
+    [BLOCK_N, ROWS] tile in a blocked layout."""
     mask = (offs_n[:, None] < N) & (rows[None, :] < M)
     offs = rows[None, :].to(tl.int64) * N + offs_n[:, None]
     plane = M * N  # (the launcher passes M = 1 as a constant: no tensor methods on it)
     acc = tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(part_ptr + s * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
+    return acc
 
 
 @triton.jit
@@ -173,6 +203,10 @@ def skinny_gemm_kernel(
     part_ptr,
     count_ptr,
     r_ptr,
+    in_sums_ptr,
+    nw_ptr,
+    ny_ptr,
+    out_sums_ptr,
     M,
     N,
     K,
@@ -180,6 +214,8 @@ def skinny_gemm_kernel(
     stride_ym,
     stride_rm,
     k_per_split,
+    in_blocks,
+    eps,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -188,6 +224,9 @@ def skinny_gemm_kernel(
     SPLITS: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SWIGLU: tl.constexpr = False,
+    ROW_NORM: tl.constexpr = False,
+    IN_BLOCKS_PAD: tl.constexpr = 1,
+    NORM_OUT: tl.constexpr = False,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
     ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
@@ -195,7 +234,13 @@ def skinny_gemm_kernel(
     count_ptr[block]; the range that counts last sums all partials in split order into y and resets
     the count to 0 (one launch, no atomics on the values, the same sums every time). With SWIGLU
     (one K range) w is a [gate | up] projection [2N, K]: a program also streams the up rows N + its
-    columns and stores silu(gate) * up (_store_swiglu)."""
+    columns and stores silu(gate) * up (_store_swiglu).
+
+    The pending pre-norm (`pending_norm.py`): with ROW_NORM, x is h * (1 + w) of a norm left
+    pending and in_sums [M, in_blocks] its rows' block sums of h squared; the products are scaled by
+    each row's 1 / rms before anything else (its sums loaded before the K loop, read after it). With
+    NORM_OUT, the stored output h (residual added) is also the input of a pre-norm of weight nw
+    [N]: ny [M, N] = h * (1 + nw) and out_sums [M, blocks] = its block sums are stored too."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -206,6 +251,8 @@ def skinny_gemm_kernel(
     up_rows = w_rows + N.to(tl.int64) * K if SWIGLU else w_rows
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
+    if ROW_NORM:
+        in_sums = _block_sums_tile(in_sums_ptr, rows, M, in_blocks, IN_BLOCKS_PAD)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
@@ -215,9 +262,17 @@ def skinny_gemm_kernel(
             w_up = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0)
             acc_up = _row_tile_dot(acc_up, w_up, x_ptr, rows, offs_k, stride_xm, M, K, EVEN_K, PRECISION)
     if SWIGLU:
+        if ROW_NORM:
+            acc = _inverse_rms_scale(acc, in_sums, K, eps)
+            acc_up = _inverse_rms_scale(acc_up, in_sums, K, eps)
         _store_swiglu(y_ptr, acc, acc_up, rows, offs_n, M, N, stride_ym)
     elif SPLITS == 1:
+        if ROW_NORM:
+            acc = _inverse_rms_scale(acc, in_sums, K, eps)
         _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
+        if NORM_OUT:
+            h = _reload_tile(y_ptr, rows, offs_n, M, N, stride_ym)
+            _store_norm_operands(h, nw_ptr, ny_ptr, out_sums_ptr, rows, offs_n, M, N)
     else:
         part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
         _store_tile(part, acc, rows, offs_n, M, N, N)
@@ -225,7 +280,12 @@ def skinny_gemm_kernel(
         # sees every other range's partials
         done = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
         if done == SPLITS - 1:
-            _sum_splits(part_ptr, y_ptr, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, SPLITS, RESIDUAL)
+            acc = _sum_splits(part_ptr, rows, offs_n, M, N, SPLITS)
+            if ROW_NORM:
+                acc = _inverse_rms_scale(acc, in_sums, K, eps)
+            h = _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
+            if NORM_OUT:  # (the summed partials' layout runs along the columns alike for any tile)
+                _store_norm_operands(h, nw_ptr, ny_ptr, out_sums_ptr, rows, offs_n, M, N)
             tl.store(count_ptr + block, 0)
 
 
@@ -306,6 +366,58 @@ def _wide_linear(x: Tensor, w: Tensor) -> Tensor:
     return torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda else F.linear(x.float(), w.float())
 
 
+@dataclass(frozen=True)
+class _Epilogue:
+    """What a launch does besides the product: a residual added, a pending norm applied to its
+    input rows (`in_norm`), the next pre-norm's operands stored (`norm_weight`, into `ny`, `sums`)."""
+
+    residual: Tensor | None = None
+    in_norm: PendingNorm | None = None
+    norm_weight: Tensor | None = None
+    ny: Tensor | None = None
+    sums: Tensor | None = None
+
+
+def _launch(
+    x: Tensor, w: Tensor, y: Tensor, n: int, cfg: SkinnyConfig, epilogue: _Epilogue, swiglu: bool = False
+) -> None:
+    """One skinny_gemm_kernel launch of y [M, n] = x @ w^T (n: the gate half for SwiGLU)."""
+    (m, k), e = x.shape, epilogue
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
+    split = cfg.splits > 1
+    blocks = triton.cdiv(n, cfg.block_n)
+    part = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
+    counts = split_counts(x.device, blocks) if split else y
+    in_blocks = 1 if e.in_norm is None else e.in_norm.block_sums.shape[1]
+    skinny_gemm_kernel[(blocks, cfg.splits)](
+        x, w, y, part, counts, y if e.residual is None else e.residual,
+        y if e.in_norm is None else e.in_norm.block_sums, y if e.norm_weight is None else e.norm_weight,
+        y if e.ny is None else e.ny, y if e.sums is None else e.sums,
+        m, n, k, x.stride(0), y.stride(0), 0 if e.residual is None else e.residual.stride(0), k_per_split,
+        in_blocks, 0.0 if e.in_norm is None else e.in_norm.eps, ROWS=row_tile(m), BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=cfg.splits,
+        RESIDUAL=e.residual is not None, SWIGLU=swiglu, ROW_NORM=e.in_norm is not None,
+        IN_BLOCKS_PAD=triton.next_power_of_2(in_blocks), NORM_OUT=e.norm_weight is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def check_pending_norm(norm: PendingNorm | None, x: Tensor) -> None:
+    """ValueError unless `norm` (if given) can be x's pending norm (x: its scaled rows [M, K]): its
+    block sums are a contiguous fp32 [M, blocks] on x's device."""
+    if norm is None:
+        return
+    if norm.scaled.shape[-1] != x.shape[1] or norm.scaled.numel() != x.numel():
+        raise ValueError(f"x {tuple(x.shape)} is not the pending norm's rows {tuple(norm.scaled.shape)}")
+    sums = norm.block_sums
+    if sums.dim() != 2 or sums.shape[0] != x.shape[0] or sums.dtype != torch.float32:
+        raise ValueError(
+            f"block sums must be fp32 [{x.shape[0]}, blocks], got {tuple(sums.shape)} {sums.dtype}"
+        )
+    if sums.device != x.device or not sums.is_contiguous():
+        raise ValueError("block sums must be contiguous and on x's device")
+
+
 def skinny_linear(
     x: Tensor,
     w: Tensor,
@@ -313,65 +425,75 @@ def skinny_linear(
     config: SkinnyConfig | None = None,
     out_dtype: torch.dtype | None = None,
     residual: Tensor | None = None,
+    in_norm: PendingNorm | None = None,
 ) -> Tensor:
     """x[M, K] @ w[N, K]^T into `out` (or a new tensor of `out_dtype`: x's dtype, or float32 for
     the fp32 accumulators unrounded), plus `residual` [M, N] of the output dtype if given (the
     product rounded to the output dtype, then added: the bits of `skinny_linear(x, w) + residual`);
-    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows."""
+    the Triton kernel for 1..32 rows, F.linear (cuBLAS) above that or for no rows. in_norm: x is
+    the `scaled` of this pending norm, whose 1 / rms scales each row's products (the fallback
+    reads its materialised rows)."""
     check_skinny_operands(x, w, out, out_dtype)
+    check_pending_norm(in_norm, x)
     (m, k), n = x.shape, w.shape[0]
     dtype = out.dtype if out is not None else out_dtype or x.dtype
     check_residual(residual, m, n, dtype, x.device)
     if m == 0 or m > MAX_ROWS:
+        x = x if in_norm is None else in_norm.materialize()
         y = F.linear(x, w) if dtype == x.dtype else _wide_linear(x, w)
         y = y if residual is None else y + residual
         return y if out is None else out.copy_(y)
     y = torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
-    split = cfg.splits > 1
-    blocks = triton.cdiv(n, cfg.block_n)
-    part = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
-    counts = split_counts(x.device, blocks) if split else y
-    skinny_gemm_kernel[(blocks, cfg.splits)](
-        x,
-        w,
-        y,
-        part,
-        counts,
-        y if residual is None else residual,
-        m,
-        n,
-        k,
-        x.stride(0),
-        y.stride(0),
-        0 if residual is None else residual.stride(0),
-        k_per_split,
-        ROWS=row_tile(m),
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        EVEN_K=k % cfg.block_k == 0,
-        PRECISION=dot_precision(x),
-        SPLITS=cfg.splits,
-        RESIDUAL=residual is not None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    _launch(x, w, y, n, cfg, _Epilogue(residual=residual, in_norm=in_norm))
     return y
 
 
+def skinny_linear_normed(
+    x: Tensor,
+    w: Tensor,
+    residual: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    config: SkinnyConfig | None = None,
+    in_norm: PendingNorm | None = None,
+) -> tuple[Tensor, PendingNorm]:
+    """h = residual + x @ w^T as `skinny_linear` (1..32 rows), and the zero-centred RMSNorm of h of
+    weight `norm_weight` [N] left pending for the GEMMs that read it (`pending_norm.py`), in one
+    launch: (h [M, N], its PendingNorm)."""
+    check_skinny_operands(x, w, None)
+    check_pending_norm(in_norm, x)
+    (m, k), n = x.shape, w.shape[0]
+    check_residual(residual, m, n, x.dtype, x.device)
+    if not 0 < m <= MAX_ROWS:
+        raise ValueError(f"a launch that leaves its norm pending takes 1..{MAX_ROWS} rows, got {m}")
+    if norm_weight.shape != (n,) or norm_weight.device != x.device:
+        raise ValueError(f"the norm weight must be [{n}] on {x.device}, got {tuple(norm_weight.shape)}")
+    cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
+    h, ny = (torch.empty(m, n, dtype=x.dtype, device=x.device) for _ in range(2))
+    sums = torch.empty(m, triton.cdiv(n, cfg.block_n), dtype=torch.float32, device=x.device)
+    epilogue = _Epilogue(residual=residual, in_norm=in_norm, norm_weight=norm_weight, ny=ny, sums=sums)
+    _launch(x, w, h, n, cfg, epilogue)
+    return h, PendingNorm(ny, sums, eps)
+
+
 def skinny_swiglu(
-    x: Tensor, w: Tensor, config: SkinnyConfig | None = None, out: Tensor | None = None
+    x: Tensor,
+    w: Tensor,
+    config: SkinnyConfig | None = None,
+    out: Tensor | None = None,
+    in_norm: PendingNorm | None = None,
 ) -> Tensor:
     """silu(x @ gate^T) * (x @ up^T) [M, I] for a [gate | up] projection w [2I, K], one launch for
     1..32 rows (each program streams BLOCK_N / 2 gate rows and the matching up rows, so the launch
     reads the bytes of `for_shape(2I, K)`'s blocks); the bits of `skinny_linear` of the gate and up
     halves then `elementwise.silu_mul`, if the MMA computes each column alike in both tile heights.
     Shapes whose config splits K (narrow projections) are refused: use the product then silu_mul.
-    out: a contiguous [M, I] of x's dtype to write (else a new tensor)."""
+    out: a contiguous [M, I] of x's dtype to write (else a new tensor). in_norm: as skinny_linear."""
     if w.dim() != 2 or w.shape[0] % 2:
         raise ValueError(f"w must be a [gate | up] projection [2I, K], got {tuple(w.shape)}")
     check_skinny_operands(x, w, None)
+    check_pending_norm(in_norm, x)
     if out is not None and (
         out.shape != (x.shape[0], w.shape[0] // 2) or out.dtype != x.dtype or not out.is_contiguous()
     ):
@@ -382,11 +504,7 @@ def skinny_swiglu(
     cfg = config or SkinnyConfig.for_shape(2 * n, k, x.device, x.dtype)
     if cfg.splits != 1:
         raise ValueError(f"the SwiGLU epilogue needs one K range, the config has {cfg.splits}")
-    block_n = max(16, cfg.block_n // 2)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
-    skinny_gemm_kernel[(triton.cdiv(n, block_n), 1)](
-        x, w, y, y, y, y, m, n, k, x.stride(0), y.stride(0), 0, k, ROWS=row_tile(m), BLOCK_N=block_n,
-        BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=1,
-        RESIDUAL=False, SWIGLU=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    half = replace(cfg, block_n=max(16, cfg.block_n // 2))
+    _launch(x, w, y, n, half, _Epilogue(in_norm=in_norm), swiglu=True)
     return y
