@@ -134,12 +134,11 @@ def _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, R
 
 
 @triton.jit
-def _store_norm_operands(h, nw_ptr, ny_ptr, sums_ptr, rows, offs_n, M, N):
+def _store_norm_operands(h, w, ny_ptr, sums_ptr, rows, offs_n, M, N):
     """The next pre-norm's operands of the rows h [BLOCK_N, ROWS] (fp32 of the stored values, in a
-    layout that runs along the columns alike for every row tile): ny[rows, offs_n] = h * (1 + w)
-    in ny's dtype, and sums[rows, block] = the fp32 sum of h squared over the block's columns
-    (`pending_norm.py`)."""
-    w = tl.load(nw_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    layout that runs along the columns alike for every row tile) for its weight w [BLOCK_N] (fp32):
+    ny[rows, offs_n] = h * (1 + w) in ny's dtype, and sums[rows, block] = the fp32 sum of h squared
+    over the block's columns (`pending_norm.py`)."""
     _store_tile(ny_ptr, h * (1.0 + w[:, None]), rows, offs_n, M, N, N)
     blocks = tl.num_programs(0)
     tl.store(sums_ptr + rows * blocks + tl.program_id(0), tl.sum(h * h, axis=0), mask=rows < M)
@@ -251,8 +250,10 @@ def skinny_gemm_kernel(
     up_rows = w_rows + N.to(tl.int64) * K if SWIGLU else w_rows
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
-    if ROW_NORM:
+    if ROW_NORM:  # (loaded before the loop, read after it: the loads' latency hides behind it)
         in_sums = _block_sums_tile(in_sums_ptr, rows, M, in_blocks, IN_BLOCKS_PAD)
+    if NORM_OUT:  # (loaded before the loop: in the epilogue it would follow the output's stores)
+        norm_w = tl.load(nw_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_w = mask_n[:, None] if EVEN_K else mask_n[:, None] & (offs_k[None, :] < K)
@@ -272,7 +273,7 @@ def skinny_gemm_kernel(
         _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
         if NORM_OUT:
             h = _reload_tile(y_ptr, rows, offs_n, M, N, stride_ym)
-            _store_norm_operands(h, nw_ptr, ny_ptr, out_sums_ptr, rows, offs_n, M, N)
+            _store_norm_operands(h, norm_w, ny_ptr, out_sums_ptr, rows, offs_n, M, N)
     else:
         part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
         _store_tile(part, acc, rows, offs_n, M, N, N)
@@ -285,7 +286,7 @@ def skinny_gemm_kernel(
                 acc = _inverse_rms_scale(acc, in_sums, K, eps)
             h = _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
             if NORM_OUT:  # (the summed partials' layout runs along the columns alike for any tile)
-                _store_norm_operands(h, nw_ptr, ny_ptr, out_sums_ptr, rows, offs_n, M, N)
+                _store_norm_operands(h, norm_w, ny_ptr, out_sums_ptr, rows, offs_n, M, N)
             tl.store(count_ptr + block, 0)
 
 
