@@ -36,6 +36,7 @@ TYPES = {
     "end_ptr": "*i32",
     "start_ptr": "*i32",
     "leaf_parent_ptr": "*i32",
+    "leaf_walk_ptr": "*i32",
     "count_ptr": "*i32",
 }
 TYPES |= {name: "i64" for name in ("stride_qk", "stride_v", "stride_ab", "stride_param", "stride_state")}

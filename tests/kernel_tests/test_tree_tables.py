@@ -20,7 +20,7 @@ from lumotree.verify.gdn.plan import first_child_paths
 
 from .helpers import INT_POISON, assert_written
 
-GDN_PATHS = ("path_end", "path_start", "leaf_parent")  # the first-child decomposition
+GDN_PATHS = ("path_end", "path_start", "leaf_parent", "leaf_walk")  # the first-child decomposition
 TABLES = ("tokens", "position", "depth", "slot_map", "bits", "conv_gather", "child_nodes", "child_tokens")
 
 

@@ -68,9 +68,10 @@ MAX_GRAPH_KEYS = 16  # sampler settings with captured graphs kept (least recentl
 
 def gdn_paths(chained: bool, tree: tuple[GeometryConfig, SuffixDrafter] | None) -> int:
     """Path programs of the GDN paths scan a layer launches per value tile: one for a chain; for a
-    tree the device drafts, the spine, one per rescue branch and one per MTP depth with runner-up
-    siblings; else the default (a tree with more walks is verified all the same, a program taking
-    several)."""
+    tree the device drafts, the most walks its geometry can need (the spine, one per rescue branch
+    and one per MTP depth with runner-up siblings; the paper trees drafted so far share their
+    sibling groups among 4, and a program past a tree's walks exits at once); else the default (a
+    tree with more walks is verified all the same, a program taking several)."""
     if chained:
         return 1
     if tree is not None:

@@ -53,6 +53,7 @@ def derive_tables_kernel(
     path_end_ptr,
     path_start_ptr,
     leaf_parent_ptr,
+    leaf_walk_ptr,
     spine_nodes_ptr,
     prefix_ptr,
     R: tl.constexpr,
@@ -127,8 +128,9 @@ def derive_tables_kernel(
 
     # the first-child decomposition (`first_child_paths`): ends are leaves that are the root or a
     # first child, in ascending order; a path's start is its end's deepest ancestor-or-self that is
-    # the root or a later child; a later child that is a leaf hangs off its parent, and each such
-    # parent gets a walk after the paths', owning nothing (start R)
+    # the root or a later child; a later child that is a leaf hangs off its parent, and each
+    # parent's group of them goes, deepest parent first, to the shortest walk through the parent
+    # that stays within the longest walk, else to a new walk to the parent (start R)
     elder = (b2 < a2) & (par[None, :] == par[:, None]) & active[None, :]
     rank = tl.sum(elder.to(tl.int64), axis=1)
     later = active & (i > 0) & (rank > 0)
@@ -136,18 +138,40 @@ def derive_tables_kernel(
     hanging = tl.where(leaf & later, par, -1)
     end = leaf & ~later
     start = tl.max(tl.where(anc & ((b2 == 0) | later[None, :]), b2, 0), axis=1)
-    n_ends = tl.sum(end.to(tl.int32), axis=0)
+    n_walks = tl.sum(end.to(tl.int32), axis=0)
     at = tl.cumsum(end.to(tl.int32), axis=0) - end.to(tl.int32)
-    tl.store(path_end_ptr + at, i.to(tl.int32), mask=end)
-    tl.store(path_start_ptr + at, start.to(tl.int32), mask=end)
-    parent_of_leaves = tl.sum((hanging[None, :] == a2).to(tl.int32), axis=1) > 0
-    at = n_ends + tl.cumsum(parent_of_leaves.to(tl.int32), axis=0) - parent_of_leaves.to(tl.int32)
-    tl.store(path_end_ptr + at, i.to(tl.int32), mask=parent_of_leaves)
-    tl.store(path_start_ptr + at, tl.full([RP], R, dtype=tl.int32), mask=parent_of_leaves)
-    unused = in_tree & (i >= n_ends + tl.sum(parent_of_leaves.to(tl.int32), axis=0))
-    tl.store(path_end_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
-    tl.store(path_start_ptr + i, tl.full([RP], -1, dtype=tl.int32), mask=unused)
+    # walk j (a2's index) of the paths: its end, start and steps
+    is_walk = end[None, :] & (at[None, :] == a2)
+    walk_end = tl.where(i < n_walks, tl.sum(tl.where(is_walk, b2, 0), axis=1), -1).to(tl.int32)
+    walk_start = tl.where(i < n_walks, tl.sum(tl.where(is_walk, start[None, :], 0), axis=1), -1).to(tl.int32)
+    walk_steps = tl.sum(tl.where(is_walk, depth[None, :] + 1, 0), axis=1).to(tl.int32)
+    longest = tl.max(walk_steps, axis=0)
+    group = tl.sum((hanging[None, :] == a2).to(tl.int32), axis=1)  # leaves hanging off each node
+    remaining = group > 0
+    leaf_walk = tl.full([RP], -1, dtype=tl.int32)
+    tl.debug_barrier()  # (the loop reads the ancestry stored above)
+    for _ in range(tl.sum(remaining.to(tl.int32), axis=0)):
+        key = tl.max(tl.where(remaining, depth * RP + (RP - 1 - i), -1), axis=0)
+        parent = RP - 1 - key % RP
+        count = tl.sum(tl.where(i == parent, group, 0), axis=0)
+        through = tl.load(ancestry32_ptr + walk_end * R + parent, mask=i < n_walks, other=0) != 0
+        fits = through & (walk_steps + count <= longest)
+        choice = tl.min(tl.where(fits, walk_steps * RP + i, RP * RP), axis=0)
+        shared = choice < RP * RP
+        walk = tl.where(shared, choice % RP, n_walks).to(tl.int32)
+        added = (i == walk) & ~shared
+        walk_end = tl.where(added, parent, walk_end).to(tl.int32)
+        walk_start = tl.where(added, R, walk_start).to(tl.int32)
+        steps = tl.where(shared, 0, key // RP + 1) + count
+        walk_steps = tl.where(i == walk, walk_steps + steps, walk_steps).to(tl.int32)
+        longest = tl.maximum(longest, tl.max(walk_steps, axis=0))
+        n_walks += tl.where(shared, 0, 1)
+        leaf_walk = tl.where(i == parent, walk, leaf_walk)
+        remaining = remaining & (i != parent)
+    tl.store(path_end_ptr + i, walk_end, mask=in_tree)
+    tl.store(path_start_ptr + i, walk_start, mask=in_tree)
     tl.store(leaf_parent_ptr + i, hanging.to(tl.int32), mask=in_tree)
+    tl.store(leaf_walk_ptr + i, leaf_walk, mask=in_tree)
 
     # child tables: every entry -1, then each node at its rank among its parent's children
     tl.store(child_nodes_ptr + a2 * R + b2, tl.full([RP, RP], -1, dtype=tl.int64), mask=square)
@@ -243,6 +267,7 @@ class DeviceTree:
             self.gdn.path_end,
             self.gdn.path_start,
             self.gdn.leaf_parent,
+            self.gdn.leaf_walk,
             self.spine_nodes,
             self.prefix_len,
             R=self.rows,

@@ -5,23 +5,24 @@ The row scan (`row_scan.py`) carries a copy of the committed state tile down eve
 so a shared ancestor is recomputed once per row below it. Here the tree falls into walks
 (`plan.first_child_paths`): every non-leaf node continues into its lowest-index child, so the tree
 falls into paths, each ending at a leaf that is the root or a first child; the other leaves (the
-paper tree's runner-up siblings) are evaluated by one more walk per parent, to the parent, owning
-none of its nodes. For the paper tree that is the spine, one path per rescue branch and one walk per
-MTP depth; MTP-5's chain and the AR step are one path.
+paper tree's runner-up siblings) are evaluated, a parent's group at a time, by a walk that passes
+the parent (`leaf_walk`), which may be a walk of their own to the parent, owning none of its nodes.
+For the paper tree that is the spine, one path per rescue branch and one or two walks for the
+siblings; MTP-5's chain and the AR step are one path.
 
 One program per (value tile, value head, walk) loads the committed state tile [BV, K] and carries it
 down its end's ancestry, root first, one update per node, with the replay's arithmetic, from the
 prepared operands (`prepare.py`: each node's normalisations and gates done once, not in every walk
 and value tile). The nodes above the walk's start belong to other walks: the program updates the
-tile through them without reading it (nor loading q); at its own nodes it reads the output. A
-walk owning nothing then steps its end's tile once per leaf child, reading each without keeping its
-state. Every row's output is thus the last read of the same steps in the same order as the row
-scan's (so the one-row step's bits) with no state written to memory (the spine scan this replaced
-saved every spine node's state for a second launch to reload, and evaluating the siblings in the
-spine's own program put 22 steps in series: results/h200/gdn-forms.md).
+tile through them without reading it (nor loading q); at its own nodes it reads the output. At a
+node whose leaf group is the walk's, it then steps the node's tile once per leaf child, reading each
+without keeping its state. Every row's output is thus the last read of the same steps in the same
+order as the row scan's (so the one-row step's bits) with no state written to memory (the spine scan
+this replaced saved every spine node's state for a second launch to reload, and evaluating the
+siblings in the spine's own program put 22 steps in series: results/h200/gdn-forms.md).
 
-The next node's loads are issued before each update, and a leaf walk's first leaf's before its
-end's. Padding rows (past the active count) get zero outputs. A launch runs
+The next node's loads are issued before each update, and a leaf group's first leaf's before its
+parent's. Padding rows (past the active count) get zero outputs. A launch runs
 `tables.paths` programs per value tile; a tree with more walks is verified all the same, program p
 taking walks p, p + paths, ...
 """
@@ -74,6 +75,7 @@ def gdn_paths_kernel(
     end_ptr,
     start_ptr,
     leaf_parent_ptr,
+    leaf_walk_ptr,
     o_ptr,
     R,
     H: tl.constexpr,
@@ -100,11 +102,12 @@ def gdn_paths_kernel(
             _store_output(o_ptr, row, hv, offs_v, tl.zeros([BV], dtype=tl.float32), HV, V)
     ends = tl.load(end_ptr + offs_r, mask=offs_r < R, other=-1)
     leaf_parent = tl.load(leaf_parent_ptr + offs_r, mask=offs_r < R, other=-1)
+    leaf_walk = tl.load(leaf_walk_ptr + offs_r, mask=offs_r < R, other=-1)
     n_paths = tl.sum((ends >= 0).to(tl.int32), axis=0)
     tile = offs_v[:, None] * K + offs_k[None, :]
     for p in range(first_path, n_paths, PATHS):
         end = tl.sum(tl.where(offs_r == p, ends, 0), axis=0)
-        start = tl.load(start_ptr + p)  # R: a walk to a parent for its leaf children
+        start = tl.load(start_ptr + p)  # R: a walk to a parent for leaf children only
         on_path = tl.load(anc_ptr + end * R + offs_r, mask=offs_r <= end, other=0) != 0
         S = tl.load(state_ptr + hv * V * K + tile)
         node = tl.min(tl.where(on_path, offs_r, RP), axis=0)
@@ -115,7 +118,8 @@ def gdn_paths_kernel(
         for _ in range(tl.sum(on_path.to(tl.int32), axis=0)):
             following = tl.min(tl.where(on_path & (offs_r > node), offs_r, RP), axis=0)
             leaf = tl.min(tl.where(leaf_parent == node, offs_r, RP), axis=0)
-            leaf = tl.where(node == end, tl.where(start >= R, leaf, RP), RP)
+            mine = tl.sum(tl.where(offs_r == node, leaf_walk, 0), axis=0) == p
+            leaf = tl.where(mine, leaf, RP)
             lq, lk, lv, lg, lbeta = _load_prepared(
                 rq_ptr, rk_ptr, rv_ptr, rg_ptr, rb_ptr, leaf, leaf < RP, True, h, hv, offs_v, offs_k, H,
                 HV, K, V,
@@ -147,7 +151,7 @@ def gdn_paths_prepared_(
     bv = default_block_v(dv, state.device)
     gdn_paths_kernel[(hv * (dv // bv), tables.paths)](
         ops.q, ops.k, ops.v, ops.g, ops.beta, state, tables.ancestry, tables.n_active, tables.path_end,
-        tables.path_start, tables.leaf_parent, o, rows, H=heads, HV=hv, K=dk, V=dv, BV=bv,
+        tables.path_start, tables.leaf_parent, tables.leaf_walk, o, rows, H=heads, HV=hv, K=dk, V=dv, BV=bv,
         RP=triton.next_power_of_2(rows), PATHS=tables.paths, num_warps=DEFAULT_REPLAY_WARPS,
         maxnreg=max_registers,
     )  # fmt: skip

@@ -181,20 +181,24 @@ class AncestryTables:
     The first-child decomposition that drives the paths scan (`paths_scan.py`), int32 [R]: every
     non-leaf node continues into its first (lowest-index) child, so the tree falls into paths, each
     ending at a leaf that is the root or a first child; leaf_parent: for a leaf that is not a first
-    child, its parent, else -1. Such leaves are not path ends: after the paths, every parent of such
-    leaves gets a walk of its own, owning none of its nodes, that steps the parent's state once per
-    such leaf child (the paper tree's runner-up siblings: evaluated in the spine's program they put
-    22 steps in series). path_end: the paths' ends ascending, then those parents ascending, -1
-    after; path_start: per path, its first own node (the deepest ancestor-or-self of its end that is
-    the root or not a first child; the nodes above it belong to other paths), R for a leaf walk,
-    -1 after. paths: how many path programs a launch runs per value tile (a tree with more walks is
-    still verified, a program taking several in turn)."""
+    child, its parent, else -1. Such leaves are not path ends: each parent's group of them is
+    evaluated by one walk that passes the parent (`first_child_paths` says which: leaf_walk, the
+    walk's index at the parent, -1 at other nodes), right after it steps the parent; walks are
+    added for the groups no path can take without growing past the longest walk, each to a parent,
+    owning none of its nodes (the paper tree's runner-up siblings: evaluated in the spine's program
+    they put 22 steps in series, one walk a parent took 49 steps a value tile in 8 walks, shared
+    they take 38 in 4). path_end: the paths' ends ascending, then the added walks' parents in the
+    order they were added, -1 after; path_start: per path, its first own node (the deepest
+    ancestor-or-self of its end that is the root or not a first child; the nodes above it belong
+    to other paths), R for an added walk, -1 after. paths: how many path programs a launch runs per
+    value tile (a tree with more walks is still verified, a program taking several in turn)."""
 
     ancestry: Tensor
     n_active: Tensor
     path_end: Tensor
     path_start: Tensor
     leaf_parent: Tensor
+    leaf_walk: Tensor
     max_depth: int
     paths: int
 
@@ -213,15 +217,22 @@ class AncestryTables:
 
 
 def first_child_paths(parents: list[int], n_active: int) -> dict[str, list[int]]:
-    """The decomposition of `AncestryTables` (path_end, path_start, leaf_parent, each of
+    """The decomposition of `AncestryTables` (path_end, path_start, leaf_parent, leaf_walk, each of
     len(parents) entries) of the tree whose first n_active entries of `parents` are active (the
-    root's parent -1, a parent before its children); the host reference of `DeviceTree.derive_`."""
+    root's parent -1, a parent before its children); the host reference of `DeviceTree.derive_`.
+
+    The leaf groups (a parent's leaves that are not first children) are placed deepest parent
+    first (then lowest index): on the shortest walk passing the parent that stays within the
+    longest walk's steps (then the lowest walk index), else on a new walk to the parent."""
     rows = len(parents)
     children: list[list[int]] = [[] for _ in range(n_active)]
     for c in range(1, n_active):
         children[parents[c]].append(c)
     first = [c == 0 or min(children[parents[c]]) == c for c in range(n_active)]
     leaf = [not kids for kids in children]
+    depth = [0] * n_active
+    for c in range(1, n_active):
+        depth[c] = depth[parents[c]] + 1
     ends = [c for c in range(n_active) if leaf[c] and first[c]]
     starts = []
     for end in ends:
@@ -229,14 +240,38 @@ def first_child_paths(parents: list[int], n_active: int) -> dict[str, list[int]]
         while node != 0 and first[node]:
             node = parents[node]
         starts.append(node)
+
+    def ancestry(node: int) -> set[int]:
+        nodes = {node}
+        while node != 0:
+            node = parents[node]
+            nodes.add(node)
+        return nodes
+
     leaf_parent = [parents[c] if leaf[c] and not first[c] else -1 for c in range(n_active)]
-    parents_of_leaves = sorted({p for p in leaf_parent if p >= 0})  # their walks own nothing
-    ends, starts = ends + parents_of_leaves, starts + [rows] * len(parents_of_leaves)
+    passes = [ancestry(end) for end in ends]
+    steps = [depth[end] + 1 for end in ends]
+    longest = max(steps)
+    leaf_walk = [-1] * rows
+    for parent in sorted({p for p in leaf_parent if p >= 0}, key=lambda p: (-depth[p], p)):
+        count = leaf_parent.count(parent)
+        fits = [w for w in range(len(ends)) if parent in passes[w] and steps[w] + count <= longest]
+        if fits:
+            walk = min(fits, key=lambda w: (steps[w], w))
+            steps[walk] += count
+        else:
+            walk = len(ends)
+            ends, starts = [*ends, parent], [*starts, rows]
+            passes.append(ancestry(parent))
+            steps.append(depth[parent] + 1 + count)
+            longest = max(longest, steps[walk])
+        leaf_walk[parent] = walk
     pad = [-1] * (rows - len(ends))
     return {
         "path_end": ends + pad,
         "path_start": starts + pad,
         "leaf_parent": leaf_parent + [-1] * (rows - n_active),
+        "leaf_walk": leaf_walk,
     }
 
 
@@ -264,6 +299,7 @@ def empty_ancestry_tables(
         path_end=table(rows),
         path_start=table(rows),
         leaf_parent=table(rows),
+        leaf_walk=table(rows),
         max_depth=max_depth,
         paths=paths,
     )
