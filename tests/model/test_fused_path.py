@@ -115,3 +115,24 @@ def test_the_verification_forward_launches_no_norm_between_its_layers(
         got = verify_tree(tiny_model, state, chain_tree(tokens[4:7].tolist(), prefix_len=4)).hidden
     assert launched == ["rms_norm", "rms_norm"]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_moe_model_verifies_the_same_rows_on_the_fused_path(tiny_config, perturbed_model) -> None:
+    """Layers with routed experts keep the launched norms (the experts read a plain tensor) between
+    dense layers that leave theirs pending: the tree forward's rows equal the reference's."""
+    config = tiny_config(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=(1, 2),
+    )  # fmt: skip
+    model = perturbed_model(config, seed=3)
+    tokens = torch.randint(0, config.vocab_size, (8,), generator=torch.Generator().manual_seed(4))
+    tree = chain_tree(tokens[4:7].tolist(), prefix_len=4)
+    hidden = []
+    for mode in ("off", "always"):
+        if mode == "always":
+            fuse_projections_(model)
+        with torch.inference_mode(), kernel_mode(mode):
+            state = model.new_state(32)
+            model.prefill(tokens[:4], state)
+            hidden.append(verify_tree(model, state, tree).hidden)
+    torch.testing.assert_close(hidden[1], hidden[0], rtol=1e-4, atol=1e-4)

@@ -114,10 +114,11 @@ class DecoderLayer(nn.Module):
         None when next_norm is None: the last layer)."""
         post = self.post_attention_layernorm
         out = self.output_projection.weight
-        h, x = ops.linear_add_norm(mixer(x), out, h, post.weight, post.eps)
-        if not isinstance(self.mlp, MLP):
-            h = self.mlp(ops.normalized(x), residual=h)
+        if not isinstance(self.mlp, MLP):  # (the routed experts read a plain tensor)
+            h, x = ops.add_rms_norm(h, ops.linear(mixer(x), out), post.weight, post.eps)
+            h = self.mlp(x, residual=h)
             return h, None if next_norm is None else ops.rms_norm(h, next_norm.weight, next_norm.eps)
+        h, x = ops.linear_add_norm(mixer(x), out, h, post.weight, post.eps)
         act = self.mlp.activation(x)
         if next_norm is None:
             return ops.linear(act, self.mlp.down_proj.weight, h), None
