@@ -270,7 +270,7 @@ for tiles in (1, 2):
             RESIDUAL=True, NORM_OUT=True,
         ),
         dict(num_warps=4, num_stages=3),
-        SKINNY_DIVISIBLE,
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr"),
     )  # fmt: skip
     KERNELS[f"skinny n128 k64 t{tiles} norm in"] = (
         skinny_gemm.skinny_gemm_kernel,
@@ -279,7 +279,7 @@ for tiles in (1, 2):
             RESIDUAL=False, ROW_NORM=True, IN_BLOCKS_PAD=128,
         ),
         dict(num_warps=4, num_stages=3),
-        SKINNY_DIVISIBLE,
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr"),
     )  # fmt: skip
     KERNELS[f"skinny swiglu n64 k64 t{tiles} norm in"] = (
         skinny_gemm.skinny_gemm_kernel,
@@ -288,7 +288,7 @@ for tiles in (1, 2):
             RESIDUAL=False, SWIGLU=True, ROW_NORM=True, IN_BLOCKS_PAD=128,
         ),
         dict(num_warps=4, num_stages=3),
-        SKINNY_DIVISIBLE,
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr"),
     )  # fmt: skip
 
 

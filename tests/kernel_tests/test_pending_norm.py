@@ -58,7 +58,7 @@ def test_a_product_that_adds_the_residual_stores_the_next_norms_operands(
     torch.testing.assert_close(h, skinny_linear_reference(x, w, residual), rtol=1e-5, atol=1e-5)
     want = pending_norm_reference(h, norm_weight, EPS, config.block_n)
     assert torch.equal(pending.scaled, want.scaled)  # one multiply an element: exact
-    assert pending.block_sums.shape == (m, 3)
+    assert pending.block_sums.shape == (3, m) and pending.block_sums.stride() == (32, 1)
     torch.testing.assert_close(pending.block_sums, want.block_sums, rtol=1e-5, atol=1e-5)
     assert pending.eps == EPS
 
@@ -109,11 +109,11 @@ def test_a_rows_bits_through_producer_and_consumers_do_not_depend_on_the_row_cou
     x, w, residual, norm_weight = _producer_case(32, seed=40)
     consumer = torch.randn(2 * 96, N, generator=torch.Generator().manual_seed(41)) * 0.1
 
-    def chain(rows: slice) -> tuple[Tensor, ...]:
+    def chain(rows: slice) -> tuple[Tensor, ...]:  # each [rows, ...]
         h, pending = skinny_linear_normed(x[rows], w, residual[rows], norm_weight, EPS, config=config)
         out = skinny_linear(pending.scaled, consumer, config=UNSPLIT, in_norm=pending)
         act = skinny_swiglu(pending.scaled, consumer, config=UNSPLIT, in_norm=pending)
-        return h, pending.scaled, pending.block_sums, out, act
+        return h, pending.scaled, pending.block_sums.t(), out, act
 
     whole = chain(slice(None))
     names = ("h", "scaled", "sums", "out", "act")
@@ -131,8 +131,11 @@ def test_bad_pending_norm_operands_raise_value_error() -> None:
     pending = PendingNorm(torch.randn(3, K), torch.zeros(3, 3, dtype=torch.float64), EPS)
     with pytest.raises(ValueError, match="block sums must be fp32"):
         skinny_linear(pending.scaled, w, in_norm=pending)
+    pending = PendingNorm(torch.randn(3, K), torch.zeros(3, 3), EPS)  # not rows of a 32-row buffer
+    with pytest.raises(ValueError, match="strides"):
+        skinny_linear(pending.scaled, w, in_norm=pending)
     with pytest.raises(ValueError, match="is not the pending norm's rows"):
-        skinny_linear(torch.randn(4, K), w, in_norm=PendingNorm(torch.randn(3, K), torch.zeros(3, 3), EPS))
+        skinny_linear(torch.randn(4, K), w, in_norm=pending)
 
 
 def test_above_32_rows_a_pending_norm_is_read_materialised() -> None:
