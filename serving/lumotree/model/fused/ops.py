@@ -156,7 +156,7 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | PendingNorm) -> Tensor:
         return linear(x, self.weight)
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lumotree.model.fused import ops
+from lumotree.model.fused.pending_norm import PendingNorm
 
 
 class FusedProjection:
@@ -46,8 +47,9 @@ class FusedProjection:
             offset += size * row
         return True
 
-    def __call__(self, x: Tensor) -> list[Tensor]:
-        """x [..., in] -> each part's output [..., out_i] (column slices of one GEMM)."""
+    def __call__(self, x: Tensor | PendingNorm) -> list[Tensor]:
+        """x [..., in] (or its pending norm) -> each part's output [..., out_i] (column slices of
+        one GEMM)."""
         return list(ops.linear(x, self.weight).split(self.sizes, dim=-1))
 
 
