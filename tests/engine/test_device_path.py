@@ -21,6 +21,7 @@ from lumotree.model import save_checkpoint
 from lumotree.model.tree_mode import GdnRecord, TreeForward, publish_path_, tree_forward
 from lumotree.sampling import SamplingParams
 from lumotree.tree import MAX_DEPTH, TreeTopology
+from lumotree.verify import device_ops
 from lumotree.verify.device_ops import stacked_view
 from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.kernel_sets import triton_kernels
@@ -69,6 +70,27 @@ def test_device_cycle_greedy_output_equals_the_reference_engine(checkpoint: Path
     # one synchronisation per decode cycle (the first token comes from the prefill)
     cycles = engine.metrics().spans["target"].count
     assert cycles >= 1 and engine.metrics().device_syncs == cycles
+
+
+@pytest.mark.parametrize(("drafter", "replays"), [("ar", False), ("mtp", True)])
+def test_an_ar_step_advances_its_gdn_states_as_it_verifies(
+    checkpoint: Path, drafter: str, replays: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The AR arm's root is always accepted: its row scans advance the GDN states in place and
+    publication replays nothing (its outputs still the reference engine's: the test above); MTP's
+    chain publishes by the replay."""
+    calls: list[int] = []
+    original = device_ops.replay
+
+    def counted(*args: object) -> None:
+        calls.append(1)
+        original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(device_ops, "replay", counted)
+    engine = _engine(checkpoint, "triton", drafter)
+    run_requests(engine, [_request(SamplingParams(temperature=0.0), max_tokens=4)])
+    assert engine.metrics().spans["target"].count >= 2
+    assert bool(calls) == replays
 
 
 def test_metrics_read_mid_request_report_the_device_state_in_use(checkpoint: Path) -> None:

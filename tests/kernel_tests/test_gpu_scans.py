@@ -20,11 +20,15 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.model import default_model_path
 from lumotree.model.config import HybridConfig
 from lumotree.model.random_weights import preset_config
+from lumotree.tree import MAX_DEPTH, chain_tree
 from lumotree.verify.conv.fused_conv import conv_operands_, tree_conv_
+from lumotree.verify.device_tree import DeviceTree
 from lumotree.verify.gdn.common import empty_operands
 from lumotree.verify.gdn.plan import DEFAULT_PATHS
 from lumotree.verify.gdn.prepare import prepare_operands_
 from lumotree.verify.gdn.reference import GateInputs, GdnInputs, GdnOperands
+from lumotree.verify.gdn.replay import replay_accepted_
+from lumotree.verify.gdn.row_scan import gdn_rows_prepared_
 
 from .helpers import GPU_ONLY
 
@@ -139,3 +143,34 @@ def test_both_preparations_give_the_same_bits_every_time(shapes: str) -> None:
         for later in done[1:]:
             for field in ("q", "k", "v", "g", "beta"):
                 assert torch.equal(getattr(done[0], field), getattr(later, field)), (name, field)
+
+
+@pytest.mark.parametrize("shapes", ["lumo-tiny-coder", "qwen3.5-27b"])
+def test_an_ar_step_advancing_in_place_writes_the_replays_state_bits(shapes: str) -> None:
+    # The device engine's AR step advances its GDN states in the row scan (its root is always
+    # accepted) instead of replaying the root in publication: the same state bits, and the same
+    # output as the read-only scan, for 5 steps in a row.
+    cfg = _config(shapes)
+    h, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(5)
+
+    def randn(*s: int) -> torch.Tensor:
+        return torch.randn(s, generator=gen, device=dev)
+
+    root = DeviceTree(1, MAX_DEPTH, dev).load_(chain_tree([1], prefix_len=4096))
+    state = randn(hv, dv, dk) * 0.1
+    replayed = state.clone()
+    with torch.inference_mode():
+        for step in range(5):
+            shapes_ = ((1, h, dk), (1, h, dk), (1, hv, dv), (1, hv), (1, hv))
+            x = GdnInputs(*(randn(*s).bfloat16() for s in shapes_), randn(hv).abs().log(), randn(hv))
+            ops = empty_operands(1, h, hv, dk, dv, dev)
+            prepare_operands_(x, ops)
+            read, advanced = torch.empty_like(x.v), torch.empty_like(x.v)
+            gdn_rows_prepared_(ops, replayed, root.gdn, read)
+            replay_accepted_(replayed, ops, torch.zeros(1, dtype=torch.int64, device=dev), 1)
+            gdn_rows_prepared_(ops, state, root.gdn, advanced, advance=True)
+            assert torch.equal(advanced, read), step
+            assert torch.equal(state, replayed), step

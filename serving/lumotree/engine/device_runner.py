@@ -273,7 +273,8 @@ class DeviceRunner(Runner):
             if self.tree_drafter is None:
                 self.tables.feed.copy_(self._feeds[slot], non_blocking=True)
             self.tables.derive_()
-        forward = tree_forward(self.model, self.state, self.tables, self.kernels)
+        # an AR step's root is accepted whatever is sampled: its GDN states advance as it verifies
+        forward = tree_forward(self.model, self.state, self.tables, self.kernels, advance_root=self.rows == 1)
         logits = self.logits(forward.hidden)
         self._mark(slot, 1)
         self.acceptance.accept_(logits, self.tables)

@@ -9,7 +9,10 @@ decode step and a chain is chain-speculation verification: AR, chain MTP and Lum
 code path.
 
 verify_tree never writes durable GDN or conv state; it writes the tree's KV rows into the cache
-slots past the committed prefix (prefix_len + slot_map), where publication finds them.
+slots past the committed prefix (prefix_len + slot_map), where publication finds them. The one
+exception is the device engine's AR step (`tree_forward(advance_root=True)`): a root-only tree is
+accepted whatever is sampled, so its GDN scans advance the recurrent states in place and
+publication skips their replay.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ class GdnRecord:
 @dataclass(eq=False)
 class TreeForward:
     """hidden [R, hidden] post-norm rows (logical order); one GdnRecord per GDN layer, in layer order;
-    tree: what the forward was run with (the descriptor, or its DeviceTree on the device path)."""
+    tree: what the forward was run with (the descriptor, or its DeviceTree on the device path);
+    gdn_advanced: the GDN states already hold the root's update (an AR step's forward)."""
 
     tree: TreeTables
     hidden: Tensor
     gdn: list[GdnRecord]
+    gdn_advanced: bool = False
 
 
 class RecordBanks:
@@ -99,6 +104,7 @@ def _gdn_tree(
     kernels: TreeKernels,
     records: list[GdnRecord],
     banks: RecordBanks | None,
+    advance: bool,
 ) -> Tensor:
     mixed_qkv, z, a, b = mixer.project(x)
     weight, layer = mixer.conv1d.weight[:, 0], len(records)
@@ -109,7 +115,8 @@ def _gdn_tree(
         gates = GateInputs(a[0], b[0], mixer.A_log, mixer.dt_bias)
         kernels.conv_operands(mixed_qkv[0], state.conv, weight, tree, gates, x_record, ops)
         records.append(GdnRecord(x_record, ops))
-        return mixer.normed_output(kernels.gdn_scan(ops, state.recurrent, tree, mixed_qkv.dtype)[None], z)
+        o = kernels.gdn_scan(ops, state.recurrent, tree, mixed_qkv.dtype, advance=advance)
+        return mixer.normed_output(o[None], z)
     conv_out = kernels.tree_conv(mixed_qkv[0], state.conv, weight, None, tree)
     q, k, v = mixer.split_qkv(conv_out[None])
     inputs = GdnInputs(q[0], k[0], v[0], a[0], b[0], mixer.A_log, mixer.dt_bias)
@@ -157,10 +164,23 @@ def check_capacity(state: ModelState, rows: int) -> None:
         )
 
 
-def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels: TreeKernels) -> TreeForward:
+def tree_forward(
+    model: HybridLM,
+    state: ModelState,
+    tables: TreeTables,
+    kernels: TreeKernels,
+    advance_root: bool = False,
+) -> TreeForward:
     """verify_tree without the host-side checks: `tables` is the descriptor (reference and CPU
     kernel sets) or its `DeviceTree` (the triton set), whose per-cycle values live on the device,
-    so this forward can be captured in a CUDA graph and replayed for every later tree."""
+    so this forward can be captured in a CUDA graph and replayed for every later tree.
+    advance_root: the tree is the root alone (an AR step, always accepted) and the kernel set
+    prepares the GDN operands: the scans advance the GDN states in place
+    (`TreeForward.gdn_advanced`)."""
+    if advance_root and (tables.rows != 1 or not kernels.prepares_gdn):
+        raise ValueError(
+            "the GDN states advance in the forward only for a one-row tree of a preparing kernel set"
+        )
     cos, sin = model.rotary(tables.position[None])
     h = model.embed(tables.tokens[None])
     records: list[GdnRecord] = []
@@ -181,6 +201,7 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
                 kernels=kernels,
                 records=records,
                 banks=banks,
+                advance=advance_root,
             )
         else:
             assert isinstance(layer_state, KVCache)
@@ -196,7 +217,7 @@ def tree_forward(model: HybridLM, state: ModelState, tables: TreeTables, kernels
         following = layers[index + 1].input_layernorm if index + 1 < len(layers) else None
         assert x is not None
         h, x = layer.chained(h, x, mixer, following)
-    return TreeForward(tables, model.model.norm(h)[0], records)
+    return TreeForward(tables, model.model.norm(h)[0], records, gdn_advanced=advance_root)
 
 
 def publish_tree_(
@@ -224,7 +245,10 @@ def publish_path_(
     """publish_tree_ without the host-side checks and without advancing state.length: accepted and
     path_len may live on the device (the walk's outputs), so this can be graph-captured."""
     gdn_states = [s for s in state.layers if isinstance(s, GDNState)]
-    kernels.replay([s.recurrent for s in gdn_states], [r.operands for r in forward.gdn], accepted, path_len)
+    if not forward.gdn_advanced:
+        kernels.replay(
+            [s.recurrent for s in gdn_states], [r.operands for r in forward.gdn], accepted, path_len
+        )
     if kernels.publish_conv_layers is not None:
         convs, inputs = [s.conv for s in gdn_states], [r.x for r in forward.gdn]
         kernels.publish_conv_layers(convs, inputs, accepted, path_len)

@@ -146,15 +146,25 @@ def conv_operands(
 
 
 def gdn_scan(
-    ops: GdnOperands, state: Tensor, tree: DeviceTree, dtype: torch.dtype, config: GdnConfig | None = None
+    ops: GdnOperands,
+    state: Tensor,
+    tree: DeviceTree,
+    dtype: torch.dtype,
+    config: GdnConfig | None = None,
+    advance: bool = False,
 ) -> Tensor:
     """One layer's verification from prepared records (`conv_operands`'s): the row scan or the paths
     scan (`config.form`, default `GdnConfig.for_device`; the same bits either way) -> o [R, HV, V]
-    in `dtype` (the layer's)."""
+    in `dtype` (the layer's). advance: the one-row tree of an AR step, whose state the row scan
+    advances in place (`gdn_rows_prepared_`)."""
     rows = ops.q.shape[0]
     cfg = config or GdnConfig.for_device(ops.q.device, rows, state.numel() * state.element_size())
     o = torch.empty(ops.v.shape, dtype=dtype, device=ops.v.device)
-    if cfg.form == "paths":
+    if advance:
+        if cfg.form != "rows":
+            raise ValueError(f"the state advances in place in the row scan, not form {cfg.form!r}")
+        gdn_rows_prepared_(ops, state, tree.gdn, o, advance=True)
+    elif cfg.form == "paths":
         gdn_paths_prepared_(ops, state.contiguous(), tree.gdn, o, cfg.max_registers)
     elif cfg.form == "rows":
         gdn_rows_prepared_(ops, state.contiguous(), tree.gdn, o)

@@ -94,6 +94,7 @@ def gdn_rows_kernel(
     V: tl.constexpr,
     BV: tl.constexpr,
     RP: tl.constexpr,
+    ADVANCE: tl.constexpr = False,
 ):
     NVT: tl.constexpr = V // BV
     GROUP: tl.constexpr = HV // H
@@ -115,20 +116,32 @@ def gdn_rows_kernel(
             RP,
         )  # fmt: skip
         _store_output(o_ptr, row, hv, offs_v, _read(S, q), HV, V)
+        if ADVANCE:  # one row: this program is its tile's only reader
+            tl.store(state_ptr + hv * V * K + offs_v[:, None] * K + offs_k[None, :], S)
     else:
         _store_output(o_ptr, row, hv, offs_v, tl.zeros([BV], dtype=tl.float32), HV, V)
 
 
-def gdn_rows_prepared_(ops: GdnOperands, state: Tensor, tables: AncestryTables, o: Tensor) -> None:
+def gdn_rows_prepared_(
+    ops: GdnOperands, state: Tensor, tables: AncestryTables, o: Tensor, advance: bool = False
+) -> None:
     """One layer from prepared records: ops q, k [R, H, K], v [R, HV, V], g, beta [R, HV]
     (contiguous fp32), state [HV, V, K] fp32 (read only), ancestry tables of R rows on the device;
-    writes o [R, HV, V]."""
+    writes o [R, HV, V]. advance: a one-row tree whose root is accepted whatever is sampled (the AR
+    step) also leaves its updated state in `state`, in place (what publication's replay of the root
+    would write, by the same arithmetic), so publication need not replay it."""
     rows, heads, dk = ops.q.shape
     hv, dv = ops.v.shape[1], ops.v.shape[2]
+    if advance and (rows != 1 or not state.is_contiguous()):
+        raise ValueError(
+            f"the state advances in place for one contiguous row's tree, got {rows} rows, "
+            f"contiguous={state.is_contiguous()}"
+        )
     bv = default_block_v(dv, state.device)
     gdn_rows_kernel[(hv * (dv // bv), rows)](
         ops.q, ops.k, ops.v, ops.g, ops.beta, state, tables.ancestry, tables.n_active, o, rows,
-        H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), num_warps=DEFAULT_REPLAY_WARPS,
+        H=heads, HV=hv, K=dk, V=dv, BV=bv, RP=triton.next_power_of_2(rows), ADVANCE=advance,
+        num_warps=DEFAULT_REPLAY_WARPS,
     )  # fmt: skip
 
 
