@@ -35,7 +35,7 @@ from lumobench.bench.timing import Timer, copy_bandwidth, require_cuda
 from lumobench.checks.random_trees import paper_tree
 from lumotree.drafting.device_mtp import ATTENTION_PARTITIONS
 from lumotree.tree import MAX_DEPTH, TreeDescriptor, chain_tree
-from lumotree.verify.attention import reference
+from lumotree.verify.attention import decode, reference
 from lumotree.verify.attention.decode import (
     KEYS_PER_SPLIT,
     SHORT_KEYS,
@@ -120,9 +120,11 @@ class Workload:
     def run(self, setting: Setting, stages: frozenset[str] = STAGES) -> None:
         """Every layer's attention, in order (one scratch shared, as the engine's graph pool does)."""
         s, splits = self.shape, self.splits(setting)
-        o_part, lse_part = partial_buffers(
-            self.tree.rows, s.q_heads, s.kv_heads, s.dim, splits, setting.config.block_m, self.device
-        )
+        sizes = (self.tree.rows, s.q_heads, s.kv_heads, s.dim, splits, setting.config.block_m, self.device)
+        if hasattr(decode, "partial_dtype"):  # as the engine of the revision timed stores them
+            o_part, lse_part = partial_buffers(*sizes, decode.partial_dtype(self.q[0].dtype))
+        else:  # (revisions before session 22 store fp32 partials)
+            o_part, lse_part = partial_buffers(*sizes)
         for layer in range(len(self.q)):
             tree_attention_(
                 self.q[layer], self.k[layer], self.v[layer], self.tables.bits, self.tables.prefix_len,

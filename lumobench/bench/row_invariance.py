@@ -42,6 +42,7 @@ from lumotree.verify.attention.decode import (
     AttentionConfig,
     cache_partitions,
     partial_buffers,
+    partial_dtype,
     short_partitions,
     tree_attention_,
 )
@@ -127,7 +128,9 @@ def attention_once(q: Tensor, k_cache: Tensor, v_cache: Tensor, tree: DeviceTree
     splits = cache_partitions(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
-    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
+    o_part, lse_part = partial_buffers(
+        rows, hq, hkv, dim, splits, config.block_m, q.device, partial_dtype(q.dtype)
+    )
     tree_attention_(
         q, k_cache, v_cache, tree.bits, tree.prefix_len, o, lse, o_part, lse_part, splits,
         1.0 / math.sqrt(dim), config, short=short_partitions(k_cache.shape[0]),

@@ -11,7 +11,6 @@ instructions; then the kernel's registers, spills and shared memory.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -19,35 +18,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hopper_aot  # the compile entries and helpers of the sm_90 compile test
 
 ENTRY = "tree attention partial, 27B tiles"
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
-LABEL = re.compile(r"^(\.L_x_\d+):")
-BRANCH = re.compile(r"BRA(?:\.\w+)* `\((\.L_x_\d+)\)")
-PREDICATED = re.compile(r"@!?U?P\w+\s+BRA")
 
 
 def key_tile_loops(sass: str, pv_steps: int) -> list[dict]:
-    """Each loop (a label .. a backward branch to it) whose body holds one key tile's P @ V
-    (`pv_steps` m64n256 wgmma steps): its size, what its largest forward branch inside it skips,
-    its FMULs and spill instructions."""
+    """Each loop (`hopper_aot.sass_loops`) whose body holds one key tile's P @ V (`pv_steps`
+    m64n256 wgmma steps): its size, what its largest forward branch inside it skips, its FMULs
+    and spill instructions."""
     lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := LABEL.match(line))}
-    spans = []
-    for end, line in enumerate(lines):
-        target = (
-            BRANCH.search(line) if PREDICATED.search(line) else None
-        )  # (slow paths jump back unpredicated)
-        start = labels.get(target.group(1), end) if target else end
-        if start < end and sum("HGMMA.64x256" in b for b in lines[start:end]) == pv_steps:
-            spans.append((start, end))
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := hopper_aot.SASS_LABEL.match(line))}
     loops = []
-    for start, end in spans:
-        ops = [m.group(1) for b in lines[start : end + 1] if (m := INSTRUCTION.search(b))]
+    for start, end in hopper_aot.sass_loops(sass):
+        if sum("HGMMA.64x256" in b for b in lines[start:end]) != pv_steps:
+            continue
+        ops = [m.group(1) for b in lines[start : end + 1] if (m := hopper_aot.SASS_INSTRUCTION.search(b))]
         skipped = 0
         for i in range(start, end):
-            inner = BRANCH.search(lines[i])
+            inner = hopper_aot.SASS_BRANCH.search(lines[i])
             if inner and i < labels.get(inner.group(1), -1) <= end:
                 stop = labels[inner.group(1)]
-                skipped = max(skipped, sum(1 for x in lines[i + 1 : stop] if INSTRUCTION.search(x)))
+                skipped = max(
+                    skipped, sum(1 for x in lines[i + 1 : stop] if hopper_aot.SASS_INSTRUCTION.search(x))
+                )
         loops.append(
             {
                 "instructions": len(ops),

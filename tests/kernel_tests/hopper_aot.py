@@ -182,6 +182,7 @@ KERNELS["tree drafter assemble"] = (
 # Tree attention at the 27B's heads (24 query, 4 KV, head dim 128), the engine's tiles
 TYPES |= {"bits_ptr": "*i64", "prefix_ptr": "*i64", "qk_scale": "fp32", "chunk": "i32", "shorts": "i32"}
 TYPES |= {name: "i64" for name in ("stride_qr", "stride_qh", "stride_kt")} | {"programs": "i32"}
+TYPES |= {"o_part_ptr": "*bf16"}  # the partials in the activations' dtype (`partial_dtype`)
 ATTENTION = dict(G=6, D=128, BM=64, MPAD=192, HKV=4, TAIL=attention.TAIL_KEYS)
 # the tails in the split-K's launch; K and V tiles by descriptor (2-byte caches)
 TAILS = dict(GP=16, TP=16, RP=attention.BITSET_SLOTS, SPLIT=22, DESCRIPTORS=True)
@@ -214,7 +215,7 @@ KERNELS["tree attention partial, fp32"] = (
     | {"SHORT": attention.SHORT_KEYS, "DESCRIPTORS": False},
     dict(num_warps=4, num_stages=2),
     ATTENTION_DIVISIBLE,
-    {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr")},
+    {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr", "o_part_ptr")},
 )
 # float32 at 64-key tiles in 2 stages on 8 warps (tests/kernel_tests/test_gpu_parity.py's second
 # attention config), by masked loads as the launcher takes 4-byte tiles on the GPU
@@ -223,7 +224,7 @@ KERNELS["tree attention partial, fp32 BN64"] = (
     {**KERNELS["tree attention partial, fp32"][1], "BN": 64},
     dict(num_warps=8, num_stages=2),
     ATTENTION_DIVISIBLE,
-    {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr")},
+    {name: "*fp32" for name in ("q_ptr", "k_ptr", "v_ptr", "o_part_ptr")},
 )
 # attention's q and k norms with RoPE in one launch (head dim 256, a quarter of it rotated)
 TYPES |= {name: "*bf16" for name in ("wa_ptr", "wb_ptr", "ya_ptr", "yb_ptr")}
@@ -324,7 +325,8 @@ def compile_for_hopper(
     divisible: tuple[str, ...] = (),
     types: dict[str, str] | None = None,
 ) -> dict:
-    """{"ok", "error", "wgmma", "tma", "shared_bytes", "registers", "spill_bytes"} of `compile_hopper`."""
+    """{"ok", "error", "wgmma", "tma", "shared_bytes", "registers", "spill_bytes", "loop_spills"} of
+    `compile_hopper` (loop_spills: spill instructions inside the kernel's loops)."""
     try:
         compiled = compile_hopper(kernel, constexprs, options, divisible, types)
     except Exception as exc:  # the test reports the compiler's message and its innermost cause's
@@ -340,6 +342,7 @@ def compile_for_hopper(
             "shared_bytes": -1,
             "registers": -1,
             "spill_bytes": -1,
+            "loop_spills": -1,
         }
     ptx = compiled.asm["ptx"]
     return {
@@ -349,7 +352,39 @@ def compile_for_hopper(
         "tma": "cp.async.bulk.tensor" in ptx,
         "shared_bytes": compiled.metadata.shared,
         **resource_usage(ptx),
+        "loop_spills": spills_in_loops(sass_of(compiled.asm["cubin"])),
     }
+
+
+SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+SASS_BRANCH = re.compile(r"BRA(?:\.\w+)* `\((\.L_x_\d+)\)")
+SASS_PREDICATED = re.compile(r"@!?U?P\w+\s+BRA")
+
+
+def sass_loops(sass: str) -> list[tuple[int, int]]:
+    """(first, last) line of each loop of an nvdisasm listing: a label and a predicated branch back
+    to it (unpredicated backward jumps are slow paths returning, not loops)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := SASS_LABEL.match(line))}
+    loops = []
+    for end, line in enumerate(lines):
+        target = SASS_BRANCH.search(line) if SASS_PREDICATED.search(line) else None
+        start = labels.get(target.group(1), end) if target else end
+        if start < end:
+            loops.append((start, end))
+    return loops
+
+
+def spills_in_loops(sass: str) -> int:
+    """Local-memory (spill) instructions inside the listing's loops."""
+    lines = sass.splitlines()
+    return sum(
+        1
+        for start, end in sass_loops(sass)
+        for line in lines[start : end + 1]
+        if (m := SASS_INSTRUCTION.search(line)) and m.group(1) in ("LDL", "STL")
+    )
 
 
 def sass_of(cubin: bytes) -> str:

@@ -19,6 +19,7 @@ from lumotree.sampling.device_walk import DeviceWalk
 from lumotree.verify.attention.decode import (
     AttentionConfig,
     partial_buffers,
+    partial_dtype,
     publish_kv_device_,
     tree_attention_,
     tree_visibility_bits,
@@ -71,8 +72,9 @@ def attention_rows(
             name = f"lumotree BM{c.block_m} BN{c.block_n} w{c.num_warps} s{c.num_stages} splits{splits}"
             try:
                 o_part, lse_part = partial_buffers(
-                    R, shape.q_heads, shape.kv_heads, shape.dim, splits, config.block_m, device
-                )
+                    R, shape.q_heads, shape.kv_heads, shape.dim, splits, config.block_m, device,
+                    partial_dtype(dtype),
+                )  # fmt: skip
 
                 run = partial(
                     tree_attention_,

@@ -44,6 +44,7 @@ from lumotree.verify.attention.decode import (
     cache_partitions,
     fitted_query_tile,
     partial_buffers,
+    partial_dtype,
     publish_kv_device_,
     short_partitions,
     tree_attention_,
@@ -235,7 +236,9 @@ def tree_attention(
     short = short_partitions(k_cache.shape[0]) if partitions is None else 0
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=q.device)
-    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, q.device)
+    o_part, lse_part = partial_buffers(
+        rows, hq, hkv, dim, splits, config.block_m, q.device, partial_dtype(q.dtype)
+    )
     tree_attention_(
         q.contiguous(),
         k_cache,

@@ -264,7 +264,7 @@ def _store_partial(o_part_ptr, lse_part_ptr, base, offs_d, m_i, l_i, acc, D: tl.
     """A partition's normalised output and log2-sum-exp (-inf and 0 where it saw no key), for the
     rows in `rows_mask`."""
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    out = (acc / tl.where(empty, 1.0, l_i)[:, None]).to(o_part_ptr.dtype.element_ty)
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], out, mask=rows_mask[:, None])
     tl.store(lse_part_ptr + base, lse2, mask=rows_mask)
@@ -406,10 +406,10 @@ def _merge_lse(lse_part_ptr, first, used, m, h, NB: tl.constexpr, MPAD: tl.const
 
 @triton.jit
 def _merge_parts(o_part_ptr, base, live, offs_d, D: tl.constexpr):
-    """The partials' columns offs_d [NB, BD] at rows `base` (0 where not `live`)."""
+    """The partials' columns offs_d [NB, BD] at rows `base` (0 where not `live`), in fp32."""
     return tl.load(
         o_part_ptr + base.to(tl.int64)[:, None] * D + offs_d[None, :], mask=live[:, None], other=0.0
-    )
+    ).to(tl.float32)
 
 
 @triton.jit
@@ -455,7 +455,7 @@ def tree_attention_merge_kernel(
     for m in range(tl.program_id(0) * BM, tl.minimum(tl.program_id(0) * BM + BM, R * G)):
         tail_base = ((NSPLIT - 1) * HKV + h) * MPAD + m
         tail_lse = tl.load(lse_part_ptr + tail_base)
-        tail = tl.load(o_part_ptr + tail_base.to(tl.int64) * D + offs_d)
+        tail = tl.load(o_part_ptr + tail_base.to(tl.int64) * D + offs_d).to(tl.float32)
         base, live, lse0 = _merge_lse(lse_part_ptr, 0, used, m, h, NB, MPAD, HKV)
         part0 = _merge_parts(o_part_ptr, base, live, offs_d, D)
         top = tl.maximum(tl.max(lse0, axis=0), tail_lse)  # finite: the tail holds the row's own key
@@ -638,15 +638,29 @@ def device_programs(device: torch.device, programs_per_split: int, waves: int = 
     return max(1, waves * sms // programs_per_split)
 
 
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The split-K's partial outputs are stored in the activations' dtype when it takes 2 bytes
+    (half the scratch the merge reads back: ~37 MB a layer for the paper tree at 32K in fp32; the
+    merge sums in fp32 either way), else in fp32."""
+    return dtype if dtype.itemsize == 2 else torch.float32
+
+
 def partial_buffers(
-    rows: int, hq: int, hkv: int, dim: int, splits: int, block_m: int, device: torch.device
+    rows: int,
+    hq: int,
+    hkv: int,
+    dim: int,
+    splits: int,
+    block_m: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:
-    """Split-K scratch: o_part [(splits + 1) * Hkv * MPAD, D] and lse_part fp32 (the cache's
-    partitions, then the tail walk's)."""
+    """Split-K scratch: o_part [(splits + 1) * Hkv * MPAD, D] of `dtype` (`partial_dtype` of the
+    queries') and lse_part fp32 (the cache's partitions, then the tail walk's)."""
     mpad = triton.cdiv(rows * (hq // hkv), block_m) * block_m
     n = (splits + 1) * hkv * mpad
     return (
-        torch.empty((n, dim), dtype=torch.float32, device=device),
+        torch.empty((n, dim), dtype=dtype, device=device),
         torch.empty((n,), dtype=torch.float32, device=device),
     )
 
@@ -784,7 +798,9 @@ def tree_attention(
     short = 0 if config.splits else short_partitions(k_cache.shape[0])
     o = torch.empty_like(q)
     lse = torch.empty((rows, hq), dtype=torch.float32, device=device)
-    o_part, lse_part = partial_buffers(rows, hq, hkv, dim, splits, config.block_m, device)
+    o_part, lse_part = partial_buffers(
+        rows, hq, hkv, dim, splits, config.block_m, device, partial_dtype(q.dtype)
+    )
     prefix = torch.tensor([tree.prefix_len], dtype=torch.int32, device=device)
     tree_attention_(
         q.contiguous(),
