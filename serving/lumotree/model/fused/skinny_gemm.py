@@ -6,9 +6,12 @@ range that finishes last sums in split order, in the same launch: a count per ou
 atomics on values), loading [BLOCK_N, BLOCK_K] weight tiles along w's
 contiguous rows and multiplying them with tl.dot against the rows of x, padded by masks to one row
 tile (16 rows for 1..16, 32 for 17..32: one dot a K step, not two 16-row ones). Accumulation is
-fp32; the output is in x's dtype. Two epilogues: a residual added as the output stores (the MLP's
-down projection), and SwiGLU (`skinny_swiglu`: a [gate | up] projection's program streams its gate
-rows and the matching up rows and stores silu(gate) * up: the MLP's gate-up projection).
+fp32; the output is in x's dtype. Epilogues: a residual added as the output stores (the output
+and down projections), SwiGLU (`skinny_swiglu`: a [gate | up] projection's program streams its gate
+rows and the matching up rows and stores silu(gate) * up: the MLP's gate-up projection), and the
+two halves of the producer-side pre-norm (`pending_norm.py`): the next norm's operands stored
+beside the output (`skinny_linear_normed`), and a pending norm's 1 / rms applied to the products
+of the rows it normalises (`in_norm`).
 
 Batch invariance: a row's arithmetic is one dot per K step, [BLOCK_N, BLOCK_K] x [BLOCK_K, ROWS],
 in the same K order (and the same splits, summed in order) for every M, each output column its own
@@ -238,10 +241,11 @@ def skinny_gemm_kernel(
     columns and stores silu(gate) * up (_store_swiglu).
 
     The pending pre-norm (`pending_norm.py`): with ROW_NORM, x is h * (1 + w) of a norm left
-    pending and in_sums [in_blocks, SUM_ROWS] its rows' block sums of h squared; the products are scaled by
-    each row's 1 / rms before anything else (its sums loaded before the K loop, read after it). With
-    NORM_OUT, the stored output h (residual added) is also the input of a pre-norm of weight nw
-    [N]: ny [M, N] = h * (1 + nw) and out_sums [blocks, SUM_ROWS] = its block sums are stored too."""
+    pending and in_sums [in_blocks, SUM_ROWS] its rows' block sums of h squared; the products are
+    scaled by each row's 1 / rms before anything else (its sums loaded before the K loop, read
+    after it). With NORM_OUT, the stored output h (residual added) is also the input of a pre-norm
+    of weight nw [N]: ny [M, N] = h * (1 + nw) and out_sums [blocks, SUM_ROWS] = its block sums
+    are stored too."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
