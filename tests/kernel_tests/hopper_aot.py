@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 
 from lumotree.drafting import device_tree_drafter as tree_drafter
 from lumotree.model.fused import elementwise, skinny_gemm
-from lumotree.verify import device_ops
+from lumotree.verify import device_ops, device_tree
 from lumotree.verify.attention import decode as attention
 from lumotree.verify.conv import fused_conv
 from lumotree.verify.gdn import paths_scan, prepare, row_scan, tree_scan, tree_value_major
@@ -354,6 +354,25 @@ def compile_for_hopper(
         **resource_usage(ptx),
         "loop_spills": spills_in_loops(sass_of(compiled.asm["cubin"])),
     }
+
+
+# the device tree's tables at 32 rows, depth 11 (the paper tree's; one program, the leaf groups' loop)
+DERIVE_TYPES = {
+    name: "*i64"
+    for name in (
+        "feed_ptr", "emitted_ptr", "path_len_ptr", "spine_ptr", "tokens_ptr", "position_ptr", "depth_ptr",
+        "slot_ptr", "bits_ptr", "conv_ptr", "child_nodes_ptr", "child_tokens_ptr", "ancestry_ptr",
+        "n_active_ptr", "spine_nodes_ptr", "prefix_ptr",
+    )
+}  # fmt: skip
+KERNELS["derive tables"] = (
+    device_tree.derive_tables_kernel,
+    dict(R=32, RP=32, W=4, MAXD=11, CHAINED=False, PAD=0),
+    dict(num_warps=4),
+    (),
+    DERIVE_TYPES
+    | {name: "*i32" for name in ("ancestry32_ptr", "n_active32_ptr", "path_end_ptr", "path_start_ptr")},
+)
 
 
 SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")

@@ -40,7 +40,7 @@ def compiled() -> dict:
         "tree drafter scan", "tree drafter pick", "tree drafter assemble", "tree attention partial",
         "tree attention partial, by prefix", "tree attention partial, 27B tiles",
         "tree attention merge", "kv write",
-        "gdn prepare", "tree conv, operands prepared", "norm rope pair",
+        "gdn prepare", "tree conv, operands prepared", "norm rope pair", "derive tables",
     ],
 )  # fmt: skip
 def test_kernel_compiles_for_hopper(compiled: dict, kernel: str) -> None:

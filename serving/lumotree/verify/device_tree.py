@@ -149,17 +149,22 @@ def derive_tables_kernel(
     group = tl.sum((hanging[None, :] == a2).to(tl.int32), axis=1)  # leaves hanging off each node
     remaining = group > 0
     leaf_walk = tl.full([RP], -1, dtype=tl.int32)
-    tl.debug_barrier()  # (the loop reads the ancestry stored above)
+    tl.debug_barrier()  # (reads the ancestry stored above, once: the loop keeps it in registers)
+    # passes[j, b]: walk j passes node b (b is its end or one of the end's ancestors)
+    walk_row = (i < n_walks)[:, None] & (b2 < R)
+    passes = tl.load(ancestry32_ptr + walk_end[:, None] * R + b2, mask=walk_row, other=0) != 0
     for _ in range(tl.sum(remaining.to(tl.int32), axis=0)):
         key = tl.max(tl.where(remaining, depth * RP + (RP - 1 - i), -1), axis=0)
         parent = RP - 1 - key % RP
         count = tl.sum(tl.where(i == parent, group, 0), axis=0)
-        through = tl.load(ancestry32_ptr + walk_end * R + parent, mask=i < n_walks, other=0) != 0
+        through = tl.sum(tl.where((b2 == parent) & passes, 1, 0), axis=1) > 0
         fits = through & (walk_steps + count <= longest)
         choice = tl.min(tl.where(fits, walk_steps * RP + i, RP * RP), axis=0)
         shared = choice < RP * RP
         walk = tl.where(shared, choice % RP, n_walks).to(tl.int32)
         added = (i == walk) & ~shared
+        ancestors = tl.sum(tl.where(a2 == parent, anc.to(tl.int32), 0), axis=0) > 0  # of the parent
+        passes = passes | (added[:, None] & ancestors[None, :])
         walk_end = tl.where(added, parent, walk_end).to(tl.int32)
         walk_start = tl.where(added, R, walk_start).to(tl.int32)
         steps = tl.where(shared, 0, key // RP + 1) + count
