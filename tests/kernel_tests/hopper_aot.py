@@ -271,7 +271,7 @@ for tiles in (1, 2):
             RESIDUAL=True, NORM_OUT=True,
         ),
         dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr"),
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
     )  # fmt: skip
     KERNELS[f"skinny n128 k64 t{tiles} norm in"] = (
         skinny_gemm.skinny_gemm_kernel,
@@ -280,7 +280,7 @@ for tiles in (1, 2):
             RESIDUAL=False, ROW_NORM=True, IN_BLOCKS_PAD=128,
         ),
         dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr"),
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
     )  # fmt: skip
     KERNELS[f"skinny swiglu n64 k64 t{tiles} norm in"] = (
         skinny_gemm.skinny_gemm_kernel,
@@ -289,7 +289,7 @@ for tiles in (1, 2):
             RESIDUAL=False, SWIGLU=True, ROW_NORM=True, IN_BLOCKS_PAD=128,
         ),
         dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr"),
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
     )  # fmt: skip
 
 
@@ -325,8 +325,9 @@ def compile_for_hopper(
     divisible: tuple[str, ...] = (),
     types: dict[str, str] | None = None,
 ) -> dict:
-    """{"ok", "error", "wgmma", "tma", "shared_bytes", "registers", "spill_bytes", "loop_spills"} of
-    `compile_hopper` (loop_spills: spill instructions inside the kernel's loops)."""
+    """{"ok", "error", "wgmma", "tma", "shared_bytes", "registers", "spill_bytes", "loop_spills",
+    "reductions"} of `compile_hopper` (loop_spills: spill instructions inside the kernel's loops;
+    reductions: `reductions` of its TTGIR)."""
     try:
         compiled = compile_hopper(kernel, constexprs, options, divisible, types)
     except Exception as exc:  # the test reports the compiler's message and its innermost cause's
@@ -343,6 +344,7 @@ def compile_for_hopper(
             "registers": -1,
             "spill_bytes": -1,
             "loop_spills": -1,
+            "reductions": [],
         }
     ptx = compiled.asm["ptx"]
     return {
@@ -353,6 +355,7 @@ def compile_for_hopper(
         "shared_bytes": compiled.metadata.shared,
         **resource_usage(ptx),
         "loop_spills": spills_in_loops(sass_of(compiled.asm["cubin"])),
+        "reductions": reductions(compiled.asm["ttgir"]),
     }
 
 
@@ -404,6 +407,19 @@ def spills_in_loops(sass: str) -> int:
         for line in lines[start : end + 1]
         if (m := SASS_INSTRUCTION.search(line)) and m.group(1) in ("LDL", "STL")
     )
+
+
+TTGIR_LAYOUT = re.compile(r"(#\w+) = (#ttg\.blocked<\{[^}]*\}>)")
+TTGIR_REDUCE = re.compile(
+    r"\"tt\.reduce\"\(%\S+\) <\{axis = (\d+) : i32\}>.*?\}\) : \(tensor<[^,]*, (#\w+)>", re.S
+)
+
+
+def reductions(ttgir: str) -> list[str]:
+    """Each tt.reduce of a TTGIR listing as "axis A <its operand's blocked layout>": the lanes and
+    warps its sum runs over (two launches whose reductions read the same reduce alike)."""
+    layouts = dict(TTGIR_LAYOUT.findall(ttgir))
+    return [f"axis {axis} {layouts.get(name, name)}" for axis, name in TTGIR_REDUCE.findall(ttgir)]
 
 
 def sass_of(cubin: bytes) -> str:

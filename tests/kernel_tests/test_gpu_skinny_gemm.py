@@ -149,7 +149,7 @@ def test_a_pending_norm_gives_a_row_the_same_bits_at_1_6_and_32_rows(producer: t
         h, pending = skinny_linear_normed(x[rows].clone(), w, residual[rows].clone(), norm_weight, 1e-6)
         out = skinny_linear(pending.scaled, wide, in_norm=pending)
         act = skinny_swiglu(pending.scaled, gate_up, in_norm=pending)
-        return h, pending.scaled, pending.block_sums.t(), out, act  # each [rows, ...]
+        return h, pending.scaled, pending.block_sums, out, act
 
     for m in ROWS:
         got = chain(slice(0, m))

@@ -123,3 +123,20 @@ def test_skinny_gemm_configs_compile_without_spills(compiled: dict, kernel: str)
 @pytest.mark.parametrize("kernel", ["skinny n128 k64 t1", "skinny n128 k64 t2", "skinny n64 k128 t1"])
 def test_skinny_gemm_wide_tiles_run_on_wgmma(compiled: dict, kernel: str) -> None:
     assert compiled[kernel]["wgmma"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "skinny n64 k128 t{} split norm out",
+        "skinny n128 k64 t{} norm in",
+        "skinny swiglu n64 k64 t{} norm in",
+    ],
+)
+def test_a_pending_norms_sums_run_alike_for_16_and_32_row_tiles(compiled: dict, entry: str) -> None:
+    # A row's bits must not depend on the row count (AR's one row in a 16-row tile, the tree's 32 in
+    # a 32-row one): the block sums of h squared (producer) and of the blocks (consumer) reduce in
+    # the same blocked layout whatever the tile's height. (With the blocks along the tile's other
+    # axis, the consumer's lanes split them 8 x 4 at 16 rows and 4 x 8 at 32.)
+    sixteen, thirty_two = compiled[entry.format(1)], compiled[entry.format(2)]
+    assert sixteen["reductions"] and sixteen["reductions"] == thirty_two["reductions"], (sixteen, thirty_two)

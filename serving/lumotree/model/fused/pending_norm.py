@@ -20,15 +20,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-PENDING_ROWS = 32  # the rows a pending norm's block sums hold (skinny_gemm.MAX_ROWS), its row stride
-
 
 @dataclass(frozen=True, eq=False)
 class PendingNorm:
-    """scaled [..., D] = h * (1 + w) in h's dtype; block_sums [blocks, rows] fp32, the first rows of a
-    [blocks, PENDING_ROWS] buffer (so a reader's row tile loads as vectors): each row's sum of h
-    squared over each block of the producing GEMM's columns (rows: scaled's leading dims
-    flattened); eps: the norm's epsilon."""
+    """scaled [..., D] = h * (1 + w) in h's dtype; block_sums [rows, blocks] fp32, rows
+    `block_stride(blocks)` apart (so a reader's tile loads as vectors): each row's sum of h squared
+    over each block of the producing GEMM's columns (rows: scaled's leading dims flattened); eps:
+    the norm's epsilon."""
 
     scaled: Tensor
     block_sums: Tensor
@@ -49,9 +47,9 @@ class PendingNorm:
     def inverse_rms(self) -> Tensor:
         """fp32 [rows]: 1 / rms(h) of each row (the blocks summed in order, as the kernels do)."""
         dim = self.scaled.shape[-1]
-        total = self.block_sums[0]
-        for block in range(1, self.block_sums.shape[0]):
-            total = total + self.block_sums[block]
+        total = self.block_sums[:, 0]
+        for block in range(1, self.block_sums.shape[1]):
+            total = total + self.block_sums[:, block]
         return torch.rsqrt(total / dim + self.eps)
 
     def materialize(self) -> Tensor:
@@ -67,7 +65,12 @@ def pending_norm_reference(h: Tensor, weight: Tensor, eps: float, block: int) ->
     hf = h.float()
     scaled = (hf * (1.0 + weight.float())).to(h.dtype)
     padded = torch.nn.functional.pad(hf * hf, (0, -h.shape[1] % block))
-    sums = padded.view(h.shape[0], -1, block).sum(-1).t()
-    buffer = torch.zeros(sums.shape[0], max(PENDING_ROWS, h.shape[0]), dtype=torch.float32, device=h.device)
-    buffer[:, : h.shape[0]] = sums
-    return PendingNorm(scaled, buffer[:, : h.shape[0]], eps)
+    sums = padded.view(h.shape[0], -1, block).sum(-1)
+    buffer = torch.zeros(h.shape[0], block_stride(sums.shape[1]), dtype=torch.float32, device=h.device)
+    buffer[:, : sums.shape[1]] = sums
+    return PendingNorm(scaled, buffer[:, : sums.shape[1]], eps)
+
+
+def block_stride(blocks: int) -> int:
+    """The distance between a pending norm's rows of block sums: the power of two from `blocks`."""
+    return 1 << max(0, blocks - 1).bit_length()

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lumotree.model.fused.pending_norm import PENDING_ROWS, PendingNorm
+from lumotree.model.fused.pending_norm import PendingNorm, block_stride
 
 MAX_ROWS = 32
 ROW_TILE = 16  # tl.dot's smallest dimension; every row tile is this tall
@@ -137,13 +137,13 @@ def _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, R
 
 
 @triton.jit
-def _store_norm_operands(h, w, ny_ptr, sums_ptr, rows, offs_n, M, N, SUM_ROWS: tl.constexpr):
+def _store_norm_operands(h, w, ny_ptr, sums_ptr, rows, offs_n, M, N, SUM_STRIDE: tl.constexpr):
     """The next pre-norm's operands of the rows h [BLOCK_N, ROWS] (fp32 of the stored values, in a
     layout that runs along the columns alike for every row tile) for its weight w [BLOCK_N] (fp32):
-    ny[rows, offs_n] = h * (1 + w) in ny's dtype, and sums[block, rows] (row stride SUM_ROWS) = the
-    fp32 sum of h squared over the block's columns (`pending_norm.py`)."""
+    ny[rows, offs_n] = h * (1 + w) in ny's dtype, and sums[rows, block] (row stride SUM_STRIDE) =
+    the fp32 sum of h squared over the block's columns (`pending_norm.py`)."""
     _store_tile(ny_ptr, h * (1.0 + w[:, None]), rows, offs_n, M, N, N)
-    tl.store(sums_ptr + tl.program_id(0) * SUM_ROWS + rows, tl.sum(h * h, axis=0), mask=rows < M)
+    tl.store(sums_ptr + rows * SUM_STRIDE + tl.program_id(0), tl.sum(h * h, axis=0), mask=rows < M)
 
 
 @triton.jit
@@ -159,19 +159,20 @@ def _reload_tile(ptr, rows, offs_n, M, N, stride_m):
 
 
 @triton.jit
-def _block_sums_tile(sums_ptr, rows, M, blocks, BLOCKS_PAD: tl.constexpr, SUM_ROWS: tl.constexpr):
-    """sums[:blocks, rows] (row stride SUM_ROWS) as a [BLOCKS_PAD, ROWS] fp32 tile, zeros past the
-    blocks and the rows. The rows past M are loaded too (a mask along the rows would keep a
-    thread's rows from loading as one vector) and zeroed after."""
+def _block_sums_tile(sums_ptr, rows, M, blocks, BLOCKS_PAD: tl.constexpr):
+    """sums[rows, :blocks] (row stride BLOCKS_PAD) as a [ROWS, BLOCKS_PAD] fp32 tile, zeros past the
+    blocks and the rows. The blocks run along the tile's contiguous axis, which a warp's lanes span
+    the same way for 16- and 32-row tiles, so each row's blocks are summed in one order whatever
+    the row tile (along the other axis, the lanes' split would follow the tile's height)."""
     b = tl.arange(0, BLOCKS_PAD)
-    tile = tl.load(sums_ptr + b[:, None] * SUM_ROWS + rows[None, :], mask=b[:, None] < blocks, other=0.0)
-    return tl.where(rows[None, :] < M, tile, 0.0)
+    mask = (rows[:, None] < M) & (b[None, :] < blocks)
+    return tl.load(sums_ptr + rows[:, None] * BLOCKS_PAD + b[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def _inverse_rms_scale(acc, block_sums, K, eps):
     """acc [BLOCK_N, ROWS] times each row's 1 / rms: rsqrt(the sum of its block sums / K + eps)."""
-    return acc * tl.rsqrt(tl.sum(block_sums, axis=0) / K + eps)[None, :]
+    return acc * tl.rsqrt(tl.sum(block_sums, axis=1) / K + eps)[None, :]
 
 
 @triton.jit
@@ -230,7 +231,7 @@ def skinny_gemm_kernel(
     ROW_NORM: tl.constexpr = False,
     IN_BLOCKS_PAD: tl.constexpr = 1,
     NORM_OUT: tl.constexpr = False,
-    SUM_ROWS: tl.constexpr = PENDING_ROWS,
+    OUT_BLOCKS_PAD: tl.constexpr = 1,
 ):
     """y [M, N] of one output block (program_id(0)) and one K range (program_id(1)), the rows in one
     ROWS-tall tile (16 or 32), plus r [M, N] with RESIDUAL (_store_output). With SPLITS > 1 each K
@@ -241,11 +242,11 @@ def skinny_gemm_kernel(
     columns and stores silu(gate) * up (_store_swiglu).
 
     The pending pre-norm (`pending_norm.py`): with ROW_NORM, x is h * (1 + w) of a norm left
-    pending and in_sums [in_blocks, SUM_ROWS] its rows' block sums of h squared; the products are
-    scaled by each row's 1 / rms before anything else (its sums loaded before the K loop, read
-    after it). With NORM_OUT, the stored output h (residual added) is also the input of a pre-norm
-    of weight nw [N]: ny [M, N] = h * (1 + nw) and out_sums [blocks, SUM_ROWS] = its block sums
-    are stored too."""
+    pending and in_sums [M, in_blocks] (rows IN_BLOCKS_PAD apart) its rows' block sums of h
+    squared; the products are scaled by each row's 1 / rms before anything else (its sums loaded
+    before the K loop, read after it). With NORM_OUT, the stored output h (residual added) is also
+    the input of a pre-norm of weight nw [N]: ny [M, N] = h * (1 + nw) and out_sums [M, blocks]
+    (rows OUT_BLOCKS_PAD apart) = its block sums are stored too."""
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = tl.program_id(1) * k_per_split
@@ -257,7 +258,7 @@ def skinny_gemm_kernel(
     acc = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, ROWS], dtype=tl.float32)
     if ROW_NORM:  # (loaded before the loop, read after it: the loads' latency hides behind it)
-        in_sums = _block_sums_tile(in_sums_ptr, rows, M, in_blocks, IN_BLOCKS_PAD, SUM_ROWS)
+        in_sums = _block_sums_tile(in_sums_ptr, rows, M, in_blocks, IN_BLOCKS_PAD)
     if NORM_OUT:  # (loaded before the loop: in the epilogue it would follow the output's stores)
         norm_w = tl.load(nw_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -279,7 +280,7 @@ def skinny_gemm_kernel(
         _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
         if NORM_OUT:
             h = _reload_tile(y_ptr, rows, offs_n, M, N, stride_ym)
-            _store_norm_operands(h, norm_w, ny_ptr, out_sums_ptr, rows, offs_n, M, N, SUM_ROWS)
+            _store_norm_operands(h, norm_w, ny_ptr, out_sums_ptr, rows, offs_n, M, N, OUT_BLOCKS_PAD)
     else:
         part = part_ptr + tl.program_id(1).to(tl.int64) * M * N
         _store_tile(part, acc, rows, offs_n, M, N, N)
@@ -292,7 +293,7 @@ def skinny_gemm_kernel(
                 acc = _inverse_rms_scale(acc, in_sums, K, eps)
             h = _store_output(y_ptr, acc, rows, offs_n, M, N, stride_ym, r_ptr, stride_rm, RESIDUAL)
             if NORM_OUT:  # (the summed partials' layout runs along the columns alike for any tile)
-                _store_norm_operands(h, norm_w, ny_ptr, out_sums_ptr, rows, offs_n, M, N, SUM_ROWS)
+                _store_norm_operands(h, norm_w, ny_ptr, out_sums_ptr, rows, offs_n, M, N, OUT_BLOCKS_PAD)
             tl.store(count_ptr + block, 0)
 
 
@@ -395,7 +396,7 @@ def _launch(
     blocks = triton.cdiv(n, cfg.block_n)
     part = torch.empty(cfg.splits, m, n, dtype=torch.float32, device=x.device) if split else y
     counts = split_counts(x.device, blocks) if split else y
-    in_blocks = 1 if e.in_norm is None else e.in_norm.block_sums.shape[0]
+    in_blocks = 1 if e.in_norm is None else e.in_norm.block_sums.shape[1]
     skinny_gemm_kernel[(blocks, cfg.splits)](
         x, w, y, part, counts, y if e.residual is None else e.residual,
         y if e.in_norm is None else e.in_norm.block_sums, y if e.norm_weight is None else e.norm_weight,
@@ -404,26 +405,27 @@ def _launch(
         in_blocks, 0.0 if e.in_norm is None else e.in_norm.eps, ROWS=row_tile(m), BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, PRECISION=dot_precision(x), SPLITS=cfg.splits,
         RESIDUAL=e.residual is not None, SWIGLU=swiglu, ROW_NORM=e.in_norm is not None,
-        IN_BLOCKS_PAD=triton.next_power_of_2(in_blocks), NORM_OUT=e.norm_weight is not None,
+        IN_BLOCKS_PAD=block_stride(in_blocks), NORM_OUT=e.norm_weight is not None,
+        OUT_BLOCKS_PAD=block_stride(blocks),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
 def check_pending_norm(norm: PendingNorm | None, x: Tensor) -> None:
     """ValueError unless `norm` (if given) can be x's pending norm (x: its scaled rows [M, K]): its
-    block sums are fp32 [blocks, M] on x's device, for the kernel (M <= PENDING_ROWS) the first
-    rows of a [blocks, PENDING_ROWS] buffer."""
+    block sums are fp32 [M, blocks] on x's device, rows `block_stride(blocks)` apart."""
     if norm is None:
         return
     if norm.scaled.shape[-1] != x.shape[1] or norm.scaled.numel() != x.numel():
         raise ValueError(f"x {tuple(x.shape)} is not the pending norm's rows {tuple(norm.scaled.shape)}")
     sums = norm.block_sums
-    if sums.dim() != 2 or sums.shape[1] != x.shape[0] or sums.dtype != torch.float32:
+    if sums.dim() != 2 or sums.shape[0] != x.shape[0] or sums.dtype != torch.float32:
         raise ValueError(
-            f"block sums must be fp32 [blocks, {x.shape[0]}], got {tuple(sums.shape)} {sums.dtype}"
+            f"block sums must be fp32 [{x.shape[0]}, blocks], got {tuple(sums.shape)} {sums.dtype}"
         )
-    if sums.device != x.device or (x.shape[0] <= PENDING_ROWS and sums.stride() != (PENDING_ROWS, 1)):
-        raise ValueError(f"block sums must be on x's device with strides ({PENDING_ROWS}, 1)")
+    stride = (block_stride(sums.shape[1]), 1)
+    if sums.device != x.device or (sums.shape[0] > 1 and sums.stride() != stride):
+        raise ValueError(f"block sums must be on x's device with strides {stride}")
 
 
 def skinny_linear(
@@ -479,7 +481,8 @@ def skinny_linear_normed(
         raise ValueError(f"the norm weight must be [{n}] on {x.device}, got {tuple(norm_weight.shape)}")
     cfg = config or SkinnyConfig.for_shape(n, k, x.device, x.dtype)
     h, ny = (torch.empty(m, n, dtype=x.dtype, device=x.device) for _ in range(2))
-    sums = torch.empty(triton.cdiv(n, cfg.block_n), PENDING_ROWS, dtype=torch.float32, device=x.device)[:, :m]
+    blocks = triton.cdiv(n, cfg.block_n)
+    sums = torch.empty(m, block_stride(blocks), dtype=torch.float32, device=x.device)[:, :blocks]
     epilogue = _Epilogue(residual=residual, in_norm=in_norm, norm_weight=norm_weight, ny=ny, sums=sums)
     _launch(x, w, h, n, cfg, epilogue)
     return h, PendingNorm(ny, sums, eps)
