@@ -25,7 +25,7 @@ from lumotree.model.fused import elementwise, skinny_gemm
 from lumotree.verify import device_ops, device_tree
 from lumotree.verify.attention import decode as attention
 from lumotree.verify.conv import fused_conv
-from lumotree.verify.gdn import paths_scan, prepare, row_scan, tree_scan, tree_value_major
+from lumotree.verify.gdn import paths_scan, prepare, replay, row_scan, tree_scan, tree_value_major
 
 HOPPER = GPUTarget("cuda", 90, 32)
 QWEN = dict(H=16, HV=48, K=128)
@@ -375,6 +375,16 @@ KERNELS["derive tables"] = (
     (),
     DERIVE_TYPES
     | {name: "*i32" for name in ("ancestry32_ptr", "n_active32_ptr", "path_end_ptr", "path_start_ptr")},
+)
+# publication's replay, and the AR step's row scan that advances the states in place instead
+TYPES |= {"accepted_ptr": "*i64", "len_ptr": "*i64"}
+TYPES |= {name: "i64" for name in ("layer_offset", "state_layer_stride", "rk_layer_stride")}
+TYPES |= {name: "i64" for name in ("rv_layer_stride", "rg_layer_stride")}
+KERNELS["replay"] = (replay.gdn_replay_kernel, dict(QWEN, V=128, BV=8), dict(num_warps=1))
+KERNELS["row scan, advancing"] = (
+    row_scan.gdn_rows_kernel,
+    dict(QWEN, V=128, BV=8, RP=32, ADVANCE=True),
+    dict(num_warps=1),
 )
 
 

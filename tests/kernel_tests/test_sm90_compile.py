@@ -140,3 +140,12 @@ def test_a_pending_norms_sums_run_alike_for_16_and_32_row_tiles(compiled: dict, 
     # axis, the consumer's lanes split them 8 x 4 at 16 rows and 4 x 8 at 32.)
     sixteen, thirty_two = compiled[entry.format(1)], compiled[entry.format(2)]
     assert sixteen["reductions"] and sixteen["reductions"] == thirty_two["reductions"], (sixteen, thirty_two)
+
+
+def test_the_ar_steps_state_update_reduces_as_the_replay_does(compiled: dict) -> None:
+    # The AR step's row scan writes the state publication's replay used to: the same bits only if
+    # its prediction S k sums in the replay's layout (the [value, key] tile's reduction over keys)
+    advancing, published = compiled["row scan, advancing"], compiled["replay"]
+    assert advancing["ok"] and published["ok"], (advancing["error"], published["error"])
+    tiles = [r for r in advancing["reductions"] if r.startswith("axis 1")]
+    assert tiles and set(tiles) == set(published["reductions"]), (advancing, published)
