@@ -28,7 +28,9 @@ Variants, side by side in the one process: "fused" is the product's path (fused 
 the dense Triton kernels of `lumotree/model/fused/`, the skinny Triton GEMM for every projection up
 to 32 rows: row-invariant), "fused-skinny" the skinny GEMM only where it beat cuBLAS, up to 16 rows
 (the fastest mix, not row-invariant), "fused-cublas" cuBLAS for every projection, "unfused" the
-engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops). The first variant
+engine with all of them off (separate cuBLAS projections, PyTorch elementwise ops);
+"fused-launched-norms" the product's path with every pre-norm a launch of its own (before session
+22's producer-side norms). The first variant
 named is timed at every context, the others at the first; each variant's AR cycle is also
 profiled once eagerly (kernel count, GEMM time against the rest).
 
@@ -44,6 +46,7 @@ import json
 import random
 import statistics
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -60,7 +63,7 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.engine.runner import CycleResult
-from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
+from lumotree.model.fused.ops import GemmBackend, KernelMode, NormPlacement, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
@@ -76,13 +79,23 @@ from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.graphs import CapturedStage
 
 MAX_DEPTH = 11
-VARIANTS: dict[str, tuple[KernelMode, GemmBackend]] = {
-    "fused": ("auto", "exact"),
-    "fused-skinny": ("auto", "skinny"),
-    "fused-cublas": ("auto", "cublas"),
-    "unfused": ("off", "cublas"),
+VARIANTS: dict[str, tuple[KernelMode, GemmBackend, NormPlacement]] = {
+    "fused": ("auto", "exact", "pending"),
+    "fused-launched-norms": ("auto", "exact", "launched"),
+    "fused-skinny": ("auto", "skinny", "pending"),
+    "fused-cublas": ("auto", "cublas", "pending"),
+    "unfused": ("off", "cublas", "pending"),
 }
 GEMM_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitkreduce")
+
+
+def variant_mode(variant: str) -> AbstractContextManager[None]:
+    """`kernel_mode` of a variant; the pre-norms' placement passed only when it is not the default
+    (so the variants of revisions before session 22, whose kernel_mode takes no `norms`, still run
+    when `ab_cycle_h200.sh` times their serving/ with this benchmark)."""
+    mode, gemm, norms = VARIANTS[variant]
+    return kernel_mode(mode, gemm) if norms == "pending" else kernel_mode(mode, gemm, norms)
+
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -432,7 +445,7 @@ def bench(
             bench_skinny_gemm(iters=iters, warmup=warmup, neighbours=False, bandwidth=bandwidth)
         )
     for variant in variants:
-        with kernel_mode(*VARIANTS[variant]):
+        with variant_mode(variant):
             runner = build_runner(model, 4096, arms[0], graphs=False)
             fill_state_(runner, 4096)
             hidden = torch.zeros(1, model.config.hidden_size, device=device, dtype=model.dtype)
@@ -444,7 +457,7 @@ def bench(
         row: dict = {}
         for variant in variants if ctx == contexts[0] else variants[:1]:
             for arm in arms if variant == variants[0] else arms[:3]:
-                with kernel_mode(*VARIANTS[variant]):
+                with variant_mode(variant):
                     runner = build_runner(model, ctx, arm, graphs=True, cycles=iters + warmup)
                 fill_state_(runner, ctx)
                 name = arm.name if variant == variants[0] else f"{arm.name}-{variant}"

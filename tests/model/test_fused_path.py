@@ -4,12 +4,14 @@ it as without it, and fusing keeps the checkpoint view of the model intact."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from lumotree.model import HybridLM
 from lumotree.model.fused import elementwise
-from lumotree.model.fused.ops import GemmBackend, kernel_mode
+from lumotree.model.fused.ops import GemmBackend, NormPlacement, kernel_mode
 from lumotree.model.fused.weights import fuse_projections_
 from lumotree.model.tree_mode import verify_tree
 from lumotree.tree import chain_tree
@@ -87,12 +89,15 @@ def test_a_moved_model_leaves_the_stale_fusion_unused(tiny_model: HybridLM) -> N
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("norms", ["pending", "launched"])
 def test_the_verification_forward_launches_no_norm_between_its_layers(
-    tiny_model: HybridLM, monkeypatch: pytest.MonkeyPatch
+    tiny_model: HybridLM, monkeypatch: pytest.MonkeyPatch, norms: NormPlacement
 ) -> None:
     """On the fused path each layer's output projection and down projection leave the next pre-norm
-    pending: the forward runs the first layer's input norm and the final norm, nothing between,
-    and its hidden rows stay those of the reference forward."""
+    pending: the forward runs the first layer's input norm and the final norm, nothing between
+    (with norms="launched", the benchmarks' baseline, a norm launch each as before: each layer's
+    residual add and post-mixer norm, and layers 2-4's residual add and input norm, in one
+    add-and-norm launch each); the hidden rows stay those of the reference forward either way."""
     tokens = torch.randint(0, tiny_model.config.vocab_size, (8,), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode(), kernel_mode("off"):
         state = tiny_model.new_state(32)
@@ -108,13 +113,26 @@ def test_the_verification_forward_launches_no_norm_between_its_layers(
             return _original(*args)  # type: ignore[operator]
 
         monkeypatch.setattr(elementwise, name, counted)
-    with torch.inference_mode(), kernel_mode("always"):
+    with torch.inference_mode(), kernel_mode("always", norms=norms):
         state = tiny_model.new_state(32)
         tiny_model.prefill(tokens[:4], state)
         launched.clear()
         got = verify_tree(tiny_model, state, chain_tree(tokens[4:7].tolist(), prefix_len=4)).hidden
-    assert launched == ["rms_norm", "rms_norm"]
+    layers = tiny_model.config.num_hidden_layers
+    if norms == "pending":
+        assert launched == ["rms_norm", "rms_norm"]
+    else:
+        assert (launched.count("rms_norm"), launched.count("add_rms_norm")) == (2, 2 * layers - 1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_bad_norm_placement_raises_value_error() -> None:
+    placement: Any = "before"
+    with (
+        pytest.raises(ValueError, match="norms must be one of pending, launched"),
+        kernel_mode("auto", norms=placement),
+    ):
+        pass
 
 
 def test_a_moe_model_verifies_the_same_rows_on_the_fused_path(tiny_config, perturbed_model) -> None:

@@ -34,27 +34,36 @@ from lumotree.model.fused.pending_norm import PendingNorm
 KernelMode = Literal["auto", "off", "always"]
 GemmBackend = Literal["exact", "skinny", "cublas"]
 GEMM_BACKENDS = ("exact", "skinny", "cublas")
+NormPlacement = Literal["pending", "launched"]
+NORM_PLACEMENTS = ("pending", "launched")
 SKINNY_ROWS = 16
 MAX_ROWS = 32  # skinny_gemm.MAX_ROWS (not imported here: CPU-only installs may lack Triton)
 _mode: KernelMode = "auto"
 _gemm: GemmBackend = "exact"
+_norms: NormPlacement = "pending"
 
 
 @contextmanager
-def kernel_mode(mode: KernelMode, gemm: GemmBackend | None = None) -> Iterator[None]:
-    """Run the enclosed code with the dense kernels in `mode` and the projections' GEMM `gemm`
-    (None: unchanged); both restored afterwards."""
-    global _mode, _gemm
+def kernel_mode(
+    mode: KernelMode, gemm: GemmBackend | None = None, norms: NormPlacement | None = None
+) -> Iterator[None]:
+    """Run the enclosed code with the dense kernels in `mode`, the projections' GEMM `gemm` and the
+    pre-norms `norms` ("pending": left to the GEMMs that read them where the fused path can,
+    `linear_add_norm`; "launched": a norm launch each, the form before session 22, for side-by-side
+    benchmarks); None: unchanged. All restored afterwards."""
+    global _mode, _gemm, _norms
     if mode not in ("auto", "off", "always"):
         raise ValueError(f"kernel mode must be auto, off or always, got {mode!r}")
     if gemm is not None and gemm not in GEMM_BACKENDS:
         raise ValueError(f"gemm must be one of {', '.join(GEMM_BACKENDS)}, got {gemm!r}")
-    previous = _mode, _gemm
-    _mode, _gemm = mode, gemm or _gemm
+    if norms is not None and norms not in NORM_PLACEMENTS:
+        raise ValueError(f"norms must be one of {', '.join(NORM_PLACEMENTS)}, got {norms!r}")
+    previous = _mode, _gemm, _norms
+    _mode, _gemm, _norms = mode, gemm or _gemm, norms or _norms
     try:
         yield
     finally:
-        _mode, _gemm = previous
+        _mode, _gemm, _norms = previous
 
 
 def kernels_for(x: Tensor | PendingNorm) -> bool:
@@ -121,7 +130,7 @@ def linear_add_norm(
     skinny GEMM takes the product, one launch that leaves the norm pending for the GEMMs that read
     it (`pending_norm.py`); the product, then add_rms_norm (the same bits as before) otherwise."""
     rows = _skinny_rows(x, weight)
-    if rows and norm_weight.dtype == weight.dtype:
+    if rows and norm_weight.dtype == weight.dtype and _norms == "pending":
         from lumotree.model.fused.skinny_gemm import skinny_linear_normed
 
         n = weight.shape[0]
