@@ -273,6 +273,15 @@ for tiles in (1, 2):
         dict(num_warps=4, num_stages=3),
         (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
     )  # fmt: skip
+    KERNELS[f"skinny n64 k128 t{tiles} norm out"] = (  # the shipped model's (one K range: read back)
+        skinny_gemm.skinny_gemm_kernel,
+        dict(
+            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=1,
+            RESIDUAL=True, NORM_OUT=True,
+        ),
+        dict(num_warps=4, num_stages=3),
+        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
+    )  # fmt: skip
     KERNELS[f"skinny n128 k64 t{tiles} norm in"] = (
         skinny_gemm.skinny_gemm_kernel,
         dict(

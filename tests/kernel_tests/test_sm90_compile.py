@@ -105,6 +105,7 @@ SKINNY = [
     "skinny swiglu n64 k64 t1",
     "skinny swiglu n64 k64 t2",
     *(f"skinny n64 k128 t{t} split norm out" for t in (1, 2)),
+    *(f"skinny n64 k128 t{t} norm out" for t in (1, 2)),
     *(f"skinny n128 k64 t{t} norm in" for t in (1, 2)),
     *(f"skinny swiglu n64 k64 t{t} norm in" for t in (1, 2)),
 ]
@@ -129,6 +130,7 @@ def test_skinny_gemm_wide_tiles_run_on_wgmma(compiled: dict, kernel: str) -> Non
     "entry",
     [
         "skinny n64 k128 t{} split norm out",
+        "skinny n64 k128 t{} norm out",
         "skinny n128 k64 t{} norm in",
         "skinny swiglu n64 k64 t{} norm in",
     ],
