@@ -263,43 +263,25 @@ KERNELS["skinny n64 k128 t1 split m1"] = (
 # The pending pre-norm (fused/pending_norm.py) at the 27B shapes: the output and down projections
 # (split, residual) store the next norm's operands; the input projections and the gate-up read them
 TYPES |= {"nw_ptr": "*bf16", "ny_ptr": "*bf16", "in_blocks": "i32", "eps": "fp32"}
-for tiles in (1, 2):
-    KERNELS[f"skinny n64 k128 t{tiles} split norm out"] = (
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=3,
-            RESIDUAL=True, NORM_OUT=True,
-        ),
-        dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
-    )  # fmt: skip
-    KERNELS[f"skinny n64 k128 t{tiles} norm out"] = (  # the shipped model's (one K range: read back)
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=1,
-            RESIDUAL=True, NORM_OUT=True,
-        ),
-        dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
-    )  # fmt: skip
-    KERNELS[f"skinny n128 k64 t{tiles} norm in"] = (
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            ROWS=16 * tiles, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, PRECISION="tf32", SPLITS=1,
-            RESIDUAL=False, ROW_NORM=True, IN_BLOCKS_PAD=128,
-        ),
-        dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
-    )  # fmt: skip
-    KERNELS[f"skinny swiglu n64 k64 t{tiles} norm in"] = (
-        skinny_gemm.skinny_gemm_kernel,
-        dict(
-            ROWS=16 * tiles, BLOCK_N=64, BLOCK_K=64, EVEN_K=True, PRECISION="tf32", SPLITS=1,
-            RESIDUAL=False, SWIGLU=True, ROW_NORM=True, IN_BLOCKS_PAD=128,
-        ),
-        dict(num_warps=4, num_stages=3),
-        (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
-    )  # fmt: skip
+PENDING_NORM_ENTRIES = {  # name (with the row tiles' count) -> constexprs besides ROWS
+    "skinny n64 k128 t{} split norm out": dict(
+        BLOCK_N=64, BLOCK_K=128, SPLITS=3, RESIDUAL=True, NORM_OUT=True
+    ),
+    # the shipped model's: one K range, its tile read back
+    "skinny n64 k128 t{} norm out": dict(BLOCK_N=64, BLOCK_K=128, SPLITS=1, RESIDUAL=True, NORM_OUT=True),
+    "skinny n128 k64 t{} norm in": dict(BLOCK_N=128, BLOCK_K=64, SPLITS=1, RESIDUAL=False, ROW_NORM=True),
+    "skinny swiglu n64 k64 t{} norm in": dict(
+        BLOCK_N=64, BLOCK_K=64, SPLITS=1, RESIDUAL=False, SWIGLU=True, ROW_NORM=True
+    ),
+}
+for name, constexprs in PENDING_NORM_ENTRIES.items():
+    for tiles in (1, 2):
+        KERNELS[name.format(tiles)] = (
+            skinny_gemm.skinny_gemm_kernel,
+            dict(constexprs, ROWS=16 * tiles, EVEN_K=True, PRECISION="tf32", IN_BLOCKS_PAD=128),
+            dict(num_warps=4, num_stages=3),
+            (*SKINNY_DIVISIBLE, "in_sums_ptr", "out_sums_ptr", "ny_ptr", "in_blocks"),
+        )
 
 
 def compile_hopper(
