@@ -80,7 +80,7 @@ class GatedAttention(nn.Module):
 
     def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """attn, gate: [B, T, Hq, D] -> [B, T, hidden]."""
-        return self.project_out(ops.sigmoid_mul(attn, gate))
+        return self.o_proj(gated_rows(attn, gate))
 
     def project_out(self, gated: torch.Tensor) -> torch.Tensor:
         """The output projection of attention already gated: [B, T, Hq, D] -> [B, T, hidden]."""
@@ -90,6 +90,11 @@ class GatedAttention(nn.Module):
 def output_rows(gated: torch.Tensor) -> torch.Tensor:
     """o_proj's input: attention gated [B, T, Hq, D] -> [B, T, Hq * D]."""
     return gated.reshape(*gated.shape[:2], -1)
+
+
+def gated_rows(attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """o_proj's input from attention and its output gate, both [B, T, Hq, D] -> [B, T, Hq * D]."""
+    return output_rows(ops.sigmoid_mul(attn, gate))
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:

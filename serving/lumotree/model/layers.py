@@ -115,8 +115,7 @@ class DecoderLayer(nn.Module):
         post = self.post_attention_layernorm
         out = self.output_projection.weight
         if not isinstance(self.mlp, MLP):  # (the routed experts read a plain tensor)
-            h, x = ops.add_rms_norm(h, ops.linear(mixer(x), out), post.weight, post.eps)
-            h = self.mlp(x, residual=h)
+            h = self._residual_mlp(h, ops.linear(mixer(x), out))
             return h, None if next_norm is None else ops.rms_norm(h, next_norm.weight, next_norm.eps)
         h, x = ops.linear_add_norm(mixer(x), out, h, post.weight, post.eps)
         act = self.mlp.activation(x)

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 from torch import Tensor
 
-from lumotree.model.attention import GatedAttention, output_rows
-from lumotree.model.fused import ops as fused_ops
+from lumotree.model.attention import GatedAttention, gated_rows, output_rows
 from lumotree.model.fused.pending_norm import PendingNorm
 from lumotree.model.gdn import GatedDeltaNet
 from lumotree.model.model import HybridLM
@@ -141,7 +140,7 @@ def _attention_tree(
         gated = kernels.gated_tree_attention(q[0], cache.key, cache.value, tree, gate[0])
         return output_rows(gated[None])
     o, _ = kernels.tree_attention(q[0], cache.key, cache.value, tree)
-    return output_rows(fused_ops.sigmoid_mul(o[None], gate))
+    return gated_rows(o[None], gate)
 
 
 def verify_tree(
@@ -187,9 +186,9 @@ def tree_forward(
     layers = model.model.layers
     linear = sum(1 for layer in layers if layer.is_linear)
     banks = RecordBanks(linear) if kernels.prepares_gdn else None
-    first = layers[0].input_layernorm
-    x: Tensor | PendingNorm | None = fused_ops.rms_norm(h, first.weight, first.eps)
-    for index, (layer, layer_state) in enumerate(zip(layers, state.layers, strict=True)):
+    x: Tensor | PendingNorm | None = layers[0].input_layernorm(h)
+    norms = [following.input_layernorm for following in layers[1:]] + [None]  # each layer's next
+    for layer, layer_state, next_norm in zip(layers, state.layers, norms, strict=True):
         mixer: Callable[[Tensor | PendingNorm], Tensor]
         if layer.is_linear:
             assert isinstance(layer_state, GDNState)
@@ -214,9 +213,8 @@ def tree_forward(
                 tree=tables,
                 kernels=kernels,
             )
-        following = layers[index + 1].input_layernorm if index + 1 < len(layers) else None
-        assert x is not None
-        h, x = layer.chained(h, x, mixer, following)
+        assert x is not None  # (None only after the last layer)
+        h, x = layer.chained(h, x, mixer, next_norm)
     return TreeForward(tables, model.model.norm(h)[0], records, gdn_advanced=advance_root)
 
 

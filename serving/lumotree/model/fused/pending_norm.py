@@ -45,12 +45,9 @@ class PendingNorm:
         return self.scaled.device
 
     def inverse_rms(self) -> Tensor:
-        """fp32 [rows]: 1 / rms(h) of each row (the blocks summed in order, as the kernels do)."""
-        dim = self.scaled.shape[-1]
-        total = self.block_sums[:, 0]
-        for block in range(1, self.block_sums.shape[1]):
-            total = total + self.block_sums[:, block]
-        return torch.rsqrt(total / dim + self.eps)
+        """fp32 [rows]: 1 / rms(h) of each row, from its block sums (summed in PyTorch's order: this
+        serves readers other than the skinny kernel, which sums them in its own)."""
+        return torch.rsqrt(self.block_sums.sum(dim=1) / self.scaled.shape[-1] + self.eps)
 
     def materialize(self) -> Tensor:
         """The normalised rows [..., D] in h's dtype, for a reader that cannot apply the norm itself
