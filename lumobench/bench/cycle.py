@@ -49,7 +49,7 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 import typer
@@ -63,7 +63,7 @@ from lumotree.drafting.geometry import GeometryConfig
 from lumotree.drafting.suffix import SuffixDrafter
 from lumotree.engine.device_runner import DeviceRunner
 from lumotree.engine.runner import CycleResult
-from lumotree.model.fused.ops import GemmBackend, KernelMode, NormPlacement, kernel_mode
+from lumotree.model.fused.ops import GemmBackend, KernelMode, kernel_mode
 from lumotree.model.model import HybridLM
 from lumotree.model.random_weights import preset_config, random_model
 from lumotree.model.state import GDNState, KVCache
@@ -79,6 +79,9 @@ from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.graphs import CapturedStage
 
 MAX_DEPTH = 11
+# lumotree.model.fused.ops.NormPlacement, spelled here: the revisions before session 22 that
+# ab_cycle_h200.sh times with this benchmark have no such name
+NormPlacement = Literal["pending", "launched"]
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend, NormPlacement]] = {
     "fused": ("auto", "exact", "pending"),
     "fused-launched-norms": ("auto", "exact", "launched"),
