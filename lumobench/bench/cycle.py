@@ -49,7 +49,7 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 import typer
@@ -78,10 +78,10 @@ from lumotree.verify.gdn.prepare import prepare_operands_
 from lumotree.verify.gdn.reference import GdnInputs, GdnOperands
 from lumotree.verify.graphs import CapturedStage
 
+if TYPE_CHECKING:  # (the revisions before session 22 that ab_cycle_h200.sh times have no such name)
+    from lumotree.model.fused.ops import NormPlacement
+
 MAX_DEPTH = 11
-# lumotree.model.fused.ops.NormPlacement, spelled here: the revisions before session 22 that
-# ab_cycle_h200.sh times with this benchmark have no such name
-NormPlacement = Literal["pending", "launched"]
 VARIANTS: dict[str, tuple[KernelMode, GemmBackend, NormPlacement]] = {
     "fused": ("auto", "exact", "pending"),
     "fused-launched-norms": ("auto", "exact", "launched"),
